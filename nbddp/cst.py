@@ -1,0 +1,234 @@
+"""Small libcst helpers shared by the rewrite steps."""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import libcst as cst
+from libcst import matchers as m
+
+from .errors import ConversionError
+
+# Names that only ever appear in a test that picks one process: code under such an `if` is already guarded.
+RANK_NAMES = frozenset({
+    "NBDDP_IS_MAIN", "NBDDP_RANK", "NBDDP_LOCAL_RANK", "is_main_process", "is_local_main_process",
+    "is_world_process_zero", "is_main", "get_rank", "rank", "local_rank", "global_rank", "RANK",
+    "LOCAL_RANK", "process_index", "local_process_index", "should_save",
+})
+
+
+def parse(code: str, cell=None, step=None) -> cst.Module:
+    try:
+        return cst.parse_module(code)
+    except cst.ParserSyntaxError as exc:
+        raise ConversionError(
+            f"not valid Python after removing magics ({exc.message}); fix the cell in the notebook",
+            step=step, cell=cell, line=exc.raw_line,
+        ) from None
+
+
+def dotted(node) -> str | None:
+    """`a.b.c` for a Name/Attribute chain, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def callee_tail(call: cst.Call) -> str | None:
+    """The last name of what is called: `generate` for `model.generate(...)`, `f` for `f(...)`."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return func.value
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return None
+
+
+def callee_owner(call: cst.Call) -> str | None:
+    """The last name before the called attribute: `FastModel` for `FastModel.from_pretrained(...)`."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        owner = func.value
+        if isinstance(owner, cst.Name):
+            return owner.value
+        if isinstance(owner, cst.Attribute):
+            return owner.attr.value
+    return None
+
+
+def keyword(call: cst.Call, name: str) -> cst.Arg | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg
+    return None
+
+
+def has_star_kwargs(call: cst.Call) -> bool:
+    return any(arg.star == "**" for arg in call.args)
+
+
+def add_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
+    """Append `name = value` in the call's own style (spacing around `=`, one argument per line, comments kept)."""
+    args = list(call.args)
+    new = cst.Arg(keyword=cst.Name(name), value=value)
+    if not args:
+        tight = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+        return call.with_changes(args=[new.with_changes(equal=tight)])
+    last = args[-1]
+    if last.keyword is not None:
+        new = new.with_changes(equal=last.equal)
+    if not isinstance(last.comma, cst.Comma):
+        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    else:
+        # `..., last, # comment\n)`: `last` keeps its comment and takes the separator's line break;
+        # the new argument takes the closing line break, without the comment.
+        closing = last.comma.whitespace_after
+        separator = args[-2].comma.whitespace_after if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else None
+        if isinstance(closing, cst.ParenthesizedWhitespace):
+            if isinstance(separator, cst.ParenthesizedWhitespace):
+                args[-1] = last.with_changes(comma=last.comma.with_changes(
+                    whitespace_after=closing.with_changes(last_line=separator.last_line)))
+            new = new.with_changes(comma=last.comma.with_changes(
+                whitespace_after=closing.with_changes(first_line=cst.TrailingWhitespace())))
+        else:
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            new = new.with_changes(comma=last.comma)
+    args.append(new)
+    return call.with_changes(args=args)
+
+
+def is_if_false(node) -> bool:
+    """`if False:` / `if 0:` blocks are dead code in the notebook; nbddp leaves them exactly as they are."""
+    return isinstance(node, cst.If) and (
+        m.matches(node.test, m.Name("False")) or m.matches(node.test, m.Integer("0"))
+    )
+
+
+def names_in(node) -> set[str]:
+    found: set[str] = set()
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, n):
+            found.add(n.value)
+
+    node.visit(_Names())
+    return found
+
+
+def is_rank_test(node) -> bool:
+    """An `if` whose test mentions a rank or main-process flag: its body is already per-process."""
+    return isinstance(node, cst.If) and bool(names_in(node.test) & RANK_NAMES)
+
+
+class _CallCollector(cst.CSTVisitor):
+    """Calls in live code: not inside def/class/lambda bodies, not under `if False:`."""
+
+    def __init__(self):
+        self.calls: list[cst.Call] = []
+
+    def visit_FunctionDef(self, node):
+        return False
+
+    def visit_ClassDef(self, node):
+        return False
+
+    def visit_Lambda(self, node):
+        return False
+
+    def visit_If(self, node):
+        return not is_if_false(node)
+
+    def visit_Call(self, node):
+        self.calls.append(node)
+
+
+def live_calls(node) -> list[cst.Call]:
+    collector = _CallCollector()
+    node.visit(collector)
+    return collector.calls
+
+
+def statement_blocks(stmt) -> list[cst.IndentedBlock]:
+    """The blocks of a compound statement that run at the statement's own level (not def/class bodies)."""
+    blocks = []
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt):
+        return blocks
+    if isinstance(stmt, cst.If):
+        blocks.append(stmt.body)
+        orelse = stmt.orelse
+        while orelse is not None:
+            blocks.append(orelse.body)
+            orelse = orelse.orelse if isinstance(orelse, cst.If) else None
+    elif isinstance(stmt, (cst.For, cst.While, cst.With)):
+        blocks.append(stmt.body)
+        if getattr(stmt, "orelse", None) is not None:
+            blocks.append(stmt.orelse.body)
+    elif isinstance(stmt, cst.Try):
+        blocks.append(stmt.body)
+        blocks += [h.body for h in stmt.handlers]
+        if stmt.orelse is not None:
+            blocks.append(stmt.orelse.body)
+        if stmt.finalbody is not None:
+            blocks.append(stmt.finalbody.body)
+    return [b for b in blocks if isinstance(b, cst.IndentedBlock)]
+
+
+def code_of(node) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def line_of(module: cst.Module, node) -> int | None:
+    """1-based line of `node` in `module` (by identity), found by rendering; None if not found."""
+    wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(cst.metadata.PositionProvider)
+    pos = positions.get(node)
+    return pos.start.line if pos else None
+
+
+def call_stmt(func: str, *args: cst.BaseExpression) -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine([cst.Expr(cst.Call(func=cst.parse_expression(func), args=[cst.Arg(a) for a in args]))])
+
+
+def string(value: str) -> cst.SimpleString:
+    return cst.SimpleString(repr(value))
+
+
+TAKE, LEAVE, DESCEND = "take", "leave", "descend"
+
+
+def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable) -> list:
+    """Group consecutive statements that `select` takes and replace each group with `wrap(group)`.
+
+    `select(stmt)` answers TAKE, LEAVE or DESCEND (look inside the statement's own blocks instead). The first
+    statement's leading comments move in front of the wrapper, so `# @title` lines stay where they were.
+    """
+    out: list = []
+    group: list = []
+
+    def flush():
+        if group:
+            lead = group[0].leading_lines
+            group[0] = group[0].with_changes(leading_lines=())
+            wrapped = list(wrap(list(group)))
+            wrapped[0] = wrapped[0].with_changes(leading_lines=tuple(lead) + tuple(wrapped[0].leading_lines))
+            out.extend(wrapped)
+            group.clear()
+
+    for stmt in body:
+        verdict = select(stmt)
+        if verdict == TAKE:
+            group.append(stmt)
+            continue
+        flush()
+        if verdict == DESCEND:
+            for block in statement_blocks(stmt):
+                stmt = stmt.deep_replace(block, block.with_changes(body=regroup(block.body, select, wrap)))
+        out.append(stmt)
+    flush()
+    return out
+
+
+def block(statements: Iterable[cst.BaseStatement]) -> cst.IndentedBlock:
+    return cst.IndentedBlock(body=list(statements))

@@ -1,0 +1,84 @@
+"""The conversion pipeline: an explicit, ordered list of steps over a deep copy of the notebook."""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+
+from . import __version__
+from .errors import ConversionError, NbddpError, NotebookReadError
+from .launch import launch_lines
+from .notebook import as_notebook
+from .report import Report
+from .transforms.autocast import Autocast
+from .transforms.base import Context, Options, Transform
+from .transforms.data_prep import DataPrep
+from .transforms.magics import Magics
+from .transforms.placement import Placement
+from .transforms.rank_guards import RankGuards
+from .transforms.trainer_args import TrainerArgs
+
+
+class CodeCells(Transform):
+    """Keep the code cells that hold something, each tagged with its position in the notebook."""
+
+    name = "code-cells"
+
+    def preprocess(self, nb, ctx):
+        kept = []
+        for number, cell in enumerate(nb.cells, start=1):
+            if cell.cell_type == "code" and cell.source.strip():
+                cell.metadata["nbddp"] = {"cell": number}
+                kept.append(cell)
+        if not kept:
+            raise NotebookReadError(f"{ctx.report.source} has no code cells; there is nothing to convert")
+        nb.cells = kept
+        ctx.report.code_cells = len(kept)
+        return nb
+
+
+def steps() -> list[Transform]:
+    return [CodeCells(), Magics(), Autocast(), Placement(), TrainerArgs(), DataPrep(), RankGuards()]
+
+
+def run_pipeline(nb, ctx: Context):
+    nb = copy.deepcopy(nb)
+    for step in steps():
+        try:
+            nb = step.preprocess(nb, ctx)
+        except NbddpError:
+            raise
+        except Exception as exc:  # a bug in a step: say which one
+            raise ConversionError(f"internal error ({type(exc).__name__}: {exc}); please report it with the notebook",
+                                  step=step.name) from exc
+    return nb
+
+
+@dataclass
+class Conversion:
+    script: str
+    report: Report
+    launch: list
+
+
+def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", nproc=2,
+                     options: Options | None = None) -> Conversion:
+    from .render import render_script
+
+    nb = as_notebook(notebook)
+    if source_name is None:
+        source_name = os.path.basename(os.fspath(notebook)) if isinstance(notebook, (str, os.PathLike)) \
+            and not os.fspath(notebook).lstrip().startswith("{") else "notebook"
+    ctx = Context(report=Report(source=source_name), options=options or Options())
+    nb = run_pipeline(nb, ctx)
+    launch = launch_lines(script_name, nproc)
+    script = render_script(
+        nb.cells, title=f"DDP training script for {source_name}", version=__version__, source=source_name,
+        launch=launch, installs=ctx.report.installs, script_name=script_name,
+    )
+    return Conversion(script=script, report=ctx.report, launch=launch)
+
+
+def convert(notebook, **kwargs) -> str:
+    """Convert a notebook (path, JSON text, dict or NotebookNode) and return the DDP script's text."""
+    return convert_notebook(notebook, **kwargs).script

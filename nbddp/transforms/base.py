@@ -1,0 +1,51 @@
+"""The shape every pipeline step has: take a notebook (or one cell) and return it, like nbconvert's Preprocessor."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..cst import parse
+from ..report import Report
+
+
+@dataclass
+class Options:
+    keep_global_batch: bool = False
+    seed: int = 3407
+
+
+@dataclass
+class Context:
+    report: Report = field(default_factory=Report)
+    options: Options = field(default_factory=Options)
+
+
+def cell_number(cell) -> int:
+    """The cell's 1-based position in the original notebook (markdown cells included)."""
+    return cell.metadata["nbddp"]["cell"]
+
+
+class Transform:
+    """One step of the pipeline. Subclasses override `preprocess_cell`, or `preprocess` for whole-notebook work."""
+
+    name = "transform"
+
+    def preprocess(self, nb, ctx: Context):
+        nb.cells = [self.preprocess_cell(cell, ctx) for cell in nb.cells]
+        return nb
+
+    def preprocess_cell(self, cell, ctx: Context):
+        return cell
+
+
+class CstTransform(Transform):
+    """A step that rewrites each cell's code as a libcst tree."""
+
+    def preprocess_cell(self, cell, ctx):
+        module = parse(cell.source, cell=cell_number(cell), step=self.name)
+        new = self.rewrite(module, cell_number(cell), ctx)
+        if not new.deep_equals(module):
+            cell.source = new.code
+        return cell
+
+    def rewrite(self, module, cell_no: int, ctx: Context):
+        raise NotImplementedError

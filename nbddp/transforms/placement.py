@@ -1,0 +1,69 @@
+"""Step: every model load puts the whole model on the rank's own device (`device_map=nbddp_device_map()`)."""
+from __future__ import annotations
+
+import libcst as cst
+
+from ..cst import callee_owner, callee_tail, code_of, is_if_false, keyword, add_keyword
+from .base import CstTransform
+
+FAST_LOADERS = frozenset({"FastLanguageModel", "FastVisionModel", "FastModel", "FastSentenceTransformer", "FastTextModel"})
+MODEL_SUFFIXES = (
+    "ForCausalLM", "ForConditionalGeneration", "ForSequenceClassification", "ForTokenClassification",
+    "ForQuestionAnswering", "ForMaskedLM", "ForSeq2SeqLM", "ForImageTextToText", "ForSpeechSeq2Seq",
+    "ForVision2Seq", "ForAudioClassification", "ForImageClassification", "ForCTC",
+)
+SPLITTING_MAPS = frozenset({"auto", "balanced", "balanced_low_0", "sequential"})
+OURS = "nbddp_device_map"
+
+
+def is_model_loader(call: cst.Call) -> bool:
+    if callee_tail(call) != "from_pretrained":
+        return False
+    owner = callee_owner(call) or ""
+    if owner.startswith("Peft"):
+        return False
+    return owner in FAST_LOADERS or (owner.startswith("Auto") and "Model" in owner) or owner.endswith(MODEL_SUFFIXES)
+
+
+class _Placement(cst.CSTTransformer):
+    def __init__(self, cell, report):
+        self.cell, self.report = cell, report
+
+    def visit_If(self, node):
+        return not is_if_false(node)
+
+    def leave_Call(self, original, updated):
+        if not is_model_loader(updated):
+            return updated
+        ours = cst.Call(cst.Name(OURS))
+        loader = f"{callee_owner(updated)}.from_pretrained"
+        existing = keyword(updated, "device_map")
+        if existing is None:
+            if any(arg.star == "**" for arg in updated.args):
+                self.report.warn(self.cell, f"{loader}(**kwargs): cannot tell if device_map is set; "
+                                 "make sure it is device_map=nbddp_device_map()")
+                return updated
+            self.report.change(self.cell, f"{loader}: device_map → this rank's own device")
+            return add_keyword(updated, "device_map", ours)
+        value = existing.value
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == OURS:
+            return updated
+        shown = code_of(value)
+        if isinstance(value, (cst.SimpleString, cst.Dict, cst.Integer)):
+            if isinstance(value, cst.SimpleString) and value.evaluated_value in SPLITTING_MAPS:
+                self.report.warn(self.cell, f"{loader}: device_map={shown} split the model across GPUs; under DDP "
+                                 "each GPU must now hold the whole model (use 4-bit loading if it does not fit)")
+            else:
+                self.report.change(self.cell, f"{loader}: device_map={shown} → this rank's own device")
+            args = [a.with_changes(value=ours) if a is existing else a for a in updated.args]
+            return updated.with_changes(args=args)
+        self.report.warn(self.cell, f"{loader}: device_map={shown} is computed by the notebook; left as is, "
+                         "but under DDP it must be this rank's device (nbddp_device_map())")
+        return updated
+
+
+class Placement(CstTransform):
+    name = "placement"
+
+    def rewrite(self, module, cell_no, ctx):
+        return module.visit(_Placement(cell_no, ctx.report))

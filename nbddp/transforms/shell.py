@@ -1,0 +1,57 @@
+"""Classifying shell commands from `!cmd`, `%pip` and `%%bash` cells: installs are dropped, the rest run once."""
+from __future__ import annotations
+
+import shlex
+
+PACKAGE_TOOLS = frozenset({"pip", "pip3", "conda", "mamba", "micromamba", "apt", "apt-get", "yum", "dnf", "brew"})
+PYTHONS = frozenset({"python", "python3", "py"})
+
+
+def _words(command: str) -> list[str]:
+    try:
+        words = shlex.split(command, comments=True)
+    except ValueError:
+        return []
+    while words and ("=" in words[0] and not words[0].startswith("-") or words[0] in {"sudo", "env", "!"}):
+        words = words[1:]  # leading VAR=value assignments, sudo, env
+    return words
+
+
+def is_install(command: str) -> bool:
+    """True for package-manager commands: pip, uv pip, python -m pip, conda, apt and friends."""
+    words = _words(command)
+    if not words:
+        return False
+    tool = words[0].rsplit("/", 1)[-1]
+    if tool in PACKAGE_TOOLS or tool.startswith("pip"):
+        return True
+    if tool == "uv" and len(words) > 1 and words[1] in {"pip", "add", "sync"}:
+        return True
+    if (tool in PYTHONS or tool.startswith("python3.")) and words[1:3] == ["-m", "pip"]:
+        return True
+    return False
+
+
+def script_lines(script: str) -> list[str]:
+    """The logical lines of a shell script: backslash continuations joined, blanks dropped."""
+    lines, pending = [], ""
+    for raw in script.splitlines():
+        if raw.rstrip().endswith("\\"):
+            pending += raw.rstrip()[:-1] + " "
+            continue
+        line = (pending + raw).strip()
+        pending = ""
+        if line:
+            lines.append(line)
+    if pending.strip():
+        lines.append(pending.strip())
+    return lines
+
+
+def install_lines(script: str) -> list[str]:
+    return [line for line in script_lines(script) if is_install(line)]
+
+
+def one_line(text: str, limit: int = 100) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
