@@ -9,31 +9,43 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import (DESCEND, LEAVE, TAKE, call_stmt, callee_owner, callee_tail, is_if_false, is_rank_test,
+from ..cst import (DESCEND, LEAVE, TAKE, call_stmt, callee_owner, callee_tail, dotted, is_if_false, is_rank_test,
                    live_calls, regroup, statement_blocks)
 from .base import Transform, cell_number
 from .dataflow import header_of, reads_writes
 from ..cst import parse
 
 SAVE_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora", "save_model")
-MAIN_ONLY = frozenset({"generate", "fast_generate", "for_inference", "TextStreamer", "display", "Audio"})
+MAIN_ONLY = frozenset({"generate", "fast_generate", "for_inference", "TextStreamer"})
+DISPLAY_MODULE = "IPython.display"  # Audio, Image, Markdown… from here only display; datasets.Audio is data
 CUDA_MEMORY = frozenset({
     "max_memory_reserved", "max_memory_allocated", "memory_reserved", "memory_allocated",
     "get_device_properties", "memory_summary", "mem_get_info",
 })
 COLLECTIVE = frozenset({"train", "evaluate", "predict", "barrier", "all_reduce", "broadcast", "gather",
-                        "from_pretrained", "get_peft_model", "nbddp_barrier"})
+                        "from_pretrained", "get_peft_model", "nbddp_barrier", "load_dataset", "map", "filter"})
 
 
-def main_only_reason(call: cst.Call) -> str | None:
+def is_collective(call: cst.Call) -> bool:
+    """Work every rank must do together: guarding it on rank 0 would hang or desynchronise the job."""
     tail = callee_tail(call) or ""
-    if tail.startswith(SAVE_PREFIXES):
-        return tail
-    if tail in MAIN_ONLY:
-        return tail
-    if tail in CUDA_MEMORY and callee_owner(call) == "cuda":
-        return "GPU memory stats"
-    return None
+    return tail in COLLECTIVE or tail.endswith("Trainer")
+
+
+class _DisplayNames(cst.CSTVisitor):
+    """Names bound by `from IPython.display import …` / `import IPython.display as ipd`."""
+
+    def __init__(self, names: set[str], modules: set[str]):
+        self.names, self.modules = names, modules
+
+    def visit_ImportFrom(self, node):
+        if dotted(node.module) == DISPLAY_MODULE and not isinstance(node.names, cst.ImportStar):
+            self.names.update((a.asname.name.value if a.asname else a.name.value) for a in node.names)
+
+    def visit_Import(self, node):
+        for alias in node.names:
+            if dotted(alias.name) == DISPLAY_MODULE:
+                self.modules.add(alias.asname.name.value if alias.asname else DISPLAY_MODULE)
 
 
 def _is_print(stmt) -> bool:
@@ -47,10 +59,27 @@ class RankGuards(Transform):
 
     def preprocess(self, nb, ctx):
         self.tainted: set[str] = set()  # names bound on rank 0 only, so far in the notebook
+        self.display_names = {"display"}  # Jupyter's built-in display(), plus IPython.display imports
+        self.display_modules: set[str] = set()
         return super().preprocess(nb, ctx)
+
+    def main_only_reason(self, call: cst.Call) -> str | None:
+        tail = callee_tail(call) or ""
+        if tail.startswith(SAVE_PREFIXES) or tail in MAIN_ONLY:
+            return tail
+        if tail in CUDA_MEMORY and callee_owner(call) == "cuda":
+            return "GPU memory stats"
+        func = call.func
+        if isinstance(func, cst.Name) and tail in self.display_names:
+            return tail
+        if isinstance(func, cst.Attribute) and dotted(func.value) in self.display_modules:
+            return tail
+        return None
 
     def preprocess_cell(self, cell, ctx):
         module = parse(cell.source, cell=cell_number(cell), step=self.name)
+        module.visit(_DisplayNames(self.display_names, self.display_modules))
+        main_only_reason = self.main_only_reason
         reasons: list[str] = []
         used: set[str] = set()
 
@@ -68,6 +97,11 @@ class RankGuards(Transform):
             header_reads = set().union(*(reads_writes(h)[0] for h in header_of(stmt))) if blocks else reads
             why = [r for r in map(main_only_reason, header_calls if blocks else calls) if r]
             if header_reads & self.tainted:
+                if not why and any(is_collective(c) for c in calls):
+                    ctx.report.warn(cell_number(cell), f"uses {', '.join(sorted(header_reads & self.tainted))}, which "
+                                    "only rank 0 computed, in work every rank must do; left unguarded: check it")
+                    self.tainted -= writes
+                    return LEAVE
                 used.update(header_reads & self.tainted)
                 why.append("uses")
             if not blocks and _is_print(stmt) and not {callee_tail(c) for c in calls} & COLLECTIVE:
