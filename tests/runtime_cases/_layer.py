@@ -1,0 +1,13 @@
+"""Load the runtime layer exactly as a generated script carries it (setup.py.j2 + runtime.py.j2, rendered)."""
+import types
+
+
+def load_layer(name="nbddp_layer"):
+    from nbddp.render import environment
+
+    env = environment()
+    code = env.get_template("setup.py.j2").render() + env.get_template("runtime.py.j2").render()
+    module = types.ModuleType(name)
+    module.__file__ = f"<{name}>"
+    exec(compile(code, module.__file__, "exec"), module.__dict__)
+    return module
