@@ -45,12 +45,125 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--keep-global-batch", action="store_true",
                          help="divide gradient_accumulation_steps by the number of processes when it divides evenly")
     convert.set_defaults(func=_convert)
+
+    run = sub.add_parser(
+        "run", help="convert a notebook (or take a script) and launch it with torchrun",
+        usage="nbddp run NOTEBOOK_OR_SCRIPT [--nproc N] [--out PATH] [--force] [--all-ranks] [--dry-run] "
+              "[torchrun flags ...] [-- script args ...]",
+        description="Launch a DDP job with torchrun: a .ipynb is converted first (like `nbddp convert`), a .py runs "
+                    "as it is. Rank 0's output streams to the terminal; a failed rank ends the command with its exit "
+                    "code. Other torchrun flags pass through (--nnodes, --rdzv-endpoint, --node-rank, ...: then "
+                    "there is no --standalone); arguments after `--` go to the script.")
+    run.add_argument("target", metavar="NOTEBOOK_OR_SCRIPT", help="a .ipynb to convert and run, or a .py to run")
+    run.add_argument("--nproc", default="auto",
+                     help="processes per node: a number, or 'auto' (one per visible GPU, 2 on CPU; the default)")
+    run.add_argument("-o", "--out", default=None, metavar="PATH",
+                     help=f"script written from a notebook (default: {DEFAULT_SCRIPT})")
+    run.add_argument("--force", action="store_true", help="replace a file at --out that nbddp did not write")
+    run.add_argument("--all-ranks", action="store_true",
+                     help="show every rank's output, each line prefixed [rank N] (default: rank 0's only)")
+    run.add_argument("--dry-run", action="store_true", help="write the script and print the command; launch nothing")
+    run.set_defaults(func=_run, passthrough=True)
+
+    command = sub.add_parser(
+        "command", help="print the launch command, e.g. for a Kaggle Script's \"Command\" field",
+        usage="nbddp command [SCRIPT] [--nproc N] [torchrun flags ...] [-- script args ...]",
+        description="Print the torchrun command line that launches SCRIPT: paste it into a Kaggle Script's "
+                    "\"Command\" field, or run it in a terminal.")
+    command.add_argument("script", nargs="?", default=DEFAULT_SCRIPT,
+                         help=f"the script to launch (default: {DEFAULT_SCRIPT})")
+    command.add_argument("--nproc", type=int, default=2, help="processes (GPUs) per node (default: 2)")
+    command.set_defaults(func=_command, passthrough=True)
     return parser
+
+
+def _own_options(parser) -> set:
+    options = set()
+    for action in parser._actions:
+        options.update(action.option_strings)
+        for sub in getattr(action, "choices", None) or {}:
+            if isinstance(action.choices, dict):
+                options |= _own_options(action.choices[sub])
+    return options
+
+
+def _parse(parser, argv):
+    """argparse for convert; for run and command, unknown flags are torchrun's and `--` starts the script's."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("run", "command"):
+        return parser.parse_args(argv)
+    head, tail = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    from .launch import glue_values
+
+    args, extra = parser.parse_known_args(glue_values(head, _own_options(parser)))
+    stray = [tok for tok in extra if not tok.startswith("-")]
+    if stray:
+        parser.error(f"unexpected argument {stray[0]!r} (torchrun flags go as --flag=value; "
+                     "script arguments after --)")
+    args.torchrun_flags, args.script_args = extra, tail
+    return args
+
+
+def _run(args) -> int:
+    from .executor import RankFailedError, resolve_nproc, run_script
+    from .launch import NPROC_FLAGS, has_flag, torchrun_argv
+
+    if has_flag(args.torchrun_flags, NPROC_FLAGS):
+        raise NbddpError("give the process count with --nproc, not torchrun's --nproc-per-node")
+    target = args.target
+    kind = target.lower().rsplit(".", 1)[-1] if "." in target else ""
+    if kind not in ("ipynb", "py"):
+        raise NbddpError(f"{target}: expected a notebook (.ipynb) or a Python script (.py)")
+    if kind == "py" and args.out:
+        raise NbddpError("--out is for notebooks; a .py script runs as it is")
+    import os
+
+    if not os.path.isfile(target):
+        raise NbddpError(f"{target}: no such file")
+    nproc = resolve_nproc(args.nproc)
+    script = target
+    if kind == "ipynb":
+        from .pipeline import convert_notebook
+        from .writer import write_script
+
+        script = args.out or DEFAULT_SCRIPT
+        result = convert_notebook(target, script_name=script, nproc=nproc)
+        write_script(script, result.script, force=args.force)
+        print(result.report.format(), file=sys.stderr)
+        print(f"Wrote {script}", file=sys.stderr)
+    if args.dry_run:
+        import shlex
+
+        print(shlex.join(torchrun_argv(script, nproc, extra=args.torchrun_flags, script_args=args.script_args)))
+        return 0
+    try:
+        run_script(script, nproc, extra=args.torchrun_flags, script_args=args.script_args, all_ranks=args.all_ranks)
+    except RankFailedError as exc:
+        if exc.traceback:
+            print(f"rank {exc.rank} traceback (last lines):", file=sys.stderr)
+            print("\n".join("    " + line for line in exc.traceback.splitlines()), file=sys.stderr)
+        print(f"nbddp: error: {exc}", file=sys.stderr)
+        return exc.exit_status()
+    return 0
+
+
+def _command(args) -> int:
+    from .launch import NPROC_FLAGS, has_flag, torchrun_command
+
+    if args.script.endswith(".ipynb"):
+        raise NbddpError(f"{args.script} is a notebook; convert it first (nbddp convert {args.script} -o "
+                         f"{DEFAULT_SCRIPT}), then give the script")
+    if has_flag(args.torchrun_flags, NPROC_FLAGS):
+        raise NbddpError("give the process count with --nproc, not torchrun's --nproc-per-node")
+    if args.nproc < 1:
+        raise NbddpError(f"--nproc must be at least 1, not {args.nproc}")
+    print(torchrun_command(args.script, args.nproc, extra=args.torchrun_flags, script_args=args.script_args))
+    return 0
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     try:
         return args.func(args)
     except NbddpError as exc:

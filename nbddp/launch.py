@@ -40,3 +40,73 @@ def launch_lines(script, nproc=2) -> list[str]:
         f'Kaggle Script "Command" field: {command}',
         f"or with accelerate: {accelerate_command(script, nproc)}",
     ]
+
+
+# ---- output routing and flag handling for `%%torchrun` and `nbddp run` ----
+
+#: torchrun's line prefix for --all-ranks (torchrun substitutes ${rank}, the global rank).
+RANK_PREFIX_TEMPLATE = "[rank ${rank}] "
+
+#: torchrun flags that take no value (all others take one).
+TORCHRUN_SWITCHES = ("--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path",
+                     "--virtual-local-rank", "--virtual_local_rank")
+ROUTING_FLAGS = ("--tee", "-t", "--redirects", "-r", "--local-ranks-filter", "--local_ranks_filter")
+LOG_DIR_FLAGS = ("--log-dir", "--log_dir")
+NPROC_FLAGS = ("--nproc-per-node", "--nproc_per_node")
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def flag_value(torchrun_args, names):
+    """The value of the last of `names` in `torchrun_args` (`--flag=value` or `--flag value`), else None."""
+    value = None
+    args = list(torchrun_args)
+    for i, arg in enumerate(args):
+        if _flag_name(arg) in names:
+            if "=" in arg:
+                value = arg.split("=", 1)[1]
+            elif i + 1 < len(args):
+                value = args[i + 1]
+    return value
+
+
+def has_flag(torchrun_args, names) -> bool:
+    return any(_flag_name(arg) in names for arg in torchrun_args)
+
+
+def glue_values(tokens, own_options=()):
+    """Write `--flag value` as `--flag=value` for torchrun flags that take a value, so that an argparse parser which
+    does not know them cannot take the value for one of its own positional arguments. `own_options` (the parser's
+    own flags) and torchrun's switches are left as they are."""
+    out, tokens, i = [], list(tokens), 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if (tok.startswith("-") and tok not in ("-", "--") and "=" not in tok and tok not in own_options
+                and tok not in TORCHRUN_SWITCHES and i + 1 < len(tokens) and not tokens[i + 1].startswith("-")):
+            out.append(f"{tok}={tokens[i + 1]}")
+            i += 2
+            continue
+        out.append(tok)
+        i += 1
+    return out
+
+
+def output_args(nproc: int, all_ranks: bool = False, log_dir=None, torchrun_args=()) -> list[str]:
+    """torchrun flags that route the ranks' output, unless the user routes it with torchrun's own flags.
+
+    Default: local rank 0 writes straight to the console (carriage-return progress bars pass through untouched);
+    the other local ranks write to files under the log dir (`--redirects 1:3,2:3,...`), read back when one fails.
+    all_ranks: every rank's output goes to a file and torchrun tails it to the console (`--tee 3`), each line
+    prefixed by torchrun (see RANK_PREFIX_TEMPLATE)."""
+    args = []
+    if log_dir is not None and not has_flag(torchrun_args, LOG_DIR_FLAGS):
+        args += ["--log-dir", str(log_dir)]
+    if has_flag(torchrun_args, ROUTING_FLAGS):
+        return args
+    if all_ranks:
+        args += ["--tee", "3"]
+    elif int(nproc) > 1:
+        args += ["--redirects", ",".join(f"{rank}:3" for rank in range(1, int(nproc)))]
+    return args
