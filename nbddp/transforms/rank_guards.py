@@ -16,7 +16,7 @@ from .dataflow import header_of, reads_writes
 from ..cst import parse
 
 SAVE_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora", "save_model")
-MAIN_ONLY = frozenset({"generate", "fast_generate", "for_inference", "TextStreamer"})
+MAIN_ONLY = frozenset({"generate", "fast_generate", "for_inference", "TextStreamer", "print_trainable_parameters"})
 DISPLAY_MODULE = "IPython.display"  # Audio, Image, Markdown… from here only display; datasets.Audio is data
 CUDA_MEMORY = frozenset({
     "max_memory_reserved", "max_memory_allocated", "memory_reserved", "memory_allocated",
