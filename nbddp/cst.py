@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Callable, Iterable, Sequence
 
 import libcst as cst
-from libcst import matchers as m
 
 from .errors import ConversionError
 
@@ -77,8 +76,12 @@ def add_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Cal
         tight = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
         return call.with_changes(args=[new.with_changes(equal=tight)])
     last = args[-1]
-    if last.keyword is not None:
-        new = new.with_changes(equal=last.equal)
+    keywords = [a for a in args if a.keyword is not None]
+    if keywords:  # `k = v` or `k=v`, as the call's own keywords are written
+        new = new.with_changes(equal=keywords[-1].equal)
+    else:
+        new = new.with_changes(equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                     whitespace_after=cst.SimpleWhitespace("")))
     if not isinstance(last.comma, cst.Comma):
         args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     else:
@@ -90,8 +93,9 @@ def add_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Cal
             if isinstance(separator, cst.ParenthesizedWhitespace):
                 args[-1] = last.with_changes(comma=last.comma.with_changes(
                     whitespace_after=closing.with_changes(last_line=separator.last_line)))
+            # the comment lines before `)` stay after `last` (once); the new argument closes the call
             new = new.with_changes(comma=last.comma.with_changes(
-                whitespace_after=closing.with_changes(first_line=cst.TrailingWhitespace())))
+                whitespace_after=closing.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=())))
         else:
             args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
             new = new.with_changes(comma=last.comma)
@@ -101,9 +105,8 @@ def add_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Cal
 
 def is_if_false(node) -> bool:
     """`if False:` / `if 0:` blocks are dead code in the notebook; nbddp leaves them exactly as they are."""
-    return isinstance(node, cst.If) and (
-        m.matches(node.test, m.Name("False")) or m.matches(node.test, m.Integer("0"))
-    )
+    test = node.test if isinstance(node, cst.If) else None
+    return (isinstance(test, cst.Name) and test.value == "False") or (isinstance(test, cst.Integer) and test.value == "0")
 
 
 def names_in(node) -> set[str]:

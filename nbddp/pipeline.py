@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import __version__
 from .errors import ConversionError, NbddpError, NotebookReadError
@@ -59,6 +59,7 @@ class Conversion:
     script: str
     report: Report
     launch: list
+    cells: list = field(default_factory=list, repr=False)  # the converted code cells, as the script holds them
 
 
 def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", nproc=2,
@@ -76,7 +77,7 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
         nb.cells, title=f"DDP training script for {source_name}", version=__version__, source=source_name,
         launch=launch, installs=ctx.report.installs, script_name=script_name,
     )
-    return Conversion(script=script, report=ctx.report, launch=launch)
+    return Conversion(script=script, report=ctx.report, launch=launch, cells=nb.cells)
 
 
 def convert(notebook, **kwargs) -> str:

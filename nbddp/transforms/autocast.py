@@ -31,6 +31,7 @@ class _Autocast(cst.CSTTransformer):
 
 class Autocast(CstTransform):
     name = "autocast"
+    triggers = ("amp",)
 
     def rewrite(self, module, cell_no, ctx):
         return module.visit(_Autocast(cell_no, ctx.report))

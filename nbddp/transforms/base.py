@@ -38,13 +38,22 @@ class Transform:
 
 
 class CstTransform(Transform):
-    """A step that rewrites each cell's code as a libcst tree."""
+    """A step that rewrites each cell's code as a libcst tree.
+
+    `triggers`: names the step acts on; a cell whose text holds none of them cannot need the step and is not
+    parsed (a fast path only: the rewrite itself always works on the tree).
+    """
+
+    triggers: tuple[str, ...] = ()
 
     def preprocess_cell(self, cell, ctx):
+        if self.triggers and not any(word in cell.source for word in self.triggers):
+            return cell
         module = parse(cell.source, cell=cell_number(cell), step=self.name)
         new = self.rewrite(module, cell_number(cell), ctx)
-        if not new.deep_equals(module):
-            cell.source = new.code
+        code = new.code  # libcst round-trips exactly: the same text means nothing changed
+        if code != cell.source:
+            cell.source = code
         return cell
 
     def rewrite(self, module, cell_no: int, ctx: Context):

@@ -45,6 +45,7 @@ class _Seeds(cst.CSTTransformer):
 
 class DataPrep(CstTransform):
     name = "data-prep"
+    triggers = tuple(DATA_CALLS) + ("shuffle",)
 
     def rewrite(self, module, cell_no, ctx):
         module = module.visit(_Seeds(cell_no, ctx.report, ctx.options.seed))

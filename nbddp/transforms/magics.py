@@ -7,12 +7,11 @@ Python, `%env`/`%cd` become os calls, other shell commands and `%%writefile` run
 from __future__ import annotations
 
 import libcst as cst
-from libcst import matchers as m
 
 from ..cst import code_of, parse
 from ..errors import ConversionError
 from .base import Context, Transform, cell_number
-from .shell import install_lines, is_install, one_line
+from .shell import install_lines, is_install, one_line, script_lines
 
 DROP_QUIETLY = frozenset({
     "matplotlib", "load_ext", "reload_ext", "unload_ext", "autoreload", "aimport", "config", "pinfo", "pinfo2",
@@ -35,6 +34,19 @@ def _ipython_to_python(source: str) -> str:
     from IPython.core.inputtransformer2 import TransformerManager
 
     return TransformerManager().transform_cell(source)
+
+
+def _is_python(source: str) -> bool:
+    import ast
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "invalid escape sequence": the notebook's business
+            ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def _leading_comments(source: str) -> tuple[str, str]:
@@ -98,7 +110,11 @@ def _literal_args(call: cst.Call) -> list[str] | None:
     return values
 
 
-IPY_CALL = m.Call(func=m.Attribute(value=m.Call(func=m.Name("get_ipython"))))
+def is_ipython_call(node) -> bool:
+    """`get_ipython().<something>(...)`, as IPython's transformers write it (libcst.matchers is slow to import)."""
+    func = node.func if isinstance(node, cst.Call) else None
+    owner = func.value if isinstance(func, cst.Attribute) else None
+    return (isinstance(owner, cst.Call) and isinstance(owner.func, cst.Name) and owner.func.value == "get_ipython")
 
 
 class _IPythonCalls(cst.CSTTransformer):
@@ -110,7 +126,7 @@ class _IPythonCalls(cst.CSTTransformer):
 
     @staticmethod
     def _whole_line(node) -> bool:
-        return len(node.body) == 1 and m.matches(node.body[0], m.Expr(value=IPY_CALL))
+        return len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and is_ipython_call(node.body[0].value)
 
     def visit_SimpleStatementLine(self, node):
         return not self._whole_line(node)  # whole-line calls are replaced below, not visited as expressions
@@ -138,7 +154,7 @@ class _IPythonCalls(cst.CSTTransformer):
 
     # An IPython call inside an expression: `files = !ls` → getoutput.
     def leave_Call(self, original, updated):
-        if not m.matches(updated, IPY_CALL):
+        if not is_ipython_call(updated):
             return updated
         kind = updated.func.attr.value
         args = _literal_args(updated)
@@ -225,6 +241,8 @@ class Magics(Transform):
         header, rest = _leading_comments(source)
         if rest.lstrip().startswith("%%"):
             return header + self._cell_magic(rest.lstrip(), cell, ctx)
+        if "get_ipython" not in source and _is_python(source):
+            return source  # no IPython syntax: every magic and `!` line is a Python syntax error
         try:
             python = _ipython_to_python(source)
         except SyntaxError as exc:
@@ -267,6 +285,11 @@ class Magics(Transform):
                 for command in installs:
                     report.install(command)
                 report.change(cell, f"removed the `%%{name}` install cell ({len(installs)} install commands; see the header)")
+                others = len(script_lines(body)) - len(installs)
+                if others:
+                    report.warn(cell, f"the `%%{name}` install cell also runs {others} other shell line(s) the installs "
+                                "may need (variables, checks); run the whole cell before launching, not just the header's list",
+                                line=1)
                 return f"# nbddp: removed a %%{name} install cell; run it before launching (see the header)\n"
             report.change(cell, f"`%%{name}` cell runs once per node (local rank 0), the others wait")
             return f"# %%{name}\n" + cst.Module([_stmt(f"nbddp_shell({body!r}, shell='/bin/bash')")]).code

@@ -64,6 +64,7 @@ class _Placement(cst.CSTTransformer):
 
 class Placement(CstTransform):
     name = "placement"
+    triggers = ("from_pretrained",)
 
     def rewrite(self, module, cell_no, ctx):
         return module.visit(_Placement(cell_no, ctx.report))

@@ -38,6 +38,7 @@ class _TrainerArgs(cst.CSTTransformer):
 
 class TrainerArgs(CstTransform):
     name = "trainer-args"
+    triggers = ("Config", "Arguments")
 
     def rewrite(self, module, cell_no, ctx):
         return module.visit(_TrainerArgs(cell_no, ctx.report))

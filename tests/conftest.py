@@ -1,0 +1,42 @@
+"""Shared fixtures for the converter tests: the corpus location, one cached conversion per corpus notebook,
+and a tiny notebook builder. Keep this small; put fixtures only one file needs in that file."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import nbformat
+import pytest
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "notebooks" / "unsloth"
+CORPUS_NOTEBOOKS = sorted(CORPUS.glob("*.ipynb"))
+
+
+def corpus_ids():
+    return [p.stem for p in CORPUS_NOTEBOOKS]
+
+
+@functools.lru_cache(maxsize=None)
+def _converted(path: str):
+    from nbddp.pipeline import convert_notebook
+
+    return convert_notebook(path, script_name="train_ddp.py")
+
+
+@pytest.fixture(scope="session")
+def converted():
+    """converted(path) -> Conversion, computed once per session and shared between test files."""
+    if not CORPUS_NOTEBOOKS:
+        pytest.skip(f"corpus not found at {CORPUS}")
+    return lambda path: _converted(str(path))
+
+
+def make_notebook(*cells) -> nbformat.NotebookNode:
+    """A v4 notebook; each cell is code source text, or ("markdown", text)."""
+    nb = nbformat.v4.new_notebook()
+    for cell in cells:
+        if isinstance(cell, tuple):
+            nb.cells.append(nbformat.v4.new_markdown_cell(cell[1]))
+        else:
+            nb.cells.append(nbformat.v4.new_code_cell(cell))
+    return nb

@@ -1,0 +1,175 @@
+"""Every corpus notebook converts into a script that parses and keeps the DDP rules, and converting twice is a no-op.
+
+The checks walk the script's AST (not the text): rank-0-only calls under a rank test, model loads on the rank's
+own device, no IPython left, no transformers/trl/peft import before the notebook's own `import unsloth`.
+"""
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+import nbformat
+import pytest
+
+from conftest import CORPUS_NOTEBOOKS, corpus_ids
+from nbddp.transforms.placement import is_model_loader
+
+MAIN_ONLY_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora", "save_model")
+MAIN_ONLY_NAMES = {"generate", "fast_generate"}
+RANK_NAMES = {"NBDDP_IS_MAIN", "NBDDP_RANK", "rank", "local_rank", "is_main_process", "is_world_process_zero",
+              "get_rank", "RANK", "LOCAL_RANK", "process_index", "is_local_main_process", "should_save"}
+LATE_LIBRARIES = ("transformers", "trl", "peft")
+
+
+def _tail(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _is_if_false(node) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Constant) and node.test.value in (False, 0)
+
+
+def _is_rank_test(node) -> bool:
+    return isinstance(node, ast.If) and bool({n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+                                             | {n.attr for n in ast.walk(node.test) if isinstance(n, ast.Attribute)}
+                                             & RANK_NAMES)
+
+
+def live_calls(node, guarded=False):
+    """(call, guarded) for each call in code that runs: not in def/class/lambda bodies, not under `if False:`."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+        return
+    if isinstance(node, ast.If):
+        yield from live_calls(node.test, guarded)
+        if not _is_if_false(node):
+            for child in node.body:
+                yield from live_calls(child, guarded or _is_rank_test(node))
+        for child in node.orelse:
+            yield from live_calls(child, guarded)
+        return
+    if isinstance(node, ast.Call):
+        yield node, guarded
+    for child in ast.iter_child_nodes(node):
+        yield from live_calls(child, guarded)
+
+
+def notebook_body(tree: ast.Module) -> ast.Try:
+    """The `try: <cells> finally: nbddp_teardown()` that holds the notebook's code."""
+    tries = [n for n in tree.body if isinstance(n, ast.Try) and any(
+        isinstance(c, ast.Call) and _tail(c) == "nbddp_teardown" for s in n.finalbody for c in ast.walk(s))]
+    assert len(tries) == 1, "the script has no single `try: ... finally: nbddp_teardown()` around the notebook"
+    return tries[0]
+
+
+def imports_in_order(node):
+    """Top-level module names imported, in the order the script runs them (def bodies skipped)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+        return
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            yield alias.name.split(".")[0], node.lineno
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        yield node.module.split(".")[0], node.lineno
+    for child in ast.iter_child_nodes(node):
+        yield from imports_in_order(child)
+
+
+def ddp_rule_problems(script: str, code_cells: list[int], loader_warnings: bool = False) -> list[str]:
+    """What breaks the DDP rules in a generated script; `code_cells`: the notebook positions of its code cells."""
+    tree = ast.parse(script)  # the whole script parses
+    problems = []
+    if "get_ipython" in script or any(isinstance(n, ast.Name) and n.id == "get_ipython" for n in ast.walk(tree)):
+        problems.append("get_ipython is left in the script")
+
+    for call, guarded in (c for stmt in notebook_body(tree).body for c in live_calls(stmt)):
+        tail = _tail(call)
+        if (tail.startswith(MAIN_ONLY_PREFIXES) or tail in MAIN_ONLY_NAMES) and not guarded:
+            problems.append(f"line {call.lineno}: {ast.unparse(call.func)}(...) runs on every rank")
+        if tail == "from_pretrained" and is_model_loader(cst.parse_expression(ast.unparse(call))):
+            device_map = next((k.value for k in call.keywords if k.arg == "device_map"), None)
+            ours = isinstance(device_map, ast.Call) and _tail(device_map) == "nbddp_device_map"
+            if not ours and not loader_warnings:
+                problems.append(f"line {call.lineno}: {ast.unparse(call.func)} without device_map=nbddp_device_map()")
+
+    # Unsloth patches transformers/trl/peft when it is imported first: nothing may import them earlier.
+    order = [name for stmt in tree.body for name, _ in imports_in_order(stmt)]
+    if "unsloth" in order:
+        early = set(order[: order.index("unsloth")]) & set(LATE_LIBRARIES)
+        if early:
+            problems.append(f"{sorted(early)} imported before the notebook's first `import unsloth`")
+
+    lines = set(script.splitlines())
+    problems += [f"no `# %% cell {n}` marker" for n in code_cells if f"    # %% cell {n}" not in lines]
+    return problems
+
+
+@pytest.mark.parametrize("path", CORPUS_NOTEBOOKS, ids=corpus_ids())
+def test_corpus_notebook_converts_and_keeps_the_ddp_rules(path, converted):
+    result = converted(path)
+    nb = nbformat.read(path, as_version=4)
+    code_cells = [n for n, c in enumerate(nb.cells, start=1) if c.cell_type == "code" and c.source.strip()]
+    # A loader nbddp could not rewrite (device_map from a variable, **kwargs) must at least be in the report.
+    loader_warnings = any("from_pretrained" in note.text for note in result.report.warnings)
+    problems = ddp_rule_problems(result.script, code_cells, loader_warnings)
+    assert not problems, f"{path.name}:\n  " + "\n  ".join(problems)
+
+
+BAD_SCRIPT = """\
+import transformers
+try:
+    # %% cell 1
+    from unsloth import FastLanguageModel
+    model, tok = FastLanguageModel.from_pretrained("m")
+    if False:
+        model.save_pretrained("dead")  # dead code is fine
+    def later():
+        model.push_to_hub("x")  # only when called: fine
+    if NBDDP_IS_MAIN:
+        model.save_pretrained("ok")
+    out = model.generate(x)
+    get_ipython().system("ls")
+finally:
+    nbddp_teardown()
+"""
+
+
+def test_the_rule_checker_catches_each_broken_rule():
+    problems = ddp_rule_problems(BAD_SCRIPT, code_cells=[1, 3])
+    text = "\n".join(problems)
+    assert "get_ipython" in text
+    assert "model.generate(...) runs on every rank" in text
+    assert "save_pretrained" not in text and "push_to_hub" not in text
+    assert "FastLanguageModel.from_pretrained without device_map" in text
+    assert "['transformers'] imported before" in text
+    assert "no `# %% cell 3` marker" in text and "cell 1`" not in text
+    assert len(problems) == 5, problems
+
+
+def test_the_corpus_is_there():
+    assert len(CORPUS_NOTEBOOKS) >= 30, "the shared corpus of Unsloth notebooks is missing or incomplete"
+
+
+@pytest.mark.parametrize("path", CORPUS_NOTEBOOKS, ids=corpus_ids())
+def test_converting_twice_changes_nothing_more(path, converted):
+    """Feed the converted cells back in as a notebook (same layout, markdown kept): the second pass is a no-op."""
+    from nbddp.notebook import as_notebook
+    from nbddp.pipeline import run_pipeline
+    from nbddp.report import Report
+    from nbddp.transforms.base import Context, cell_number
+
+    first = converted(path).cells
+    again = as_notebook(str(path))
+    for cell in again.cells:
+        if cell.cell_type == "code":
+            cell.source = ""
+    for cell in first:
+        again.cells[cell_number(cell) - 1].source = cell.source
+    ctx = Context(report=Report(source=path.name))
+    second = run_pipeline(again, ctx)
+    before = {cell_number(c): c.source for c in first}
+    after = {cell_number(c): c.source for c in second.cells}
+    changed = [n for n in before if before[n] != after.get(n)]
+    assert before and not changed, f"{path.name}: a second conversion changed cell(s) {changed}:\n" + "\n".join(
+        f"--- cell {n} first:\n{before[n]}\n--- second:\n{after.get(n)}" for n in changed[:2])
+    assert not ctx.report.warnings, f"second pass warned: {ctx.report.warnings}"

@@ -1,0 +1,77 @@
+"""Golden scripts: whole-notebook conversions compared line by line with tests/golden/<notebook>.py.
+
+Regenerate after an intended change (then READ the diff before committing it):
+    NBDDP_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py
+
+The runtime helpers every script carries (templates/setup.py.j2 and the templates it includes: everything from
+the "# ---- nbddp: one process per GPU" line to the `try:` that opens the notebook's cells) are the same for every
+notebook: a golden file holds one line in their place, so the goldens show what the conversion did to each notebook
+and do not all change whenever the helpers do.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import CORPUS
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE = os.environ.get("NBDDP_UPDATE_GOLDEN") == "1"
+SETUP_START = "# ---- nbddp: one process per GPU"
+SETUP_HIDDEN = "# ---- nbddp setup: templates/setup.py.j2 and its includes (not stored in golden files) ----\n"
+
+
+def without_setup(script: str) -> str:
+    """The script with its setup section (the same for every notebook) replaced by one line."""
+    lines = script.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith(SETUP_START)]
+    assert len(starts) == 1, "the setup's first line is missing or repeated"
+    body = next(i for i in range(starts[0], len(lines)) if lines[i] == "try:\n")
+    return "".join(lines[:starts[0]] + [SETUP_HIDDEN, "\n"] + lines[body:])
+
+
+# Each one covers a shape of notebook the converter must get right.
+NOTEBOOKS = [
+    "Kaggle-Llama3.1_(8B)-Alpaca",                        # the plain SFT notebook
+    "Llama3.2_(1B_and_3B)-Conversational",                # `!pip` indented under if/else -> `pass` marker
+    "AMD-Qwen3_(4B)-Instruct",                            # %%bash install cell with shell variables
+    "Kaggle-Gemma3_(1B)-GRPO",                            # %%capture that sets os.environ (kept)
+    "Llama3.1_(8B)-GRPO",                                 # GRPO with vLLM fast_generate
+    "Kaggle-Llama3.2_(11B)-Vision",                       # vision: for_inference / for_training
+    "Kaggle-Magistral_(24B)-Reasoning-Conversational",    # device_map="balanced" -> own device, warned
+    "Gemma3_(270M)_Phone_Deployment",                     # %%file cells, `!python script.py`
+    "Kaggle-bert_classification",                         # %env mid-cell, unseeded train_test_split
+]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_golden(name, converted):
+    notebook = CORPUS / f"{name}.ipynb"
+    if not notebook.exists():
+        pytest.skip(f"{notebook} is not in the corpus")
+    script = without_setup(converted(notebook).script)  # converted(): nbddp.convert(notebook, script_name=…)
+    golden = GOLDEN / f"{name}.py"
+    if UPDATE:
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(script, encoding="utf-8")
+    assert golden.exists(), f"no golden file {golden}; create it with NBDDP_UPDATE_GOLDEN=1"
+    expected = golden.read_text(encoding="utf-8")
+    if script != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), script.splitlines(True),
+                                            fromfile=f"golden/{name}.py", tofile="converted", n=2))
+        pytest.fail(f"{name}: the conversion differs from its golden file "
+                    f"(NBDDP_UPDATE_GOLDEN=1 regenerates it):\n{diff}", pytrace=False)
+
+
+def test_golden_is_the_public_api():
+    """The cached conversion the goldens use is exactly what `nbddp.convert` returns."""
+    import nbddp
+
+    notebook = CORPUS / f"{NOTEBOOKS[-1]}.ipynb"
+    if not notebook.exists():
+        pytest.skip("corpus missing")
+    script = nbddp.convert(notebook, script_name="train_ddp.py")
+    assert without_setup(script) == (GOLDEN / f"{NOTEBOOKS[-1]}.py").read_text(encoding="utf-8")

@@ -1,0 +1,200 @@
+"""Before/after tests for each pipeline step, through the whole pipeline, one small notebook per case.
+
+Each case is the cell a notebook holds and the cell the script must hold; the `UNCHANGED` cases are code the
+converter must leave exactly as it is, and the warning cases are code it must not guess about.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from conftest import make_notebook
+from nbddp.errors import ConversionError
+from nbddp.pipeline import run_pipeline
+from nbddp.report import Report
+from nbddp.transforms.base import Context
+
+
+def convert_cells(*sources):
+    """The converted source of each code cell, and the report."""
+    ctx = Context(report=Report(source="test.ipynb"))
+    nb = run_pipeline(make_notebook(*sources), ctx)
+    return [cell.source for cell in nb.cells], ctx.report
+
+
+def convert_cell(source):
+    sources, report = convert_cells(textwrap.dedent(source))
+    return sources[0], report
+
+
+def case(before, after):
+    return pytest.param(textwrap.dedent(before), textwrap.dedent(after), id=before.strip().splitlines()[0][:40])
+
+
+MAGICS = [
+    case("if True:\n    !pip install x\n",
+         "if True:\n    pass  # nbddp: removed `!pip install x` (install; see the header)\n"),
+    case("import os\nif os.environ.get('X'):\n    !pip install x\nelse:\n    !pip install y\n    import re\n",
+         "import os\nif os.environ.get('X'):\n    pass  # nbddp: removed `!pip install x` (install; see the header)\n"
+         "else:\n    # nbddp: removed `!pip install y` (install; see the header)\n    import re\n"),
+    case("!pip install a \\\n   b\nimport os\n",
+         "# nbddp: removed `!pip install a b` (install; see the header)\nimport os\n"),
+    case("#@title Setup\n%%capture\n!pip install x\nimport os\nos.environ['A'] = '1'\n",
+         "#@title Setup\n# %%capture  (nbddp: kept the code, dropped the magic)\n"
+         "# nbddp: removed `!pip install x` (install; see the header)\nimport os\nos.environ['A'] = '1'\n"),
+    case("x = 1\n%env K=V\n%env HF_HOME /tmp/hf\n",
+         "x = 1\nos.environ['K'] = 'V'\nos.environ['HF_HOME'] = '/tmp/hf'\n"),
+    case("%cd /tmp/work\n", "os.chdir(os.path.expanduser('/tmp/work'))\n"),
+    case("files = !ls\n", "files = nbddp_getoutput('ls')\n"),
+    case("%%writefile -a out.txt\nhello\n",
+         "# %%writefile -a out.txt\nnbddp_write_file('out.txt', 'hello\\n', append=True)\n"),
+    case("%%file run.py\nprint(1)\n", "# %%file run.py\nnbddp_write_file('run.py', 'print(1)\\n')\n"),
+    case("%%bash\necho hi\nls\n", "# %%bash\nnbddp_shell('echo hi\\nls\\n', shell='/bin/bash')\n"),
+    case("%%bash\npip install a\npip install b\n",
+         "# nbddp: removed a %%bash install cell; run it before launching (see the header)\n"),
+    case("%time y = f(1)\n", "y = f(1)\n"),
+    case("%%time\nz = 3\n", "# %%time  (nbddp: kept the code, dropped the magic)\nz = 3\n"),
+    case("%matplotlib inline\nimport os\n", "# nbddp: removed `%matplotlib inline` (notebook-only)\nimport os\n"),
+    case("!nvidia-smi\n", "nbddp_shell('nvidia-smi')\n"),
+    case("%%html\n<b>hi</b>\n", "# nbddp: removed a %%html cell (display only)\n"),
+]
+
+PLACEMENT = [
+    case('model = AutoModelForCausalLM.from_pretrained("m")\n',
+         'model = AutoModelForCausalLM.from_pretrained("m", device_map=nbddp_device_map())\n'),
+    case('model = AutoModelForCausalLM.from_pretrained("m", device_map={"": 0})\n',
+         'model = AutoModelForCausalLM.from_pretrained("m", device_map=nbddp_device_map())\n'),
+    case('model, tok = FastLanguageModel.from_pretrained(\n    model_name = "m",\n    load_in_4bit = True,\n'
+         '    # token = "hf_...", # gated models\n)\n',
+         'model, tok = FastLanguageModel.from_pretrained(\n    model_name = "m",\n    load_in_4bit = True,\n'
+         '    # token = "hf_...", # gated models\n    device_map = nbddp_device_map(),\n)\n'),
+    # a loader in a function still loads on every rank when called: it gets the rank's own device too
+    case('def load():\n    return AutoModelForCausalLM.from_pretrained("m")\n',
+         'def load():\n    return AutoModelForCausalLM.from_pretrained("m", device_map=nbddp_device_map())\n'),
+]
+
+TRAINER_ARGS = [
+    case('args = TrainingArguments(output_dir="o")\n',
+         'args = TrainingArguments(output_dir="o", ddp_find_unused_parameters=False)\n'),
+    case('args = GRPOConfig(\n    lr = 1e-5,\n    max_steps = 5, # short\n)\n',
+         'args = GRPOConfig(\n    lr = 1e-5,\n    max_steps = 5, # short\n    ddp_find_unused_parameters = False,\n)\n'),
+]
+
+DATA_PREP = [
+    case('ds = load_dataset("x")\nds = ds.map(f, batched=True)\nprint(1)\n',
+         'with nbddp_main_process_first():\n    ds = load_dataset("x")\n    ds = ds.map(f, batched=True)\n'
+         'if NBDDP_IS_MAIN:\n    print(1)\nnbddp_barrier()\n'),
+    case('split = ds.train_test_split(test_size=0.1)\n',
+         'with nbddp_main_process_first():\n    split = ds.train_test_split(test_size=0.1, seed=3407)\n'),
+    case('a, b = train_test_split(X, test_size=0.2)\n',
+         'with nbddp_main_process_first():\n    a, b = train_test_split(X, test_size=0.2, random_state=3407)\n'),
+    case('ds = ds.shuffle()\n', 'ds = ds.shuffle(seed=3407)\n'),
+    # a function runs on every rank when called: no main-process-first around its body, but the split is seeded
+    case('def split(ds):\n    return ds.train_test_split(test_size=0.1)\n',
+         'def split(ds):\n    return ds.train_test_split(test_size=0.1, seed=3407)\n'),
+    case('for name in names:\n    parts.append(load_dataset(name))\n',
+         'for name in names:\n    with nbddp_main_process_first():\n        parts.append(load_dataset(name))\n'),
+]
+
+RANK_GUARDS = [
+    case('model.save_pretrained("x")\ntokenizer.push_to_hub("y")\n',
+         'if NBDDP_IS_MAIN:\n    model.save_pretrained("x")\n    tokenizer.push_to_hub("y")\nnbddp_barrier()\n'),
+    case('out = model.generate(**inputs)\nprint(tok.decode(out[0]))\n',
+         'if NBDDP_IS_MAIN:\n    out = model.generate(**inputs)\n    print(tok.decode(out[0]))\nnbddp_barrier()\n'),
+    case('model.save_lora("l")\nx = 1\n', 'if NBDDP_IS_MAIN:\n    model.save_lora("l")\nnbddp_barrier()\nx = 1\n'),
+    case('for i in range(3):\n    trainer.save_model(f"x{i}")\n',
+         'for i in range(3):\n    if NBDDP_IS_MAIN:\n        trainer.save_model(f"x{i}")\n    nbddp_barrier()\n'),
+    case('stats = torch.cuda.max_memory_reserved()\n',
+         'if NBDDP_IS_MAIN:\n    stats = torch.cuda.max_memory_reserved()\nnbddp_barrier()\n'),
+    case('print("start")\nprint(trainer.train())\n',
+         'if NBDDP_IS_MAIN:\n    print("start")\nnbddp_barrier()\nprint(trainer.train())\n'),
+]
+
+AUTOCAST = [
+    case('with torch.cuda.amp.autocast(dtype=torch.float16):\n    y = m(x)\nscaler = torch.cuda.amp.GradScaler()\n',
+         'with torch.amp.autocast("cuda", dtype=torch.float16):\n    y = m(x)\nscaler = torch.amp.GradScaler("cuda")\n'),
+]
+
+UNCHANGED = [
+    'def save():\n    model.save_pretrained("x")\n    out = model.generate(x)\n    print(out)\n',
+    'def tokenize(ds):\n    ds = load_dataset("x")\n    return ds.map(g)\n',
+    'if False:\n    model.save_pretrained("x")\n    model = AutoModelForCausalLM.from_pretrained("m")\n'
+    '    args = SFTConfig(output_dir="o")\n    ds = load_dataset("x")\n',
+    'if False: model.push_to_hub_merged("me/m", tok, token = "T")\n',
+    'if NBDDP_IS_MAIN:\n    model.save_pretrained("x")\n    print("saved")\n',
+    'if rank == 0:\n    model.save_pretrained("x")\n',
+    'if trainer.is_world_process_zero():\n    trainer.save_model("x")\n',
+    'args = SFTConfig(output_dir="o", ddp_find_unused_parameters=True)\n',
+    'with nbddp_main_process_first():\n    ds = load_dataset("x")\n',
+    'model = AutoModelForCausalLM.from_pretrained("m", device_map=nbddp_device_map())\n',
+    'model = PeftModel.from_pretrained(base, "a")\ntok = AutoTokenizer.from_pretrained("m")\n',
+    'with torch.amp.autocast("cuda"):\n    y = m(x)\n',
+    'trainer.train()\nx = [1, 2]\n',
+    'import os\nos.environ["A"] = "1"  # a comment\n',
+]
+
+
+@pytest.mark.parametrize("before, after", MAGICS + PLACEMENT + TRAINER_ARGS + DATA_PREP + RANK_GUARDS + AUTOCAST)
+def test_rewrite(before, after):
+    converted, _ = convert_cell(before)
+    assert converted == after
+
+
+@pytest.mark.parametrize("source", UNCHANGED, ids=[s.splitlines()[0][:40] for s in UNCHANGED])
+def test_left_as_is(source):
+    converted, report = convert_cell(source)
+    assert converted == source
+    assert not report.warnings
+
+
+def test_seeded_split_is_kept():
+    converted, report = convert_cell('split = ds.train_test_split(test_size=0.1, seed=1)\n')
+    assert "seed=1)" in converted and "3407" not in converted
+    assert not any("seed" in n.text for n in report.changes)
+
+
+@pytest.mark.parametrize("source, warning", [
+    ('model = AutoModelForCausalLM.from_pretrained("m", **kw)\n', "cannot tell if device_map is set"),
+    ('model = AutoModelForCausalLM.from_pretrained("m", device_map=dm)\n', "computed by the notebook"),
+    ('args = SFTConfig(**cfg)\n', "cannot tell if ddp_find_unused_parameters is set"),
+])
+def test_no_guessing_only_a_warning(source, warning):
+    converted, report = convert_cell(source)
+    assert converted == source
+    assert any(warning in n.text for n in report.warnings), report.warnings
+
+
+def test_splitting_device_map_is_replaced_and_warned():
+    converted, report = convert_cell('m = FastLanguageModel.from_pretrained("m", device_map="balanced")\n')
+    assert converted == 'm = FastLanguageModel.from_pretrained("m", device_map=nbddp_device_map())\n'
+    assert any('device_map="balanced"' in n.text for n in report.warnings)
+
+
+@pytest.mark.parametrize("source, warning", [
+    ("%frobnicate now\nx = 1\n", "unknown magic `%frobnicate now`"),
+    ("%%frobnicate\nx = 1\n", "unknown cell magic `%%frobnicate`"),
+])
+def test_unknown_magics_are_removed_and_warned(source, warning):
+    converted, report = convert_cell(source)
+    assert converted.startswith("# nbddp: removed") and "frobnicate" in converted.splitlines()[0]
+    assert [n.text for n in report.warnings if warning in n.text]
+
+
+def test_installs_go_to_the_header_list():
+    _, report = convert_cells("!pip install a\n%pip install b\n", "%%bash\nset -e\nuv pip install c\n")
+    assert report.installs == ["pip install a", "pip install b", "uv pip install c"]
+    assert any("install cell also runs 1 other shell line" in n.text for n in report.warnings)
+
+
+def test_taint_follows_values_across_cells():
+    """A value made on rank 0 only (generation output) is read under the same guard in a later cell."""
+    sources, _ = convert_cells('out = model.generate(x)\n', ("markdown", "text"), 'text = tok.decode(out[0])\ny = 2\n')
+    assert sources[1] == 'if NBDDP_IS_MAIN:\n    text = tok.decode(out[0])\nnbddp_barrier()\ny = 2\n'
+
+
+def test_a_cell_that_does_not_parse_names_cell_and_line():
+    with pytest.raises(ConversionError) as err:
+        convert_cells("x = 1\n", ("markdown", "m"), "a = 1\nb = (\n")
+    message = str(err.value)
+    assert "cell 3" in message and "line" in message and "\n" not in message
