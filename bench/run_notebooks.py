@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Run nbddp-converted Unsloth notebooks on a GPU machine: 2-GPU DDP (torchrun) and 1-GPU, same script.
+
+Step 1, where nbddp and nbformat are installed (this machine):
+    python bench/run_notebooks.py convert --dest .gpurun
+Step 2, on the GPU machine, after `bench/offline_hub.py` filled HF_HOME (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1):
+    python bench/run_notebooks.py run --scripts .gpurun --out $OUT [--only a,b] [--resume old.json ...]
+           [--timeout 240] [--deadline 500] [--modes ddp,single] [--gate tinyllama]
+
+Each run gets its own working folder (outputs, adapters and Unsloth's compile cache land there), a log, and a
+per-rank probe (bench/rankprobe/sitecustomize.py: GPU used, peak memory, generate()/save_pretrained() calls).
+The JSON summary is rewritten after every run; `--resume` skips notebooks an earlier results file has done.
+The converted scripts are run exactly as nbddp wrote them: nothing caps their steps; a run that passes its
+time limit is killed and recorded as timed out.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = "/work/shared/notebooks/unsloth"
+
+# slug -> notebook file (priority order)
+NOTEBOOKS = {
+    "tinyllama-alpaca": "Kaggle-TinyLlama_(1.1B)-Alpaca.ipynb",
+    "llama31-alpaca": "Kaggle-Llama3.1_(8B)-Alpaca.ipynb",
+    "mistral03-conversational": "Kaggle-Mistral_v0.3_(7B)-Conversational.ipynb",
+    "gemma3-4b": "Kaggle-Gemma3_(4B).ipynb",
+    "qwen3-14b-reasoning": "Kaggle-Qwen3_(14B)-Reasoning-Conversational.ipynb",
+    "mistral03-cpt": "Kaggle-Mistral_v0.3_(7B)-CPT.ipynb",
+    "zephyr-dpo": "Kaggle-Zephyr_(7B)-DPO.ipynb",
+    "gemma3-1b-grpo": "Kaggle-Gemma3_(1B)-GRPO.ipynb",
+}
+
+LOSS_RE = re.compile(r"""['"]loss['"]\s*:\s*['"]?([-+0-9.eE]+|nan|inf)""")
+METRIC_RE = re.compile(r"""['"](train_runtime|train_samples_per_second|train_steps_per_second|train_loss)['"]\s*:\s*['"]?([-+0-9.eE]+)""")
+EXIT_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def convert(dest):
+    from nbddp.pipeline import convert_notebook  # only here: the GPU machine needs no nbddp converter deps
+
+    os.makedirs(dest, exist_ok=True)
+    for slug, nb in NOTEBOOKS.items():
+        conv = convert_notebook(os.path.join(CORPUS, nb), source_name=nb, script_name=f"{slug}.py", nproc=2)
+        with open(os.path.join(dest, f"{slug}.py"), "w", encoding="utf-8") as fh:
+            fh.write(conv.script)
+        print(f"converted {nb} -> {dest}/{slug}.py")
+
+
+def _run(argv, env, cwd, log_path, timeout):
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc, timed_out = proc.returncode, True
+    return rc, timed_out, round(time.time() - t0, 1)
+
+
+def summarize(mode, rc, timed_out, wall, log_path, workdir, world):
+    text = open(log_path, errors="replace").read()
+    losses = [float(x) for x in LOSS_RE.findall(text)]
+    metrics = {}
+    for k, v in METRIC_RE.findall(text):
+        metrics.setdefault(k, []).append(float(v))
+    probes = {}
+    for f in sorted(glob.glob(os.path.join(workdir, "probe", "*.json"))):
+        p = json.load(open(f))
+        probes[str(p.get("rank"))] = p
+    adapters = sorted(os.path.relpath(os.path.dirname(p), workdir)
+                      for p in glob.glob(os.path.join(workdir, "**", "adapter_config.json"), recursive=True)
+                      if "checkpoint-" not in p)
+    exit_codes = {r: int(c) for r, c in EXIT_RE.findall(text)}
+    if rc == 0 and not timed_out:
+        exit_codes = {str(r): 0 for r in range(world)}
+    errors = [ln.strip() for ln in text.splitlines()
+              if re.search(r"(Error|Exception)\b.*:", ln) and "Warning" not in ln][-6:]
+    return {
+        "mode": mode, "world_size": world, "returncode": rc, "timed_out": timed_out, "wall_s": wall,
+        "rank_exit_codes": exit_codes, "ranks": probes, "losses": losses, "n_loss_logs": len(losses),
+        "metrics": metrics, "adapter_dirs": adapters,
+        "generate_calls_per_rank": {r: p.get("generate") for r, p in probes.items()},
+        "save_pretrained_calls_per_rank": {r: p.get("save_pretrained") for r, p in probes.items()},
+        "errors": errors, "log": os.path.basename(log_path),
+        "step_end_times": {r: p.get("step_end_times") for r, p in probes.items()},
+        "batch": {r: p.get("batch") for r, p in probes.items()},
+    }
+
+
+def run(args):
+    t_start = time.time()
+    os.makedirs(args.out, exist_ok=True)
+    logdir = os.path.join(args.work, "logs")
+    os.makedirs(logdir, exist_ok=True)
+    done = {}
+    for f in args.resume or []:
+        if os.path.exists(f):
+            for slug, entry in json.load(open(f)).get("notebooks", {}).items():
+                if entry.get("status") in ("ok", "failed"):
+                    done[slug] = entry
+    results = {"machine": args.machine, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "settings": {"timeout_s": args.timeout, "modes": args.modes}, "notebooks": dict(done)}
+    out_json = os.path.join(args.out, "notebooks.json")
+    slugs = args.only.split(",") if args.only else list(NOTEBOOKS)
+    extra_env = dict(kv.split("=", 1) for kv in args.env or [])
+    results["settings"]["env"] = extra_env
+    base_env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    base_env.update(extra_env)
+    base_env["NCCL_NVLS_ENABLE"] = "0"  # never anything else
+    base_env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(HERE, "rankprobe")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    for slug in slugs:
+        key = f"{slug}@{args.tag}" if args.tag else slug
+        if key in done:
+            print(f"skip {slug}: done in an earlier results file", flush=True)
+            continue
+        script = os.path.abspath(os.path.join(args.scripts, f"{slug}.py"))
+        entry = {"notebook": NOTEBOOKS.get(slug, slug), "script": os.path.basename(script), "runs": {},
+                 "env": extra_env}
+        for mode in args.modes.split(","):
+            limit = min(args.timeout, args.deadline - (time.time() - t_start))
+            if limit < 30:
+                entry["runs"][mode] = {"mode": mode, "skipped": "time budget of this batch spent (not run)"}
+                continue
+            workdir = os.path.join(args.work, key.replace("@", "_"), mode)
+            os.makedirs(workdir, exist_ok=True)
+            env = dict(base_env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"))
+            if mode == "ddp":
+                argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+                        script]
+                world = args.nproc
+            else:
+                env["CUDA_VISIBLE_DEVICES"] = "0"
+                argv, world = [sys.executable, script], 1
+            log_path = os.path.join(logdir, f"{key.replace('@', '_')}-{mode}.log")
+            print(f"run {slug} {mode} (limit {limit:.0f}s)", flush=True)
+            rc, timed_out, wall = _run(argv, env, workdir, log_path, limit)
+            entry["runs"][mode] = summarize(mode, rc, timed_out, wall, log_path, workdir, world)
+            r = entry["runs"][mode]
+            print(f"  rc={rc} timed_out={timed_out} wall={wall}s losses={len(r['losses'])} "
+                  f"first/last={r['losses'][:1]}/{r['losses'][-1:]} adapters={r['adapter_dirs']} "
+                  f"gen={r['generate_calls_per_rank']} errors={r['errors'][-2:]}", flush=True)
+            if mode == "ddp" and rc != 0 and args.gate == slug:
+                break
+        runs = entry["runs"].values()
+        entry["status"] = ("ok" if all(r.get("returncode") == 0 for r in runs if "skipped" not in r)
+                           and any("skipped" not in r for r in runs) else
+                           "failed" if any("returncode" in r for r in runs) else "not run")
+        results["notebooks"][key] = entry
+        results["elapsed_s"] = round(time.time() - t_start, 1)
+        json.dump(results, open(out_json, "w"), indent=1)
+        with tarfile.open(os.path.join(args.out, "notebook-logs.tar.gz"), "w:gz") as tar:
+            tar.add(logdir, arcname="logs")
+        if args.gate == slug and entry["status"] != "ok":
+            print(f"gate {slug} failed: stopping this batch", flush=True)
+            break
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert")
+    c.add_argument("--dest", default=".gpurun")
+    r = sub.add_parser("run")
+    r.add_argument("--scripts", default=".gpurun")
+    r.add_argument("--out", required=True)
+    r.add_argument("--work", default="/tmp/nbrun")
+    r.add_argument("--only", default="")
+    r.add_argument("--resume", nargs="*")
+    r.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    r.add_argument("--deadline", type=int, default=480, help="every run ends by this many seconds after the start")
+    r.add_argument("--modes", default="ddp,single")
+    r.add_argument("--nproc", type=int, default=2)
+    r.add_argument("--gate", default="", help="stop the batch if this notebook fails")
+    r.add_argument("--env", action="append", help="K=V for every run of this batch (recorded)")
+    r.add_argument("--tag", default="", help="results key suffix for runs with --env (slug@tag)")
+    r.add_argument("--machine", default=os.environ.get("BENCH_MACHINE", ""))
+    args = ap.parse_args(argv)
+    return convert(args.dest) if args.cmd == "convert" else run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Steady-state training throughput, 1 GPU vs 2-GPU DDP, of one nbddp-converted notebook (issue 6).
+
+On the GPU machine, after bench/offline_hub.py filled HF_HOME (reduced-size random-weight model):
+    python bench/scaling.py run --script .gpurun/llama31-alpaca.py --pairs 5 --deadline 400 --out $OUT/scaling.json
+Runs single (CUDA_VISIBLE_DEVICES=0 python script) and DDP (torchrun --nproc_per_node=2 script) alternately, as
+generated. bench/rankprobe times every optimizer step (CUDA synchronised at each step end); the rate is the
+samples of the steps after --skip warm-up steps over their wall time, rank 0's clock. nbddp keeps the global
+batch (it divides gradient_accumulation_steps by the world size), so both runs do the same samples per step.
+Peak memory per rank comes from torch.cuda.max_memory_allocated/reserved at exit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run_notebooks as rn  # noqa: E402
+
+
+def steady_rate(run, skip):
+    """samples/s over optimizer steps after `skip`, from rank 0's step-end times."""
+    times = (run.get("step_end_times") or {}).get("0") or []
+    batch = (run.get("batch") or {}).get("0") or {}
+    if len(times) < skip + 3 or not batch.get("per_device_train_batch_size"):
+        return None
+    per_step = batch["per_device_train_batch_size"] * batch["gradient_accumulation_steps"] * (batch["world_size"] or 1)
+    window = times[skip:]
+    return {"samples_per_s": round(per_step * (len(window) - 1) / (window[-1] - window[0]), 3),
+            "samples_per_step": per_step, "steps_timed": len(window) - 1,
+            "median_step_s": round(statistics.median(b - a for a, b in zip(window, window[1:])), 4),
+            "peak_allocated_gib": {r: p.get("peak_allocated_gib") for r, p in run.get("ranks", {}).items()},
+            "peak_reserved_gib": {r: p.get("peak_reserved_gib") for r, p in run.get("ranks", {}).items()},
+            "returncode": run.get("returncode"), "wall_s": run.get("wall_s")}
+
+
+def one(mode, script, work, env, limit, nproc):
+    workdir = os.path.join(work, mode)
+    subprocess.run(["rm", "-rf", workdir])
+    os.makedirs(workdir)
+    env = dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"))
+    if mode == "ddp":
+        argv, world = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                       script], nproc
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = "0"
+        argv, world = [sys.executable, script], 1
+    log = os.path.join(work, f"{os.path.basename(work)}-{mode}.log")
+    rc, timed_out, wall = rn._run(argv, env, workdir, log, limit)
+    return rn.summarize(mode, rc, timed_out, wall, log, workdir, world)
+
+
+def run(args):
+    t0 = time.time()
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env.update(dict(kv.split("=", 1) for kv in args.env or []))
+    env["NCCL_NVLS_ENABLE"] = "0"
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(rn.HERE, "rankprobe")] +
+                                        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    script = os.path.abspath(args.script)
+    pairs, notes = [], []
+    for i in range(args.pairs):
+        if time.time() - t0 + 2 * args.run_estimate > args.deadline:
+            notes.append(f"stopped after {i} pairs: time budget of the call")
+            break
+        pair = {}
+        order = ("single", "ddp") if i % 2 == 0 else ("ddp", "single")  # alternate which goes first
+        for mode in order:
+            work = os.path.join(args.work, f"pair{i}")
+            os.makedirs(work, exist_ok=True)
+            r = one(mode, script, work, env, args.timeout, args.nproc)
+            pair[mode] = steady_rate(r, args.skip) or {"returncode": r["returncode"], "errors": r["errors"][-2:]}
+        pairs.append(pair)
+        print(f"pair {i}: {json.dumps(pair)}", flush=True)
+        write(args, pairs, notes, env)
+    write(args, pairs, notes, env)
+    return 0
+
+
+def write(args, pairs, notes, env):
+    ratios = [p["ddp"]["samples_per_s"] / p["single"]["samples_per_s"] for p in pairs
+              if p.get("ddp", {}).get("samples_per_s") and p.get("single", {}).get("samples_per_s")]
+    out = {"device": args.machine, "model": args.model, "script": os.path.basename(args.script), "world_size": args.nproc,
+           "paired_runs": pairs, "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
+           "ratios": [round(r, 3) for r in ratios], "notes": notes,
+           "settings": {"skip_steps": args.skip, "env": {k: env[k] for k in (dict(kv.split("=", 1) for kv in args.env or []))},
+                        "timing": "rank-0 wall clock between optimizer-step ends, CUDA synchronised"},
+           "commit": args.commit}
+    with open(args.out, "w") as fh:
+        json.dump(out, fh, indent=1)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--script", default=".gpurun/llama31-alpaca.py")
+    r.add_argument("--out", required=True)
+    r.add_argument("--work", default="/tmp/scaling")
+    r.add_argument("--pairs", type=int, default=5)
+    r.add_argument("--skip", type=int, default=15, help="warm-up optimizer steps left out of the rate")
+    r.add_argument("--deadline", type=int, default=400)
+    r.add_argument("--run-estimate", type=int, default=60)
+    r.add_argument("--timeout", type=int, default=150)
+    r.add_argument("--nproc", type=int, default=2)
+    r.add_argument("--env", action="append")
+    r.add_argument("--machine", default=os.environ.get("BENCH_MACHINE", ""))
+    r.add_argument("--model", default="Llama-3.1-8B shape, 2 layers, random weights, 4-bit (offline_hub llama31)")
+    r.add_argument("--commit", default=os.environ.get("BENCH_COMMIT", ""))
+    args = ap.parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
