@@ -87,6 +87,12 @@ def test_unparsable_cell_error_names_cell_and_line(tmp_path):
     assert "cell 3" in done.stderr and "line" in done.stderr
 
 
+def test_output_folder_missing(tmp_path, small):
+    done = nbddp("convert", small, "-o", tmp_path / "no" / "such" / "train.py")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("nbddp: error: cannot write") and "does not exist" in done.stderr
+
+
 @pytest.mark.parametrize("argv", [[], ["convert"], ["convert", "a.ipynb", "--nproc", "two"], ["frobnicate"]])
 def test_usage_errors_exit_2(argv):
     done = nbddp(*argv)

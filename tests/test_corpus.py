@@ -19,6 +19,9 @@ MAIN_ONLY_NAMES = {"generate", "fast_generate"}
 RANK_NAMES = {"NBDDP_IS_MAIN", "NBDDP_RANK", "rank", "local_rank", "is_main_process", "is_world_process_zero",
               "get_rank", "RANK", "LOCAL_RANK", "process_index", "is_local_main_process", "should_save"}
 LATE_LIBRARIES = ("transformers", "trl", "peft")
+# Work every rank must do together: under a rank-0 guard it would hang the job.
+COLLECTIVE = {"train", "evaluate", "from_pretrained", "get_peft_model", "load_dataset", "nbddp_barrier",
+              "barrier", "all_reduce", "broadcast", "nbddp_main_process_first"}
 
 
 def _tail(call: ast.Call) -> str:
@@ -36,22 +39,24 @@ def _is_rank_test(node) -> bool:
                                              & RANK_NAMES)
 
 
-def live_calls(node, guarded=False):
-    """(call, guarded) for each call in code that runs: not in def/class/lambda bodies, not under `if False:`."""
+def live_calls(node, guarded=False, ours=False):
+    """(call, guarded, ours) for each call in code that runs (not in def/class/lambda bodies, not under `if False:`);
+    guarded: under any rank test; ours: under the `if NBDDP_IS_MAIN:` nbddp wrote."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
         return
     if isinstance(node, ast.If):
-        yield from live_calls(node.test, guarded)
+        yield from live_calls(node.test, guarded, ours)
         if not _is_if_false(node):
+            mine = isinstance(node.test, ast.Name) and node.test.id == "NBDDP_IS_MAIN"
             for child in node.body:
-                yield from live_calls(child, guarded or _is_rank_test(node))
+                yield from live_calls(child, guarded or _is_rank_test(node), ours or mine)
         for child in node.orelse:
-            yield from live_calls(child, guarded)
+            yield from live_calls(child, guarded, ours)
         return
     if isinstance(node, ast.Call):
-        yield node, guarded
+        yield node, guarded, ours
     for child in ast.iter_child_nodes(node):
-        yield from live_calls(child, guarded)
+        yield from live_calls(child, guarded, ours)
 
 
 def notebook_body(tree: ast.Module) -> ast.Try:
@@ -82,8 +87,12 @@ def ddp_rule_problems(script: str, code_cells: list[int], loader_warnings: bool 
     if "get_ipython" in script or any(isinstance(n, ast.Name) and n.id == "get_ipython" for n in ast.walk(tree)):
         problems.append("get_ipython is left in the script")
 
-    for call, guarded in (c for stmt in notebook_body(tree).body for c in live_calls(stmt)):
+    body = notebook_body(tree)
+    for call, guarded, ours in (c for stmt in body.body for c in live_calls(stmt)):
         tail = _tail(call)
+        if ours and (tail in COLLECTIVE or tail.endswith("Trainer")):
+            problems.append(f"line {call.lineno}: {ast.unparse(call.func)}(...) every rank must run is under "
+                            "`if NBDDP_IS_MAIN:` (the job would hang)")
         if (tail.startswith(MAIN_ONLY_PREFIXES) or tail in MAIN_ONLY_NAMES) and not guarded:
             problems.append(f"line {call.lineno}: {ast.unparse(call.func)}(...) runs on every rank")
         if tail == "from_pretrained" and is_model_loader(cst.parse_expression(ast.unparse(call))):
@@ -91,6 +100,12 @@ def ddp_rule_problems(script: str, code_cells: list[int], loader_warnings: bool 
             ours = isinstance(device_map, ast.Call) and _tail(device_map) == "nbddp_device_map"
             if not ours and not loader_warnings:
                 problems.append(f"line {call.lineno}: {ast.unparse(call.func)} without device_map=nbddp_device_map()")
+
+    for node in ast.walk(body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and any(
+                isinstance(c, ast.Call) and _tail(c) in {"nbddp_barrier", "nbddp_main_process_first"}
+                for c in ast.walk(node)):
+            problems.append(f"line {node.lineno}: a barrier inside a function (it may run on some ranks only)")
 
     # Unsloth patches transformers/trl/peft when it is imported first: nothing may import them earlier.
     order = [name for stmt in tree.body for name, _ in imports_in_order(stmt)]
@@ -129,6 +144,10 @@ try:
         model.save_pretrained("ok")
     out = model.generate(x)
     get_ipython().system("ls")
+    if NBDDP_IS_MAIN:
+        trainer.train()
+    def save():
+        nbddp_barrier()
 finally:
     nbddp_teardown()
 """
@@ -143,7 +162,9 @@ def test_the_rule_checker_catches_each_broken_rule():
     assert "FastLanguageModel.from_pretrained without device_map" in text
     assert "['transformers'] imported before" in text
     assert "no `# %% cell 3` marker" in text and "cell 1`" not in text
-    assert len(problems) == 5, problems
+    assert "trainer.train(...) every rank must run is under `if NBDDP_IS_MAIN:`" in text
+    assert "a barrier inside a function" in text
+    assert len(problems) == 7, problems
 
 
 def test_the_corpus_is_there():

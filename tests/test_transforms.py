@@ -45,10 +45,12 @@ MAGICS = [
          "# nbddp: removed `!pip install x` (install; see the header)\nimport os\nos.environ['A'] = '1'\n"),
     case("x = 1\n%env K=V\n%env HF_HOME /tmp/hf\n",
          "x = 1\nos.environ['K'] = 'V'\nos.environ['HF_HOME'] = '/tmp/hf'\n"),
+    case("%env K = 1 # why\n", "os.environ['K'] = '1 # why'\n"),  # what IPython sets too (and a warning)
     case("%cd /tmp/work\n", "os.chdir(os.path.expanduser('/tmp/work'))\n"),
     case("files = !ls\n", "files = nbddp_getoutput('ls')\n"),
     case("%%writefile -a out.txt\nhello\n",
          "# %%writefile -a out.txt\nnbddp_write_file('out.txt', 'hello\\n', append=True)\n"),
+    case('%%writefile "my file.txt"\nhi\n', '# %%writefile "my file.txt"\nnbddp_write_file(\'my file.txt\', \'hi\\n\')\n'),
     case("%%file run.py\nprint(1)\n", "# %%file run.py\nnbddp_write_file('run.py', 'print(1)\\n')\n"),
     case("%%bash\necho hi\nls\n", "# %%bash\nnbddp_shell('echo hi\\nls\\n', shell='/bin/bash')\n"),
     case("%%bash\npip install a\npip install b\n",
@@ -155,13 +157,14 @@ def test_seeded_split_is_kept():
 
 
 @pytest.mark.parametrize("source, warning", [
+    ("%env K = 1 # why\n", "comment included"),
     ('model = AutoModelForCausalLM.from_pretrained("m", **kw)\n', "cannot tell if device_map is set"),
     ('model = AutoModelForCausalLM.from_pretrained("m", device_map=dm)\n', "computed by the notebook"),
     ('args = SFTConfig(**cfg)\n', "cannot tell if ddp_find_unused_parameters is set"),
 ])
 def test_no_guessing_only_a_warning(source, warning):
     converted, report = convert_cell(source)
-    assert converted == source
+    assert converted == source or source.startswith("%env")
     assert any(warning in n.text for n in report.warnings), report.warnings
 
 

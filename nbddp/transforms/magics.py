@@ -6,6 +6,8 @@ Python, `%env`/`%cd` become os calls, other shell commands and `%%writefile` run
 """
 from __future__ import annotations
 
+import shlex
+
 import libcst as cst
 
 from ..cst import code_of, parse
@@ -184,6 +186,10 @@ class _IPythonCalls(cst.CSTTransformer):
             key, value = key.strip(), value.strip()
             if key and sep:
                 report.change(self.cell, f"`%{name} {one_line(line, 50)}` → os.environ")
+                if " #" in value:
+                    report.warn(self.cell, f"`%{name}` sets {key} to {value!r}, comment included (IPython does the "
+                                "same); drop the comment in the notebook if the value is meant to be "
+                                f"{value.split(' #')[0].strip()!r}")
                 return [_stmt(f"os.environ[{key!r}] = {value!r}")]
             return [_marker(f"removed `%{name} {line}` (only displays)")]
         if name == "cd":
@@ -268,7 +274,10 @@ class Magics(Transform):
             report.change(cell, f"`%%{name}` removed; its Python is kept")
             return f"# %%{name} {line}".rstrip() + "  (nbddp: kept the code, dropped the magic)\n" + self.convert(body, cell, ctx)
         if name in FILE_MAGICS:
-            args = line.split()
+            try:
+                args = shlex.split(line)  # IPython reads `%%writefile "my file.py"` the same way
+            except ValueError:
+                args = line.split()
             append = "-a" in args or "--append" in args
             paths = [a for a in args if not a.startswith("-")]
             if not paths:
