@@ -1,0 +1,135 @@
+"""The runtime layer under real DDP: torchrun --nproc_per_node=2 on CPU/gloo, plain torch and transformers+peft.
+
+Each job runs many combinations (see tests/runtime_cases/); with NBDDP_OUTCOME_DIR set, the jobs also leave the
+JSON that tools/ddp_outcome_table.py turns into the table in docs/runtime.md.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.ddp
+CASES = os.path.join(os.path.dirname(__file__), "runtime_cases")
+SAME = "trains, same weights as one process"
+
+
+def _run(argv, env=None, timeout=240, drop=()):
+    full_env = {k: v for k, v in {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}.items() if k not in drop}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=CASES)
+    results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    return done, results
+
+
+def torchrun(script, *args, env=None):
+    return _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                 os.path.join(CASES, script), *args], env)
+
+
+def _key(r):
+    return (r["ckpt"], r["static"], r["find_unused"], r["tiled"], r["unused"])
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    done, results = torchrun("ddp_cases.py", "matrix")
+    assert len(results) == 64, done.stdout[-2000:] + done.stderr[-3000:]
+    return {_key(r): r for r in results}
+
+
+@pytest.fixture(scope="module")
+def layered():
+    done, results = torchrun("ddp_cases.py", "layer")
+    assert len(results) == 16, done.stdout[-2000:] + done.stderr[-3000:]
+    return done, results
+
+
+def test_reentrant_lora_find_unused_fails_without_layer(matrix):
+    assert matrix[("reentrant", False, True, "none", False)]["outcome"] == "error: marked ready twice"
+    assert matrix[("unsloth", False, True, "none", False)]["outcome"] == "error: marked ready twice"
+
+
+def test_static_graph_with_late_parameter_fails_without_layer(matrix):
+    assert matrix[("none", True, False, "none", True)]["outcome"] == "error: graph has changed"
+    assert matrix[("reentrant", True, False, "none", True)]["outcome"] == "error: graph has changed"
+
+
+def test_tiled_mlp_chunked_backward_fails_without_layer(matrix):
+    assert matrix[("none", False, False, "zoo", False)]["outcome"] == "error: marked ready twice"
+
+
+def test_reference_runs_are_exact_where_ddp_copes(matrix):
+    # the comparison itself can fail: a configuration that trains must also match one process
+    ok = [r for r in matrix.values() if not r["outcome"].startswith("error")]
+    assert ok and all(r["outcome"] == SAME for r in ok)
+
+
+def test_layer_trains_every_case_with_one_process_weights(layered):
+    done, results = layered
+    bad = [r for r in results if r["outcome"] != SAME]
+    assert not bad, bad
+    # float64, 3 SGD steps: 2-rank DDP equals one process on the global batch within rtol 1e-9, atol 1e-10
+    assert max(r["max_abs_diff"] for r in results) < 1e-10
+
+
+def test_layer_uses_each_strategy_and_says_why(layered):
+    done, results = layered
+    chosen = {(r["ckpt"], r["unused"]): (r["static"], r["find_unused"]) for r in results if r["tiled"] == "none"}
+    assert chosen[("reentrant", False)] == (True, False)
+    assert chosen[("unsloth", False)] == (True, False)
+    assert chosen[("non-reentrant", False)] == (False, False)
+    assert chosen[("none", True)] == (False, True)
+    assert chosen[("reentrant", True)] == (False, True)  # swapped to non-reentrant + CPU offload, see below
+    out = done.stdout
+    assert "nbddp: DDP static_graph=True, find_unused_parameters=False (reentrant gradient checkpointing)" in out
+    assert "switched to non-reentrant checkpointing" in out
+    assert "nbddp: unsloth_zoo TiledMLP made DDP-safe" in out
+    assert "DDP static_graph" not in done.stderr
+
+
+def test_offload_checkpointing_trains_where_reentrant_fails(matrix, layered):
+    # reentrant / Unsloth-style offloaded checkpointing + find_unused_parameters=True: ready-twice without the
+    # layer; the layer's non-reentrant save_on_cpu checkpointing trains with the same find_unused_parameters
+    _, results = layered
+    for ckpt in ("reentrant", "unsloth"):
+        assert matrix[(ckpt, False, True, "none", True)]["outcome"] == "error: marked ready twice"
+        swapped = [r for r in results if r["ckpt"] == ckpt and r["unused"]]
+        assert swapped and all(r["find_unused"] and r["outcome"] == SAME for r in swapped)
+
+
+@pytest.fixture(scope="module")
+def trainer_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("trainer")
+    runs = {}
+    done, res = torchrun("trainer_case.py", "nolayer", str(tmp / "nolayer.pt"))
+    runs["nolayer"] = (done, res)
+    done, res = torchrun("trainer_case.py", "layer", str(tmp / "layer.pt"), env={"NBDDP_KEEP_GLOBAL_BATCH": "1"})
+    runs["layer"] = (done, res)
+    done, res = _run([sys.executable, os.path.join(CASES, "trainer_case.py"), "single", str(tmp / "single.pt")],
+                     drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))
+    runs["single"] = (done, res)
+    return tmp, runs
+
+
+def test_trainer_reentrant_lora_fails_without_layer(trainer_runs):
+    _, runs = trainer_runs
+    done, res = runs["nolayer"]
+    assert res and res[0]["outcome"] == "error: marked ready twice", done.stderr[-3000:]
+
+
+def test_trainer_with_layer_matches_one_process_with_kept_global_batch(trainer_runs):
+    tmp, runs = trainer_runs
+    done, res = runs["layer"]
+    assert res and res[0]["outcome"] == "trains", done.stderr[-3000:]
+    assert res[0]["static_graph"] is True and res[0]["find_unused_parameters"] is False
+    assert res[0]["gradient_accumulation_steps"] == 1  # 2 on one process -> 1 on each of 2
+    assert "nbddp: gradient_accumulation_steps 2 -> 1" in done.stdout
+    single_done, single = runs["single"]
+    assert single and single[0]["outcome"] == "trains", single_done.stderr[-3000:]
+    assert single[0]["max_change"] > 1e-3  # the weights moved, so equality means something
+    a, b = torch.load(tmp / "layer.pt"), torch.load(tmp / "single.pt")
+    assert a.keys() == b.keys() and a
+    for k in a:  # float32, 3 SGD steps on a global batch of 4
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5)
