@@ -13,6 +13,7 @@ from .report import Report
 from .transforms.autocast import Autocast
 from .transforms.base import Context, Options, Transform
 from .transforms.data_prep import DataPrep
+from .transforms.global_batch import GlobalBatch
 from .transforms.magics import Magics
 from .transforms.placement import Placement
 from .transforms.rank_guards import RankGuards
@@ -38,7 +39,7 @@ class CodeCells(Transform):
 
 
 def steps() -> list[Transform]:
-    return [CodeCells(), Magics(), Autocast(), Placement(), TrainerArgs(), DataPrep(), RankGuards()]
+    return [CodeCells(), Magics(), Autocast(), Placement(), TrainerArgs(), DataPrep(), GlobalBatch(), RankGuards()]
 
 
 def run_pipeline(nb, ctx: Context):
