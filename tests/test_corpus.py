@@ -80,6 +80,49 @@ def imports_in_order(node):
         yield from imports_in_order(child)
 
 
+def _binds(node) -> set[str]:
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            out.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.alias):
+            out.add((n.asname or n.name).split(".")[0])
+    return out
+
+
+def _live_reads(node) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)) or _is_if_false(node):
+        return set()
+    found = {node.id} if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) else set()
+    for child in ast.iter_child_nodes(node):
+        found |= _live_reads(child)
+    return found
+
+
+def _is_our_guard(stmt) -> bool:
+    return isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Name) and stmt.test.id == "NBDDP_IS_MAIN"
+
+
+def rank0_only_reads(statements, rank0_only: set[str], problems: list[str]):
+    """Names bound only under `if NBDDP_IS_MAIN:` do not exist on the other ranks: nothing unguarded may read them."""
+    for stmt in statements:
+        if _is_our_guard(stmt):
+            rank0_only |= _binds(stmt)
+            continue
+        if any(_is_our_guard(n) for n in ast.walk(stmt) if n is not stmt):  # guards inside: look at each block
+            for block in ("body", "orelse", "finalbody"):
+                rank0_only_reads(getattr(stmt, block, None) or [], rank0_only, problems)
+            for handler in getattr(stmt, "handlers", []):
+                rank0_only_reads(handler.body, rank0_only, problems)
+            continue
+        used = _live_reads(stmt) & rank0_only
+        if used:
+            problems.append(f"line {stmt.lineno}: reads {sorted(used)}, which only rank 0 has")
+        rank0_only -= _binds(stmt)
+
+
 def ddp_rule_problems(script: str, code_cells: list[int], loader_warnings: bool = False) -> list[str]:
     """What breaks the DDP rules in a generated script; `code_cells`: the notebook positions of its code cells."""
     tree = ast.parse(script)  # the whole script parses
@@ -101,6 +144,7 @@ def ddp_rule_problems(script: str, code_cells: list[int], loader_warnings: bool 
             if not ours and not loader_warnings:
                 problems.append(f"line {call.lineno}: {ast.unparse(call.func)} without device_map=nbddp_device_map()")
 
+    rank0_only_reads(body.body, set(), problems)
     for node in ast.walk(body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and any(
                 isinstance(c, ast.Call) and _tail(c) in {"nbddp_barrier", "nbddp_main_process_first"}
@@ -116,6 +160,9 @@ def ddp_rule_problems(script: str, code_cells: list[int], loader_warnings: bool 
 
     lines = set(script.splitlines())
     problems += [f"no `# %% cell {n}` marker" for n in code_cells if f"    # %% cell {n}" not in lines]
+    # editors (VS Code, Jupytext) start a cell at each "# %%" line: only nbddp's own markers may look like that
+    problems += [f"stray cell marker {line.strip()!r}" for line in sorted(lines)
+                 if line.lstrip().startswith("# %%") and not line.lstrip()[len("# %% cell "):].isdigit()]
     return problems
 
 
@@ -134,6 +181,7 @@ BAD_SCRIPT = """\
 import transformers
 try:
     # %% cell 1
+    # %%capture
     from unsloth import FastLanguageModel
     model, tok = FastLanguageModel.from_pretrained("m")
     if False:
@@ -146,6 +194,8 @@ try:
     get_ipython().system("ls")
     if NBDDP_IS_MAIN:
         trainer.train()
+        text = tok.decode(out[0])
+    print(text)
     def save():
         nbddp_barrier()
 finally:
@@ -164,7 +214,9 @@ def test_the_rule_checker_catches_each_broken_rule():
     assert "no `# %% cell 3` marker" in text and "cell 1`" not in text
     assert "trainer.train(...) every rank must run is under `if NBDDP_IS_MAIN:`" in text
     assert "a barrier inside a function" in text
-    assert len(problems) == 7, problems
+    assert "reads ['text'], which only rank 0 has" in text
+    assert "stray cell marker '# %%capture'" in text
+    assert len(problems) == 9, problems
 
 
 def test_the_corpus_is_there():

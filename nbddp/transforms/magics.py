@@ -272,7 +272,8 @@ class Magics(Transform):
             name, line = "bash", ""
         if name in BODY_MAGICS:
             report.change(cell, f"`%%{name}` removed; its Python is kept")
-            return f"# %%{name} {line}".rstrip() + "  (nbddp: kept the code, dropped the magic)\n" + self.convert(body, cell, ctx)
+            # (never "# %%…" at a line start: editors read that as a new cell; the script marks cells "# %% cell N")
+            return MARK + f"%%{name} {line}".rstrip() + " dropped; the cell's code is kept\n" + self.convert(body, cell, ctx)
         if name in FILE_MAGICS:
             try:
                 args = shlex.split(line)  # IPython reads `%%writefile "my file.py"` the same way
@@ -287,7 +288,7 @@ class Magics(Transform):
             call = _call_stmt("nbddp_write_file", cst.SimpleString(repr(path)), cst.SimpleString(repr(body)))
             if append:
                 call = _stmt(f"nbddp_write_file({path!r}, {body!r}, append=True)")
-            return f"# %%{name} {line}\n" + cst.Module([call]).code
+            return MARK + f"%%{name} {line}\n" + cst.Module([call]).code
         if name in SHELL_CELL_MAGICS:
             installs = install_lines(body)
             if installs:
@@ -301,7 +302,7 @@ class Magics(Transform):
                                 line=1)
                 return f"# nbddp: removed a %%{name} install cell; run it before launching (see the header)\n"
             report.change(cell, f"`%%{name}` cell runs once per node (local rank 0), the others wait")
-            return f"# %%{name}\n" + cst.Module([_stmt(f"nbddp_shell({body!r}, shell='/bin/bash')")]).code
+            return MARK + f"%%{name}\n" + cst.Module([_stmt(f"nbddp_shell({body!r}, shell='/bin/bash')")]).code
         if name in DISPLAY_CELL_MAGICS:
             report.change(cell, f"removed the `%%{name}` display cell")
             return f"# nbddp: removed a %%{name} cell (display only)\n"

@@ -28,7 +28,7 @@ Each notebook cell starts at a "# %% cell N" line; N counts every cell of the no
 
 try:
     # %% cell 5
-    # %%capture  (nbddp: kept the code, dropped the magic)
+    # nbddp: %%capture dropped; the cell's code is kept
     import os, re
     if "COLAB_" not in "".join(os.environ.keys()):
         pass  # nbddp: removed `!pip install unsloth # Do this in local & cloud setups` (install; see the header)
@@ -167,7 +167,7 @@ try:
     nbddp_barrier()
 
     # %% cell 30
-    # %%file export_gemma_model.py
+    # nbddp: %%file export_gemma_model.py
     nbddp_write_file('export_gemma_model.py', 'from optimum.executorch import ExecuTorchModelForCausalLM\nimport shutil\nimport os\n\nprint("Exporting Gemma3-270M to ExecuTorch format...")\n\n# Export the trained model using Python API\net_model = ExecuTorchModelForCausalLM.from_pretrained(\n    "gemma_phone_model",\n    export = True,\n    recipe = "xnnpack",\n    task = "text-generation",\n)\n\n# Copy .pte file to output directory\ntemp_dir = et_model._temp_dir.name\nos.makedirs("gemma_output", exist_ok = True)\n\nfor f in os.listdir(temp_dir):\n    src = os.path.join(temp_dir, f)\n    dst = os.path.join("gemma_output", f)\n    shutil.copy2(src, dst)\n    size_mb = os.path.getsize(dst) / 1024 / 1024\n    print(f"Exported: {f} ({size_mb:.2f} MB)")\n\nprint("\\nExport complete!")')
 
     # %% cell 31
@@ -177,7 +177,7 @@ try:
     nbddp_shell('ls -lh gemma_output/model.pte')
 
     # %% cell 35
-    # %%file test_executorch.py
+    # nbddp: %%file test_executorch.py
     nbddp_write_file('test_executorch.py', 'from transformers import AutoTokenizer\nfrom optimum.executorch import ExecuTorchModelForCausalLM\n\n# Load the exported model for inference\net_model = ExecuTorchModelForCausalLM.from_pretrained("gemma_output", export = False)\ntokenizer = AutoTokenizer.from_pretrained("gemma_phone_model")\n\n# Test generation\nprompt = "<start_of_turn>user\\nWhat is 2 + 2?<end_of_turn>\\n<start_of_turn>model\\n"\noutput = et_model.text_generation(tokenizer, prompt, max_seq_len = 50)\nprint(f"Generated: {output}")')
 
     # %% cell 36

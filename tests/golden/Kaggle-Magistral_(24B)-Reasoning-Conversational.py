@@ -26,7 +26,7 @@ Each notebook cell starts at a "# %% cell N" line; N counts every cell of the no
 
 try:
     # %% cell 5
-    # %%capture  (nbddp: kept the code, dropped the magic)
+    # nbddp: %%capture dropped; the cell's code is kept
     import os
 
     # nbddp: removed `!pip install pip3-autoremove` (install; see the header)
