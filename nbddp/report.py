@@ -36,6 +36,8 @@ class Report:
 
     def install(self, command: str):
         command = " ".join(command.split(" #")[0].split())  # one line, no trailing comment
+        if command.startswith("{sys.executable} "):  # IPython's expansion: the notebook's own interpreter
+            command = "python" + command[len("{sys.executable}"):]
         if command not in self.installs:
             self.installs.append(command)
 

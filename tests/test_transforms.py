@@ -190,6 +190,23 @@ def test_installs_go_to_the_header_list():
     assert any("install cell also runs 1 other shell line" in n.text for n in report.warnings)
 
 
+def test_install_through_the_notebooks_own_python():
+    converted, report = convert_cell("!{sys.executable} -m pip install x\n")
+    assert converted.startswith("pass  # nbddp: removed")
+    assert report.installs == ["python -m pip install x"]
+
+
+def test_get_ipython_used_directly_is_warned():
+    converted, report = convert_cell("ip = get_ipython()\n!ls\n")
+    assert converted == "ip = get_ipython()\nnbddp_shell('ls')\n"
+    assert any("calls get_ipython() itself" in n.text for n in report.warnings)
+
+
+def test_magic_after_a_semicolon_is_an_error_of_the_magics_step():
+    with pytest.raises(ConversionError, match=r"^magics: cell 1, line 1: not valid Python"):
+        convert_cells("print(1); !ls\n")
+
+
 def test_taint_follows_values_across_cells():
     """A value made on rank 0 only (generation output) is read under the same guard in a later cell."""
     sources, _ = convert_cells('out = model.generate(x)\n', ("markdown", "text"), 'text = tok.decode(out[0])\ny = 2\n')

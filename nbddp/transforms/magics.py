@@ -10,7 +10,7 @@ import shlex
 
 import libcst as cst
 
-from ..cst import code_of, parse
+from ..cst import code_of, names_in, parse
 from ..errors import ConversionError
 from .base import Context, Transform, cell_number
 from .shell import install_lines, is_install, one_line, script_lines
@@ -253,14 +253,17 @@ class Magics(Transform):
             python = _ipython_to_python(source)
         except SyntaxError as exc:
             raise ConversionError(f"IPython cannot read it ({exc.msg})", step=self.name, cell=cell, line=exc.lineno)
+        module = parse(python, cell=cell, step=self.name)  # not Python even for IPython: say so here
         if "get_ipython" not in python:
             return source
-        module = parse(python, cell=cell, step=self.name)
         calls = _IPythonCalls(cell, ctx)
-        code = module.visit(calls).visit(_Tidy()).code
+        new = module.visit(calls).visit(_Tidy())
         if calls.installs:
             ctx.report.change(cell, f"removed {calls.installs} install command(s); they are listed in the header")
-        return code
+        if "get_ipython" in names_in(new):
+            ctx.report.warn(cell, "the cell calls get_ipython() itself; a script has no IPython: rewrite that part "
+                            "(nbddp_shell(...) runs a shell command once per node)")
+        return new.code
 
     def _cell_magic(self, source: str, cell: int, ctx: Context) -> str:
         first, _, body = source.partition("\n")

@@ -27,7 +27,9 @@ def is_install(command: str) -> bool:
         return True
     if tool == "uv" and len(words) > 1 and words[1] in {"pip", "add", "sync"}:
         return True
-    if (tool in PYTHONS or tool.startswith("python3.")) and words[1:3] == ["-m", "pip"]:
+    # `!{sys.executable} -m pip …`: IPython puts the notebook's own interpreter there
+    python = tool in PYTHONS or tool.startswith("python3.") or tool.strip("{}").endswith("executable")
+    if python and words[1:3] == ["-m", "pip"]:
         return True
     return False
 
