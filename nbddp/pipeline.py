@@ -29,6 +29,7 @@ class CodeCells(Transform):
         kept = []
         for number, cell in enumerate(nb.cells, start=1):
             if cell.cell_type == "code" and cell.source.strip():
+                cell.source = cell.source.replace("\r\n", "\n")  # one newline style in the script
                 cell.metadata["nbddp"] = {"cell": number}
                 kept.append(cell)
         if not kept:

@@ -71,6 +71,10 @@ PLACEMENT = [
          '    # token = "hf_...", # gated models\n)\n',
          'model, tok = FastLanguageModel.from_pretrained(\n    model_name = "m",\n    load_in_4bit = True,\n'
          '    # token = "hf_...", # gated models\n    device_map = nbddp_device_map(),\n)\n'),
+    case('model = AutoModelForCausalLM.from_pretrained("m", device_map=None)\n',
+         'model = AutoModelForCausalLM.from_pretrained("m", device_map=nbddp_device_map())\n'),
+    case('x = batch.to("cuda:0")\ndev = torch.device("cuda:1")\ny = batch.to(device="cuda:0", non_blocking=True)\n',
+         'x = batch.to(NBDDP_DEVICE)\ndev = torch.device(NBDDP_DEVICE)\ny = batch.to(device=NBDDP_DEVICE, non_blocking=True)\n'),
     # a loader in a function still loads on every rank when called: it gets the rank's own device too
     case('def load():\n    return AutoModelForCausalLM.from_pretrained("m")\n',
          'def load():\n    return AutoModelForCausalLM.from_pretrained("m", device_map=nbddp_device_map())\n'),
@@ -132,6 +136,7 @@ UNCHANGED = [
     'model = AutoModelForCausalLM.from_pretrained("m", device_map=nbddp_device_map())\n',
     'model = PeftModel.from_pretrained(base, "a")\ntok = AutoTokenizer.from_pretrained("m")\n',
     'with torch.amp.autocast("cuda"):\n    y = m(x)\n',
+    'x = batch.to("cuda")\nprint_later = "cuda:0"\n',
     'trainer.train()\nx = [1, 2]\n',
     'import os\nos.environ["A"] = "1"  # a comment\n',
 ]
@@ -188,6 +193,11 @@ def test_installs_go_to_the_header_list():
     _, report = convert_cells("!pip install a\n%pip install b\n", "%%bash\nset -e\nuv pip install c\n")
     assert report.installs == ["pip install a", "pip install b", "uv pip install c"]
     assert any("install cell also runs 1 other shell line" in n.text for n in report.warnings)
+
+
+def test_windows_newlines_become_one_style():
+    sources, _ = convert_cells("x = 1\r\n!pip install y\r\n")
+    assert sources == ["x = 1\n# nbddp: removed `!pip install y` (install; see the header)\n"]
 
 
 def test_install_through_the_notebooks_own_python():

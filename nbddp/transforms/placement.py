@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import callee_owner, callee_tail, code_of, is_if_false, keyword, add_keyword
+from ..cst import add_keyword, callee_owner, callee_tail, code_of, is_if_false, keyword
 from .base import CstTransform
 
 FAST_LOADERS = frozenset({"FastLanguageModel", "FastVisionModel", "FastModel", "FastSentenceTransformer", "FastTextModel"})
@@ -14,6 +14,7 @@ MODEL_SUFFIXES = (
 )
 SPLITTING_MAPS = frozenset({"auto", "balanced", "balanced_low_0", "sequential"})
 OURS = "nbddp_device_map"
+DEVICE_CALLS = frozenset({"to", "device"})  # x.to("cuda:0"), torch.device("cuda:0")
 
 
 def is_model_loader(call: cst.Call) -> bool:
@@ -33,6 +34,8 @@ class _Placement(cst.CSTTransformer):
         return not is_if_false(node)
 
     def leave_Call(self, original, updated):
+        if callee_tail(updated) in DEVICE_CALLS:
+            return self._fixed_gpu(updated)
         if not is_model_loader(updated):
             return updated
         ours = cst.Call(cst.Name(OURS))
@@ -49,7 +52,8 @@ class _Placement(cst.CSTTransformer):
         if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == OURS:
             return updated
         shown = code_of(value)
-        if isinstance(value, (cst.SimpleString, cst.Dict, cst.Integer)):
+        if isinstance(value, (cst.SimpleString, cst.Dict, cst.Integer)) or (isinstance(value, cst.Name)
+                                                                          and value.value == "None"):
             if isinstance(value, cst.SimpleString) and value.evaluated_value in SPLITTING_MAPS:
                 self.report.warn(self.cell, f"{loader}: device_map={shown} split the model across GPUs; under DDP "
                                  "each GPU must now hold the whole model (use 4-bit loading if it does not fit)")
@@ -62,9 +66,24 @@ class _Placement(cst.CSTTransformer):
         return updated
 
 
+    def _fixed_gpu(self, call):
+        """`.to("cuda:0")` / `torch.device("cuda:0")` would put every rank on GPU 0: use the rank's own device."""
+        args = []
+        for arg in call.args:
+            value = arg.value
+            if (arg.keyword is None or arg.keyword.value == "device") and isinstance(value, cst.SimpleString) \
+                    and isinstance(value.evaluated_value, str) and value.evaluated_value.startswith("cuda:") \
+                    and value.evaluated_value[5:].isdigit():
+                self.report.change(self.cell, f"{callee_tail(call)}({code_of(value)}) → this rank's own GPU "
+                                   "(NBDDP_DEVICE); a fixed GPU number would put every rank on one GPU")
+                arg = arg.with_changes(value=cst.Name("NBDDP_DEVICE"))
+            args.append(arg)
+        return call.with_changes(args=args)
+
+
 class Placement(CstTransform):
     name = "placement"
-    triggers = ("from_pretrained",)
+    triggers = ("from_pretrained", "cuda:")
 
     def rewrite(self, module, cell_no, ctx):
         return module.visit(_Placement(cell_no, ctx.report))
