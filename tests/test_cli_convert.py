@@ -145,10 +145,11 @@ def _timed(argv):
     return elapsed
 
 
-def test_converting_imports_no_torch_or_transformers(small):
+def test_converting_imports_no_torch_or_transformers(small, tmp_path):
     code = (
         "import sys, nbddp.cli, nbddp.pipeline\n"
         f"nbddp.pipeline.convert({str(small)!r})\n"
+        f"assert nbddp.cli.main(['convert', {str(small)!r}, '-o', {str(tmp_path / 'out.py')!r}]) == 0\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'trl', 'peft', 'datasets', 'unsloth') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )

@@ -75,3 +75,21 @@ def test_golden_is_the_public_api():
         pytest.skip("corpus missing")
     script = nbddp.convert(notebook, script_name="train_ddp.py")
     assert without_setup(script) == (GOLDEN / f"{NOTEBOOKS[-1]}.py").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name, kind, words", [
+    ("Kaggle-Magistral_(24B)-Reasoning-Conversational", "warnings", 'device_map="balanced"'),
+    ("AMD-Qwen3_(4B)-Instruct", "warnings", "install cell also runs"),
+    ("Kaggle-bert_classification", "changes", "train_test_split() had no seed"),
+    ("Kaggle-bert_classification", "changes", "`%env UNSLOTH_DISABLE_FAST_GENERATION = 1` → os.environ"),
+    ("Gemma3_(270M)_Phone_Deployment", "changes", "`%%file export_gemma_model.py` → file written once per node"),
+    ("Llama3.2_(1B_and_3B)-Conversational", "installs", 'pip install --no-deps unsloth_zoo bitsandbytes'),
+])
+def test_reports_say_what_changed_and_what_to_check(name, kind, words, converted):
+    notebook = CORPUS / f"{name}.ipynb"
+    if not notebook.exists():
+        pytest.skip(f"{notebook} is not in the corpus")
+    report = converted(notebook).report
+    entries = report.installs if kind == "installs" else [n.text for n in getattr(report, kind)]
+    assert any(words in entry for entry in entries), f"{kind} of {name}: {entries}"
+    assert words in report.format()
