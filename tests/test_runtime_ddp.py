@@ -82,6 +82,8 @@ def test_layer_uses_each_strategy_and_says_why(layered):
     assert chosen[("non-reentrant", False)] == (False, False)
     assert chosen[("none", True)] == (False, True)
     assert chosen[("reentrant", True)] == (False, True)  # swapped to non-reentrant + CPU offload, see below
+    lazy = [r for r in results if r.get("applied")]
+    assert [r["applied"] for r in lazy] == ["lazily"] and lazy[0]["outcome"] == SAME
     out = done.stdout
     assert "nbddp: DDP static_graph=True, find_unused_parameters=False (reentrant gradient checkpointing)" in out
     assert "switched to non-reentrant checkpointing" in out

@@ -78,12 +78,12 @@ def test_checkpointing_mode_detection(layer, monkeypatch):
     assert layer.nbddp_checkpointing_mode(model) == "unsloth"
     layer.nbddp_use_non_reentrant(model, offload=True)
     assert layer.nbddp_checkpointing_mode(model) == "non-reentrant"
-    wrapped = types.SimpleNamespace()  # an unbounded self-reference chain is cut off
     loop = torch.nn.Module()
     loop.module = model
     assert layer.nbddp_find_module(loop, lambda m: m is block) is None  # blocks are not wrappers' children
     assert layer.nbddp_find_module(loop, lambda m: m is model) is model
-    del wrapped
+    model.module = loop  # a wrapping cycle: the search ends
+    assert layer.nbddp_find_module(loop, lambda m: False) is None
 
 
 def test_offload_checkpoint_gradients(layer):
@@ -181,7 +181,7 @@ def test_accumulation_divides_only_evenly(layer, monkeypatch, capsys):
 
 
 def _notebook(code):
-    return json.dumps({"cells": [{"cell_type": "code", "source": code, "metadata": {}, "outputs": [],
+    return json.dumps({"cells": [{"cell_type": "code", "id": "c1", "source": code, "metadata": {}, "outputs": [],
                                   "execution_count": None}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
 
 
@@ -198,3 +198,23 @@ def test_converter_keeps_global_batch():
     assert any("2 x 4 x N = 8N" in n.text for n in plain.report.changes)
     unknown = convert_notebook(_notebook("args = SFTConfig(gradient_accumulation_steps = steps)\n"))
     assert any("cannot tell" in n.text for n in unknown.report.changes)
+
+
+def test_trainer_patch_sets_static_graph_at_first_step_without_accelerator_hook(layer, monkeypatch):
+    calls = []
+
+    class Trainer:  # a transformers without _build_accelerator_args
+        args = types.SimpleNamespace(ddp_find_unused_parameters=None)
+
+        def training_step(self, model, inputs):
+            calls.append("step")
+            return 1.0
+
+    layer.NBDDP_WORLD_SIZE = 2
+    monkeypatch.setattr(layer, "nbddp_decide", lambda model, args: (True, False))
+    monkeypatch.setattr(layer, "nbddp_apply_to_ddp", lambda model, static: calls.append(("apply", static)) or True)
+    layer._nbddp_patch_trainer(types.SimpleNamespace(Trainer=Trainer))
+    trainer = Trainer()
+    trainer.training_step(object(), {})
+    trainer.training_step(object(), {})
+    assert calls == [("apply", True), "step", "step"]

@@ -148,8 +148,14 @@ def run(combo, rank, world):
     if GROUP is None:  # a fresh group after an error: a failed step may leave work queued on the old one
         GROUP = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
     group = GROUP
-    ddp = nn.parallel.DistributedDataParallel(model, process_group=group, static_graph=combo["static"],
+    lazy = LAYER is not None and combo["ckpt"] == "unsloth" and not combo["unused"] and combo["tiled"] == "none"
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=group, static_graph=combo["static"] and not lazy,
                                               find_unused_parameters=combo["find_unused"])
+    if lazy:  # the layer's fallback path: static graph set on a DDP found inside a wrapper, before the first forward
+        wrapper = nn.Module()
+        wrapper.module = ddp
+        combo["applied"] = "lazily" if LAYER.nbddp_apply_to_ddp(wrapper, combo["static"]) and ddp.static_graph \
+            else "not found"
     data = batches()
     try:
         train(ddp, data, world, rank)
