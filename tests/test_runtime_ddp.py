@@ -35,7 +35,7 @@ def _key(r):
 @pytest.fixture(scope="module")
 def matrix():
     done, results = torchrun("ddp_cases.py", "matrix")
-    assert len(results) == 64, done.stdout[-2000:] + done.stderr[-3000:]
+    assert len(results) == 96, done.stdout[-2000:] + done.stderr[-3000:]
     return {_key(r): r for r in results}
 
 
@@ -58,6 +58,12 @@ def test_static_graph_with_late_parameter_fails_without_layer(matrix):
 
 def test_tiled_mlp_chunked_backward_fails_without_layer(matrix):
     assert matrix[("none", False, False, "zoo", False)]["outcome"] == "error: marked ready twice"
+
+
+def test_last_chunk_design_fails_with_find_unused(matrix):
+    # why the layer returns the summed chunk gradients through the node instead (docs/runtime.md, TiledMLP)
+    assert matrix[("none", False, False, "last-chunk", False)]["outcome"] == SAME
+    assert matrix[("none", False, True, "last-chunk", False)]["outcome"] == "error: marked ready twice"
 
 
 def test_reference_runs_are_exact_where_ddp_copes(matrix):

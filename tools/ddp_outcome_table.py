@@ -24,7 +24,7 @@ SHORT = {
     "error: graph has changed": "graph has changed",
     "error: unused parameter (reduction not finished)": "reduction not finished",
 }
-TILED = {"none": "no", "zoo": "per-chunk backward"}
+TILED = {"none": "no", "zoo": "per-chunk backward", "last-chunk": "last chunk fires hooks"}
 
 
 def short(outcome: str) -> str:

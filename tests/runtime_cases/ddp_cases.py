@@ -55,6 +55,37 @@ class LoraLinear(nn.Module):
         return x @ self.weight.T + (x @ self.lora_A.T) @ self.lora_B.T
 
 
+class LastChunkFires(torch.autograd.Function):
+    """The other DDP-safe design: chunks but the last by torch.autograd.grad (summed into .grad), only the last
+    chunk's backward fires the weights' hooks. The weights are not inputs of the node."""
+
+    @staticmethod
+    def forward(ctx, mlp, x):
+        ctx.mlp = mlp
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return torch.cat([mlp.plain(c) for c in x.chunk(2, dim=-2)], dim=-2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        params = [p for p in ctx.mlp.parameters() if p.requires_grad]
+        chunks, grads, out_grads = x.chunk(2, dim=-2), grad.chunk(2, dim=-2), []
+        for i, (c, g) in enumerate(zip(chunks, grads)):
+            c = c.detach().requires_grad_(True)
+            with torch.enable_grad():
+                out = ctx.mlp.plain(c)
+            if i < len(chunks) - 1:
+                got = torch.autograd.grad(out, [c] + params, g)
+                for p, pg in zip(params, got[1:]):
+                    p.grad = pg if p.grad is None else p.grad + pg
+                out_grads.append(got[0])
+            else:
+                torch.autograd.backward(out, g, inputs=[c] + params)
+                out_grads.append(c.grad)
+        return None, torch.cat(out_grads, dim=-2)
+
+
 class Mlp(nn.Module):
     def __init__(self, tiled):
         super().__init__()
@@ -66,6 +97,8 @@ class Mlp(nn.Module):
     def forward(self, x):
         if self.tiled == "zoo":
             return zoo_tiled.TiledMLP.apply(self.plain, self, x, False, 2, None)
+        if self.tiled == "last-chunk":
+            return LastChunkFires.apply(self, x)
         return self.plain(x)
 
 
@@ -177,7 +210,7 @@ def combos():
         return [dict(ckpt=ckpt, static=static == "1", find_unused=find_unused == "1", tiled=tiled, unused=unused == "1")]
     out = []
     for ckpt in CKPT:
-        for tiled in ("none", "zoo"):
+        for tiled in ("none", "zoo") if WHAT == "layer" else ("none", "zoo", "last-chunk"):
             for unused in (False, True):
                 if WHAT == "layer":
                     out.append(dict(ckpt=ckpt, static=None, find_unused=None, tiled=tiled, unused=unused))
