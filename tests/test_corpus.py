@@ -145,6 +145,12 @@ def ddp_rule_problems(script: str, code_cells: list[int], loader_warnings: bool 
                 problems.append(f"line {call.lineno}: {ast.unparse(call.func)} without device_map=nbddp_device_map()")
 
     rank0_only_reads(body.body, set(), problems)
+    for node in ast.walk(body):  # rank 0 runs a main-process-first block alone: no collective work inside
+        if isinstance(node, ast.With) and any(isinstance(i.context_expr, ast.Call)
+                                              and _tail(i.context_expr) == "nbddp_main_process_first" for i in node.items):
+            for call, _, _ in (c for stmt in node.body for c in live_calls(stmt)):
+                if _tail(call) in COLLECTIVE - {"load_dataset"} or _tail(call).endswith("Trainer"):
+                    problems.append(f"line {call.lineno}: {ast.unparse(call.func)}(...) inside main-process-first")
     for node in ast.walk(body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and any(
                 isinstance(c, ast.Call) and _tail(c) in {"nbddp_barrier", "nbddp_main_process_first"}
@@ -198,6 +204,8 @@ try:
     print(text)
     def save():
         nbddp_barrier()
+    with nbddp_main_process_first():
+        trainer = SFTTrainer(model, train_dataset=load_dataset("x"))
 finally:
     nbddp_teardown()
 """
@@ -216,7 +224,8 @@ def test_the_rule_checker_catches_each_broken_rule():
     assert "a barrier inside a function" in text
     assert "reads ['text'], which only rank 0 has" in text
     assert "stray cell marker '# %%capture'" in text
-    assert len(problems) == 9, problems
+    assert "SFTTrainer(...) inside main-process-first" in text
+    assert len(problems) == 10, problems
 
 
 def test_the_corpus_is_there():

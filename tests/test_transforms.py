@@ -133,6 +133,7 @@ UNCHANGED = [
     'if trainer.is_world_process_zero():\n    trainer.save_model("x")\n',
     'args = SFTConfig(output_dir="o", ddp_find_unused_parameters=True)\n',
     'with nbddp_main_process_first():\n    ds = load_dataset("x")\n',
+    'trainer = SFTTrainer(model=model, train_dataset=ds.map(f))\n',  # all ranks build the trainer together
     'model = AutoModelForCausalLM.from_pretrained("m", device_map=nbddp_device_map())\n',
     'model = PeftModel.from_pretrained(base, "a")\ntok = AutoTokenizer.from_pretrained("m")\n',
     'with torch.amp.autocast("cuda"):\n    y = m(x)\n',

@@ -12,6 +12,8 @@ from .base import CstTransform
 
 DATA_CALLS = frozenset({"load_dataset", "load_from_disk", "map", "filter", "train_test_split"})
 FIRST = "nbddp_main_process_first"
+# Work every rank does at the same time (collectives inside): never inside a main-process-first block.
+TOGETHER = frozenset({"train", "evaluate", "predict", "from_pretrained", "get_peft_model", "barrier", "nbddp_barrier"})
 ALREADY_ORDERED = frozenset({FIRST, "main_process_first", "local_main_process_first"})
 
 
@@ -54,9 +56,11 @@ class DataPrep(CstTransform):
         def select(stmt):
             if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt) or _is_ordered_with(stmt):
                 return LEAVE
-            calls = {callee_tail(c) for c in live_calls(stmt)} & DATA_CALLS
-            if not calls:
+            tails = {callee_tail(c) or "" for c in live_calls(stmt)}
+            if not tails & DATA_CALLS:
                 return LEAVE
+            if not statement_blocks(stmt) and any(t in TOGETHER or t.endswith("Trainer") for t in tails):
+                return LEAVE  # e.g. SFTTrainer(train_dataset=ds.map(f)): all ranks must build/train together
             return DESCEND if statement_blocks(stmt) else TAKE
 
         def wrap(group):
