@@ -17,6 +17,7 @@ from .transforms.global_batch import GlobalBatch
 from .transforms.magics import Magics
 from .transforms.placement import Placement
 from .transforms.rank_guards import RankGuards
+from .transforms.scratch import Scratch
 from .transforms.trainer_args import TrainerArgs
 
 
@@ -40,7 +41,7 @@ class CodeCells(Transform):
 
 
 def steps() -> list[Transform]:
-    return [CodeCells(), Magics(), Autocast(), Placement(), TrainerArgs(), DataPrep(), GlobalBatch(), RankGuards()]
+    return [CodeCells(), Magics(), Autocast(), Placement(), Scratch(), TrainerArgs(), DataPrep(), GlobalBatch(), RankGuards()]
 
 
 def run_pipeline(nb, ctx: Context):

@@ -82,16 +82,20 @@ def test_layer_trains_every_case_with_one_process_weights(layered):
 
 def test_layer_uses_each_strategy_and_says_why(layered):
     done, results = layered
-    chosen = {(r["ckpt"], r["unused"]): (r["static"], r["find_unused"]) for r in results if r["tiled"] == "none"}
-    assert chosen[("reentrant", False)] == (True, False)
-    assert chosen[("unsloth", False)] == (True, False)
+    chosen = {(r["ckpt"], r["unused"]): (r["static"], r["find_unused"]) for r in results
+              if not r.get("applied")}  # the lazy case forces static_graph=True; tiled or not, the choice is one
+    # every parameter used: find_unused_parameters=False is the cure; static graph stays off (it broke with
+    # Unsloth's checkpointing on 2 GPUs: bench/results/notebooks-2026-11-26.json)
+    assert chosen[("reentrant", False)] == (False, False)
+    assert chosen[("unsloth", False)] == (False, False)
     assert chosen[("non-reentrant", False)] == (False, False)
     assert chosen[("none", True)] == (False, True)
     assert chosen[("reentrant", True)] == (False, True)  # swapped to non-reentrant + CPU offload, see below
     lazy = [r for r in results if r.get("applied")]
     assert [r["applied"] for r in lazy] == ["lazily"] and lazy[0]["outcome"] == SAME
     out = done.stdout
-    assert "nbddp: DDP static_graph=True, find_unused_parameters=False (reentrant gradient checkpointing)" in out
+    assert ("nbddp: DDP static_graph=False, find_unused_parameters=False (reentrant gradient checkpointing, "
+            "every trainable parameter used)") in out
     assert "switched to non-reentrant checkpointing" in out
     assert "nbddp: unsloth_zoo TiledMLP made DDP-safe" in out
     assert "DDP static_graph" not in done.stderr
@@ -131,7 +135,7 @@ def test_trainer_with_layer_matches_one_process_with_kept_global_batch(trainer_r
     tmp, runs = trainer_runs
     done, res = runs["layer"]
     assert res and res[0]["outcome"] == "trains", done.stderr[-3000:]
-    assert res[0]["static_graph"] is True and res[0]["find_unused_parameters"] is False
+    assert res[0]["static_graph"] is False and res[0]["find_unused_parameters"] is False
     assert res[0]["gradient_accumulation_steps"] == 1  # 2 on one process -> 1 on each of 2
     assert "nbddp: gradient_accumulation_steps 2 -> 1" in done.stdout
     single_done, single = runs["single"]

@@ -139,11 +139,20 @@ UNCHANGED = [
     'with torch.amp.autocast("cuda"):\n    y = m(x)\n',
     'x = batch.to("cuda")\nprint_later = "cuda:0"\n',
     'trainer.train()\nx = [1, 2]\n',
+    'model = FastLanguageModel.get_peft_model(model, r=16, target_modules=["q_proj", "v_proj"])\n',  # no shared file
+    'model = FastLanguageModel.get_peft_model(model, target_modules=["lm_head"], temporary_location="/tmp/x")\n',
     'import os\nos.environ["A"] = "1"  # a comment\n',
 ]
 
 
-@pytest.mark.parametrize("before, after", MAGICS + PLACEMENT + TRAINER_ARGS + DATA_PREP + RANK_GUARDS + AUTOCAST)
+SCRATCH = [
+    case('model = FastLanguageModel.get_peft_model(model, r=16, target_modules=["q_proj", "embed_tokens", "lm_head"])\n',
+         'model = FastLanguageModel.get_peft_model(model, r=16, target_modules=["q_proj", "embed_tokens", "lm_head"], '
+         'temporary_location=f"_unsloth_temporary_saved_buffers/rank{NBDDP_RANK}")\n'),
+]
+
+
+@pytest.mark.parametrize("before, after", MAGICS + PLACEMENT + SCRATCH + TRAINER_ARGS + DATA_PREP + RANK_GUARDS + AUTOCAST)
 def test_rewrite(before, after):
     converted, _ = convert_cell(before)
     assert converted == after

@@ -182,6 +182,8 @@ def run(combo, rank, world):
         GROUP = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
     group = GROUP
     lazy = LAYER is not None and combo["ckpt"] == "unsloth" and not combo["unused"] and combo["tiled"] == "none"
+    if lazy:  # as with NBDDP_STATIC_GRAPH=1 (the layer's own choice here is no static graph): tests the fallback
+        combo["static"] = True
     ddp = nn.parallel.DistributedDataParallel(model, process_group=group, static_graph=combo["static"] and not lazy,
                                               find_unused_parameters=combo["find_unused"])
     if lazy:  # the layer's fallback path: static graph set on a DDP found inside a wrapper, before the first forward

@@ -1,0 +1,54 @@
+"""Step: Unsloth's scratch folder gets one subfolder per rank where ranks would write the same file.
+
+`FastLanguageModel.get_peft_model` with `embed_tokens`/`lm_head` among the trained modules saves those weights to
+`_unsloth_temporary_saved_buffers/…` and maps them back; two ranks writing and mapping one file race, and one reads
+it half-written (seen on 2 GPUs with the Mistral CPT notebook). Each rank gets its own `temporary_location`.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from ..cst import add_keyword, callee_owner, callee_tail, is_if_false, keyword
+from .base import CstTransform
+
+UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastModel", "FastVisionModel"})
+SHARED_WEIGHTS = frozenset({"embed_tokens", "lm_head"})
+RANK_LOCATION = 'f"_unsloth_temporary_saved_buffers/rank{NBDDP_RANK}"'
+
+
+def _strings(node) -> set[str]:
+    found: set[str] = set()
+
+    class _Strings(cst.CSTVisitor):
+        def visit_SimpleString(self, s):
+            found.add(str(s.evaluated_value))
+
+    node.visit(_Strings())
+    return found
+
+
+class _Scratch(cst.CSTTransformer):
+    def __init__(self, cell, report):
+        self.cell, self.report = cell, report
+
+    def visit_If(self, node):
+        return not is_if_false(node)
+
+    def leave_Call(self, original, updated):
+        if callee_tail(updated) != "get_peft_model" or callee_owner(updated) not in UNSLOTH_LOADERS:
+            return updated
+        if keyword(updated, "temporary_location") is not None or any(a.star == "**" for a in updated.args):
+            return updated
+        if not _strings(updated) & SHARED_WEIGHTS:
+            return updated
+        self.report.change(self.cell, "get_peft_model trains embed_tokens/lm_head: each rank gets its own "
+                                      "temporary_location, so ranks do not write one file at once")
+        return add_keyword(updated, "temporary_location", cst.parse_expression(RANK_LOCATION))
+
+
+class Scratch(CstTransform):
+    name = "scratch"
+    triggers = ("get_peft_model",)
+
+    def rewrite(self, module, cell_no, ctx):
+        return module.visit(_Scratch(cell_no, ctx.report))
