@@ -3,10 +3,16 @@ import types
 
 
 def load_layer(name="nbddp_layer"):
-    from nbddp.render import environment
+    import os
 
-    env = environment()
-    code = env.get_template("setup.py.j2").render() + env.get_template("runtime.py.j2").render()
+    if os.environ.get("NBDDP_LAYER_FILE"):  # pre-rendered, for machines without the converter's dependencies
+        with open(os.environ["NBDDP_LAYER_FILE"], encoding="utf-8") as fh:
+            code = fh.read()
+    else:
+        from nbddp.render import environment
+
+        env = environment()
+        code = env.get_template("setup.py.j2").render() + env.get_template("runtime.py.j2").render()
     module = types.ModuleType(name)
     module.__file__ = f"<{name}>"
     exec(compile(code, module.__file__, "exec"), module.__dict__)
