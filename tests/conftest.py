@@ -27,7 +27,8 @@ def _converted(path: str):
 def converted():
     """converted(path) -> Conversion, computed once per session and shared between test files."""
     if not CORPUS_NOTEBOOKS:
-        pytest.skip(f"corpus not found at {CORPUS}")
+        pytest.fail(f"corpus not found at {CORPUS}: the tests need ../shared/notebooks/unsloth beside the checkout",
+                    pytrace=False)
     return lambda path: _converted(str(path))
 
 

@@ -159,8 +159,7 @@ def test_converting_imports_no_torch_or_transformers(small, tmp_path):
 
 def test_jupyter_nbconvert_to_ddp(tmp_path):
     jupyter = shutil.which("jupyter")
-    if jupyter is None:
-        pytest.skip("jupyter is not installed")
+    assert jupyter is not None, "jupyter is not installed (it comes with the test extras: nbconvert)"
     nb = write_notebook(tmp_path / "my notebook.ipynb", *SMALL)
     done = subprocess.run([jupyter, "nbconvert", "--to", "ddp", "--stdout", str(nb)], capture_output=True,
                           text=True, timeout=120)

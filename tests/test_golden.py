@@ -5,8 +5,8 @@ Regenerate after an intended change (then READ the diff before committing it):
 
 The runtime helpers every script carries (templates/setup.py.j2 and the templates it includes: everything from
 the "# ---- nbddp: one process per GPU" line to the `try:` that opens the notebook's cells) are the same for every
-notebook: a golden file holds one line in their place, so the goldens show what the conversion did to each notebook
-and do not all change whenever the helpers do.
+notebook: a notebook's golden file holds one line in their place, so it shows what the conversion did to that
+notebook, and the section itself has one golden file of its own (golden/_setup_section.py).
 """
 from __future__ import annotations
 
@@ -50,8 +50,7 @@ NOTEBOOKS = [
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_golden(name, converted):
     notebook = CORPUS / f"{name}.ipynb"
-    if not notebook.exists():
-        pytest.skip(f"{notebook} is not in the corpus")
+    assert notebook.exists(), f"{notebook} is not in the corpus"
     script = without_setup(converted(notebook).script)  # converted(): nbddp.convert(notebook, script_name=…)
     golden = GOLDEN / f"{name}.py"
     if UPDATE:
@@ -66,13 +65,36 @@ def test_golden(name, converted):
                     f"(NBDDP_UPDATE_GOLDEN=1 regenerates it):\n{diff}", pytrace=False)
 
 
+def setup_section(script: str) -> str:
+    """What without_setup() hides: the helpers and runtime layer every script carries."""
+    lines = script.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith(SETUP_START))
+    end = next(i for i in range(start, len(lines)) if lines[i] == "try:\n")
+    return "".join(lines[start:end])
+
+
+def test_golden_setup_section(converted):
+    """The setup section, the same in every script, has one golden file of its own."""
+    scripts = [converted(CORPUS / f"{name}.ipynb").script for name in NOTEBOOKS[:2]]
+    section = setup_section(scripts[0])
+    assert section == setup_section(scripts[1]), "the setup section differs between notebooks"
+    golden = GOLDEN / "_setup_section.py"
+    if UPDATE:
+        golden.write_text(section, encoding="utf-8")
+    expected = golden.read_text(encoding="utf-8")
+    if section != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), section.splitlines(True),
+                                            fromfile="golden/_setup_section.py", tofile="converted", n=2))
+        pytest.fail(f"the setup section differs from its golden file (NBDDP_UPDATE_GOLDEN=1 regenerates it):\n{diff}",
+                    pytrace=False)
+
+
 def test_golden_is_the_public_api():
     """The cached conversion the goldens use is exactly what `nbddp.convert` returns."""
     import nbddp
 
     notebook = CORPUS / f"{NOTEBOOKS[-1]}.ipynb"
-    if not notebook.exists():
-        pytest.skip("corpus missing")
+    assert notebook.exists(), f"{notebook} is not in the corpus"
     script = nbddp.convert(notebook, script_name="train_ddp.py")
     assert without_setup(script) == (GOLDEN / f"{NOTEBOOKS[-1]}.py").read_text(encoding="utf-8")
 
@@ -87,8 +109,7 @@ def test_golden_is_the_public_api():
 ])
 def test_reports_say_what_changed_and_what_to_check(name, kind, words, converted):
     notebook = CORPUS / f"{name}.ipynb"
-    if not notebook.exists():
-        pytest.skip(f"{notebook} is not in the corpus")
+    assert notebook.exists(), f"{notebook} is not in the corpus"
     report = converted(notebook).report
     entries = report.installs if kind == "installs" else [n.text for n in getattr(report, kind)]
     assert any(words in entry for entry in entries), f"{kind} of {name}: {entries}"
