@@ -9,8 +9,6 @@ from .errors import NotebookReadError
 
 def read_notebook(path):
     """Read and validate a notebook file, upgrading older formats to v4."""
-    import nbformat
-
     if os.path.isdir(path):
         raise NotebookReadError(f"{path} is a directory; give the path of a .ipynb file")
     try:
@@ -65,8 +63,6 @@ def _validate(nb):
 
 def as_notebook(notebook):
     """Accept a path, raw JSON text/bytes, a dict, or a NotebookNode; return a v4 NotebookNode."""
-    import nbformat
-
     if isinstance(notebook, (str, os.PathLike)):
         text = os.fspath(notebook)
         if text.lstrip().startswith("{"):

@@ -4,15 +4,12 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst import dotted
-from .base import CstTransform
+from .base import CallRewriter, CstTransform
 
 RENAMES = {"torch.cuda.amp.autocast": "torch.amp.autocast", "torch.cuda.amp.GradScaler": "torch.amp.GradScaler"}
 
 
-class _Autocast(cst.CSTTransformer):
-    def __init__(self, cell, report):
-        self.cell, self.report = cell, report
-
+class _Autocast(CallRewriter):
     def leave_Call(self, original, updated):
         old = dotted(updated.func)
         if old not in RENAMES:
@@ -31,7 +28,5 @@ class _Autocast(cst.CSTTransformer):
 
 class Autocast(CstTransform):
     name = "autocast"
+    rewriter = _Autocast
     triggers = ("amp",)
-
-    def rewrite(self, module, cell_no, ctx):
-        return module.visit(_Autocast(cell_no, ctx.report))

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cst import parse
+import libcst as cst
+
+from ..cst import is_if_false, parse
 from ..report import Report
 
 
@@ -56,5 +58,17 @@ class CstTransform(Transform):
             cell.source = code
         return cell
 
+    rewriter: type | None = None  # a CallRewriter subclass, for steps that are one call-site rewrite
+
     def rewrite(self, module, cell_no: int, ctx: Context):
-        raise NotImplementedError
+        return module.visit(self.rewriter(cell_no, ctx))
+
+
+class CallRewriter(cst.CSTTransformer):
+    """A call-site rewrite of one cell: subclasses implement `leave_Call`; `if False:` blocks are left alone."""
+
+    def __init__(self, cell: int, ctx: Context):
+        self.cell, self.report, self.options = cell, ctx.report, ctx.options
+
+    def visit_If(self, node):
+        return not is_if_false(node)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst import DESCEND, LEAVE, TAKE, add_keyword, callee_owner, callee_tail, is_if_false, keyword, live_calls, regroup, statement_blocks
-from .base import CstTransform
+from .base import CallRewriter, CstTransform
 
 DATA_CALLS = frozenset({"load_dataset", "load_from_disk", "map", "filter", "train_test_split"})
 FIRST = "nbddp_main_process_first"
@@ -23,13 +23,7 @@ def _is_ordered_with(stmt) -> bool:
     )
 
 
-class _Seeds(cst.CSTTransformer):
-    def __init__(self, cell, report, seed):
-        self.cell, self.report, self.seed = cell, report, seed
-
-    def visit_If(self, node):
-        return not is_if_false(node)
-
+class _Seeds(CallRewriter):
     def leave_Call(self, original, updated):
         tail = callee_tail(updated)
         is_method = callee_owner(updated) is not None or isinstance(updated.func, cst.Attribute)
@@ -41,8 +35,8 @@ class _Seeds(cst.CSTTransformer):
             return updated
         if keyword(updated, name) is not None or any(a.star == "**" for a in updated.args):
             return updated
-        self.report.change(self.cell, f"{tail}() had no seed: {name}={self.seed} so every rank gets the same data")
-        return add_keyword(updated, name, cst.Integer(str(self.seed)))
+        self.report.change(self.cell, f"{tail}() had no seed: {name}={self.options.seed} so every rank gets the same data")
+        return add_keyword(updated, name, cst.Integer(str(self.options.seed)))
 
 
 class DataPrep(CstTransform):
@@ -50,7 +44,7 @@ class DataPrep(CstTransform):
     triggers = tuple(DATA_CALLS) + ("shuffle",)
 
     def rewrite(self, module, cell_no, ctx):
-        module = module.visit(_Seeds(cell_no, ctx.report, ctx.options.seed))
+        module = module.visit(_Seeds(cell_no, ctx))
         wrapped = []
 
         def select(stmt):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import callee_tail, has_star_kwargs, is_if_false, keyword
-from .base import CstTransform
+from ..cst import callee_tail, has_star_kwargs, keyword
+from .base import CallRewriter, CstTransform
 from .trainer_args import is_training_arguments
 
 ACCUMULATION, PER_DEVICE = "gradient_accumulation_steps", "per_device_train_batch_size"
@@ -25,13 +25,7 @@ def _literal(call: cst.Call, name: str):
     return None
 
 
-class _GlobalBatch(cst.CSTTransformer):
-    def __init__(self, cell, report, keep):
-        self.cell, self.report, self.keep = cell, report, keep
-
-    def visit_If(self, node):
-        return not is_if_false(node)
-
+class _GlobalBatch(CallRewriter):
     def leave_Call(self, original, updated):
         if not is_training_arguments(updated):
             return updated
@@ -40,14 +34,14 @@ class _GlobalBatch(cst.CSTTransformer):
         arg = keyword(updated, ACCUMULATION)
         if batch is None or steps is None:
             effective = "cannot tell (batch size or accumulation is not a literal)"
-        elif self.keep:
+        elif self.options.keep_global_batch:
             effective = (f"{batch} x {steps} = {batch * steps} (as on one process) when N divides {steps}, "
                          f"else {batch} x {steps} x N")
         else:
             effective = f"{batch} x {steps} x N = {batch * steps}N for N processes"
         self.report.change(self.cell, f"{name}: effective global batch {effective}")
-        if not self.keep or arg is None or _is_wrapped(arg.value):
-            if self.keep and arg is None and steps == 1:
+        if not self.options.keep_global_batch or arg is None or _is_wrapped(arg.value):
+            if self.options.keep_global_batch and arg is None and steps == 1:
                 self.report.warn(self.cell, f"{name}: gradient_accumulation_steps is 1; the global batch grows "
                                             f"with N (lower per_device_train_batch_size to keep it)")
             return updated
@@ -61,6 +55,4 @@ def _is_wrapped(value) -> bool:
 
 class GlobalBatch(CstTransform):
     name = "global-batch"
-
-    def rewrite(self, module, cell_no, ctx):
-        return module.visit(_GlobalBatch(cell_no, ctx.report, ctx.options.keep_global_batch))
+    rewriter = _GlobalBatch

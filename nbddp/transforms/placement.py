@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import add_keyword, callee_owner, callee_tail, code_of, is_if_false, keyword
-from .base import CstTransform
+from ..cst import add_keyword, callee_owner, callee_tail, code_of, keyword
+from .base import CallRewriter, CstTransform
 
 FAST_LOADERS = frozenset({"FastLanguageModel", "FastVisionModel", "FastModel", "FastSentenceTransformer", "FastTextModel"})
 MODEL_SUFFIXES = (
@@ -26,13 +26,7 @@ def is_model_loader(call: cst.Call) -> bool:
     return owner in FAST_LOADERS or (owner.startswith("Auto") and "Model" in owner) or owner.endswith(MODEL_SUFFIXES)
 
 
-class _Placement(cst.CSTTransformer):
-    def __init__(self, cell, report):
-        self.cell, self.report = cell, report
-
-    def visit_If(self, node):
-        return not is_if_false(node)
-
+class _Placement(CallRewriter):
     def leave_Call(self, original, updated):
         if callee_tail(updated) in DEVICE_CALLS:
             return self._fixed_gpu(updated)
@@ -83,7 +77,5 @@ class _Placement(cst.CSTTransformer):
 
 class Placement(CstTransform):
     name = "placement"
+    rewriter = _Placement
     triggers = ("from_pretrained", "cuda:")
-
-    def rewrite(self, module, cell_no, ctx):
-        return module.visit(_Placement(cell_no, ctx.report))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import add_keyword, callee_owner, callee_tail, is_if_false, keyword
-from .base import CstTransform
+from ..cst import add_keyword, callee_owner, callee_tail, keyword
+from .base import CallRewriter, CstTransform
 
 UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastModel", "FastVisionModel"})
 SHARED_WEIGHTS = frozenset({"embed_tokens", "lm_head"})
@@ -27,13 +27,7 @@ def _strings(node) -> set[str]:
     return found
 
 
-class _Scratch(cst.CSTTransformer):
-    def __init__(self, cell, report):
-        self.cell, self.report = cell, report
-
-    def visit_If(self, node):
-        return not is_if_false(node)
-
+class _Scratch(CallRewriter):
     def leave_Call(self, original, updated):
         if callee_tail(updated) != "get_peft_model" or callee_owner(updated) not in UNSLOTH_LOADERS:
             return updated
@@ -48,7 +42,5 @@ class _Scratch(cst.CSTTransformer):
 
 class Scratch(CstTransform):
     name = "scratch"
+    rewriter = _Scratch
     triggers = ("get_peft_model",)
-
-    def rewrite(self, module, cell_no, ctx):
-        return module.visit(_Scratch(cell_no, ctx.report))

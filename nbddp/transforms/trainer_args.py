@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import add_keyword, callee_tail, has_star_kwargs, is_if_false, keyword
-from .base import CstTransform
+from ..cst import add_keyword, callee_tail, has_star_kwargs, keyword
+from .base import CallRewriter, CstTransform
 
 TRL_CONFIGS = frozenset({
     "SFTConfig", "DPOConfig", "ORPOConfig", "KTOConfig", "CPOConfig", "GRPOConfig", "PPOConfig", "RewardConfig",
@@ -18,13 +18,7 @@ def is_training_arguments(call: cst.Call) -> bool:
     return name in TRL_CONFIGS or name.endswith("TrainingArguments")
 
 
-class _TrainerArgs(cst.CSTTransformer):
-    def __init__(self, cell, report):
-        self.cell, self.report = cell, report
-
-    def visit_If(self, node):
-        return not is_if_false(node)
-
+class _TrainerArgs(CallRewriter):
     def leave_Call(self, original, updated):
         if not is_training_arguments(updated) or keyword(updated, KEY) is not None:
             return updated
@@ -38,7 +32,5 @@ class _TrainerArgs(cst.CSTTransformer):
 
 class TrainerArgs(CstTransform):
     name = "trainer-args"
+    rewriter = _TrainerArgs
     triggers = ("Config", "Arguments")
-
-    def rewrite(self, module, cell_no, ctx):
-        return module.visit(_TrainerArgs(cell_no, ctx.report))
