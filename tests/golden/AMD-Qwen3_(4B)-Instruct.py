@@ -11,7 +11,8 @@ Launch:
 
 It also runs as one plain process: python train_ddp.py
 
-Install first (the notebook's install commands, removed from this script):
+Install first (the notebook's install commands, removed from this script; every branch of its install cells is
+listed, and {name} parts stand for the notebook's own variables):
     python -m pip install -qU uv --root-user-action=ignore
     pip install bitsandbytes
     uv pip install --system -U --force-reinstall torch torchvision torchaudio triton-rocm --index-url "$PYTORCH_INDEX_URL"

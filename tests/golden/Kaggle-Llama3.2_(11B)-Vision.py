@@ -11,7 +11,8 @@ Launch:
 
 It also runs as one plain process: python train_ddp.py
 
-Install first (the notebook's install commands, removed from this script):
+Install first (the notebook's install commands, removed from this script; every branch of its install cells is
+listed, and {name} parts stand for the notebook's own variables):
     pip install pip3-autoremove
     pip install torch torchvision torchaudio xformers --index-url https://download.pytorch.org/whl/cu128
     pip install unsloth

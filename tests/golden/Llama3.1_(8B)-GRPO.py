@@ -11,7 +11,8 @@ Launch:
 
 It also runs as one plain process: python train_ddp.py
 
-Install first (the notebook's install commands, removed from this script):
+Install first (the notebook's install commands, removed from this script; every branch of its install cells is
+listed, and {name} parts stand for the notebook's own variables):
     pip install unsloth vllm
     pip install --upgrade -qqq uv
     uv pip install -qqq --upgrade {_vllm} {_numpy} {_pil} torchvision bitsandbytes xformers unsloth

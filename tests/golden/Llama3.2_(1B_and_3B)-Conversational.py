@@ -11,7 +11,8 @@ Launch:
 
 It also runs as one plain process: python train_ddp.py
 
-Install first (the notebook's install commands, removed from this script):
+Install first (the notebook's install commands, removed from this script; every branch of its install cells is
+listed, and {name} parts stand for the notebook's own variables):
     pip install unsloth
     pip install sentencepiece protobuf "datasets==4.3.0" "huggingface_hub>=0.34.0" hf_transfer
     pip install --no-deps unsloth_zoo bitsandbytes accelerate {xformers} peft trl triton unsloth
