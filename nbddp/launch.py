@@ -8,13 +8,13 @@ MULTI_NODE_FLAGS = ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-
                     "--node-rank", "--node_rank", "--rdzv-backend", "--rdzv_backend")
 
 
-def _is_multi_node(torchrun_args) -> bool:
+def is_multi_node(torchrun_args) -> bool:
     return any(arg.split("=", 1)[0] in MULTI_NODE_FLAGS for arg in torchrun_args)
 
 
 def torchrun_args(nproc, extra=()) -> list[str]:
     """torchrun's own flags: one process per GPU; --standalone unless the user set up a rendezvous."""
-    args = [] if _is_multi_node(extra) else ["--standalone"]
+    args = [] if is_multi_node(extra) else ["--standalone"]
     return args + [f"--nproc_per_node={nproc}", *extra]
 
 

@@ -129,7 +129,8 @@ class TorchrunMagics(Magics):
         if warning:
             print(warning, file=sys.stderr, flush=True)
         shown = "every rank's output" if args.all_ranks else "rank 0's output; --all-ranks shows every rank"
-        print(f"nbddp: {script} on {nproc} processes ({shown})", flush=True)
+        per_node = " per machine" if launch.is_multi_node(extra) else ""
+        print(f"nbddp: {script} on {nproc} processes{per_node} ({shown})", flush=True)
         executor.run_script(script, nproc, extra=extra, script_args=script_args, all_ranks=args.all_ranks)
         return None
 

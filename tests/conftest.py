@@ -41,3 +41,14 @@ def make_notebook(*cells) -> nbformat.NotebookNode:
         else:
             nb.cells.append(nbformat.v4.new_code_cell(cell))
     return nb
+
+
+@pytest.fixture(scope="session")
+def ip():
+    """The one global IPython test shell (IPython's own helper), with `%load_ext nbddp` done."""
+    from IPython.testing import globalipapp
+
+    globalipapp.start_ipython()  # None on a second call: the shell is global, so fetch it below
+    shell = globalipapp.get_ipython()
+    shell.run_line_magic("load_ext", "nbddp")
+    return shell

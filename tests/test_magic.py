@@ -13,15 +13,6 @@ from nbddp import magic
 from nbddp.executor import RankFailedError
 
 
-@pytest.fixture(scope="module")
-def ip():
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython()
-    shell.run_line_magic("load_ext", "nbddp")
-    return shell
-
-
 def _job_processes(marker):
     """Live processes (torchrun and ranks) whose command line names `marker`."""
     found = []

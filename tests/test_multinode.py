@@ -138,16 +138,6 @@ def test_save_and_generation_run_once_per_job(two_nodes):
 
 # ---- the %%torchrun magic ----
 
-@pytest.fixture(scope="module")
-def ip():
-    from IPython.testing import globalipapp
-
-    globalipapp.start_ipython()  # returns None when tests/test_magic.py already started the one global shell
-    shell = globalipapp.get_ipython()
-    shell.run_line_magic("load_ext", "nbddp")
-    return shell
-
-
 RANKS_CELL = textwrap.dedent("""\
     import os
     import torch
