@@ -209,11 +209,6 @@ def _conv_sharegpt(rng, words, turns=2):
     return out
 
 
-def _messages(rng, words):
-    return [{"role": "user", "content": sentence(rng, words)},
-            {"role": "assistant", "content": sentence(rng, words, 10, 40)}]
-
-
 def _gsm8k_row(rng, words):
     a, b = rng.randint(1, 50), rng.randint(1, 50)
     return {"question": f"{sentence(rng, words)} What is {a} plus {b}?",

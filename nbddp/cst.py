@@ -1,7 +1,7 @@
 """Small libcst helpers shared by the rewrite steps."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import libcst as cst
 
@@ -182,20 +182,10 @@ def code_of(node) -> str:
     return cst.Module([]).code_for_node(node)
 
 
-def line_of(module: cst.Module, node) -> int | None:
-    """1-based line of `node` in `module` (by identity), found by rendering; None if not found."""
-    wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
-    positions = wrapper.resolve(cst.metadata.PositionProvider)
-    pos = positions.get(node)
-    return pos.start.line if pos else None
-
 
 def call_stmt(func: str, *args: cst.BaseExpression) -> cst.SimpleStatementLine:
     return cst.SimpleStatementLine([cst.Expr(cst.Call(func=cst.parse_expression(func), args=[cst.Arg(a) for a in args]))])
 
-
-def string(value: str) -> cst.SimpleString:
-    return cst.SimpleString(repr(value))
 
 
 TAKE, LEAVE, DESCEND = "take", "leave", "descend"
@@ -231,7 +221,3 @@ def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable)
         out.append(stmt)
     flush()
     return out
-
-
-def block(statements: Iterable[cst.BaseStatement]) -> cst.IndentedBlock:
-    return cst.IndentedBlock(body=list(statements))

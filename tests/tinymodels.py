@@ -1,17 +1,14 @@
 """Tiny random-weight models, tokenizers and datasets for tests: built offline from a config, in a second or two.
 
-    from tinymodels import save_tiny_llama, tiny_text_dataset, EXAMPLE_NOTEBOOK
+    from tinymodels import save_tiny_llama, EXAMPLE_NOTEBOOK
 
     path = save_tiny_llama(tmp_path / "tiny-llama")        # model + tokenizer; from_pretrained(path) loads both
-    data = tiny_text_dataset()                              # datasets.Dataset with a "text" column (Alpaca prompts)
-    write_alpaca_jsonl(tmp_path / "data.jsonl")             # the same rows as JSON Lines, for load_dataset("json")
 
 The same seed gives the same weights and vocabulary, byte for byte, so ranks that each build one agree.
 Heavy libraries are imported inside the functions: importing this module costs nothing.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,20 +43,6 @@ Write a response that appropriately completes the request.
 def alpaca_texts(rows=ALPACA_ROWS, eos: str = "</s>") -> list[str]:
     """Each row as one Alpaca prompt with its response and the EOS token (what SFT trains on)."""
     return [ALPACA_PROMPT.format(r["instruction"], r["input"], r["output"]) + eos for r in rows]
-
-
-def write_alpaca_jsonl(path, rows=ALPACA_ROWS) -> Path:
-    """Write rows (instruction/input/output) as JSON Lines; returns the path."""
-    path = Path(path)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
-def tiny_text_dataset(rows=ALPACA_ROWS, eos: str = "</s>"):
-    """A datasets.Dataset with one column, "text"."""
-    from datasets import Dataset
-
-    return Dataset.from_dict({"text": alpaca_texts(rows, eos)})
 
 
 def train_tokenizer(texts=None, vocab_size: int = 384):

@@ -10,7 +10,7 @@ import shlex
 
 import libcst as cst
 
-from ..cst import code_of, names_in, parse
+from ..cst import call_stmt, code_of, names_in, parse
 from ..errors import ConversionError
 from .base import Context, Transform, cell_number
 from .shell import install_lines, is_install, one_line, script_lines
@@ -96,10 +96,6 @@ def _stmt(text: str) -> cst.BaseStatement:
     return cst.parse_statement(text + "\n")
 
 
-def _call_stmt(func: str, *args) -> cst.SimpleStatementLine:
-    return cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(func), args=[cst.Arg(a) for a in args]))])
-
-
 def _literal_args(call: cst.Call) -> list[str] | None:
     values = []
     for arg in call.args:
@@ -172,7 +168,7 @@ class _IPythonCalls(cst.CSTTransformer):
             self.installs += 1
             return [_marker(f"removed `!{command}` (install; see the header)")]
         self.ctx.report.change(self.cell, f"`!{one_line(command, 60)}` runs once per node (local rank 0), the others wait")
-        return [_call_stmt("nbddp_shell", _command_literal(command))]
+        return [call_stmt("nbddp_shell", _command_literal(command))]
 
     def _line_magic(self, name: str, line: str):
         report = self.ctx.report
@@ -288,9 +284,7 @@ class Magics(Transform):
                 raise ConversionError(f"`%%{name}` without a file name", step=self.name, cell=cell, line=1)
             path = paths[0].strip("\"'")
             report.change(cell, f"`%%{name} {path}` → file written once per node, the others wait")
-            call = _call_stmt("nbddp_write_file", cst.SimpleString(repr(path)), cst.SimpleString(repr(body)))
-            if append:
-                call = _stmt(f"nbddp_write_file({path!r}, {body!r}, append=True)")
+            call = _stmt(f"nbddp_write_file({path!r}, {body!r}{', append=True' if append else ''})")
             return MARK + f"%%{name} {line}\n" + cst.Module([call]).code
         if name in SHELL_CELL_MAGICS:
             installs = install_lines(body)

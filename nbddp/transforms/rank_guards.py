@@ -10,10 +10,9 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst import (DESCEND, LEAVE, TAKE, call_stmt, callee_owner, callee_tail, dotted, is_if_false, is_rank_test,
-                   live_calls, regroup, statement_blocks)
+                   live_calls, parse, regroup, statement_blocks)
 from .base import Transform, cell_number
 from .dataflow import header_of, reads_writes
-from ..cst import parse
 
 SAVE_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora", "save_model")
 MAIN_ONLY = frozenset({"generate", "fast_generate", "for_inference", "TextStreamer", "print_trainable_parameters"})
