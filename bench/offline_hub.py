@@ -63,9 +63,27 @@ FAMILIES = {
     "gemma3_1b": ("Gemma3TextConfig", dict(hidden_size=1152, intermediate_size=6912, num_attention_heads=4,
                                            num_key_value_heads=1, head_dim=256, vocab_size=262144,
                                            num_hidden_layers=2, max_position_embeddings=32768,
-                                           sliding_window=512, rope_theta=1000000.0),
+                                           sliding_window=512, rope_theta=1000000.0,
+                                           tie_word_embeddings=False),  # see MEAN_COMPLETION_TOKENS
                   "gemma3", ["unsloth/gemma-3-1b-it"]),
 }
+
+# families and datasets built by their own function (module:function), with the repo ids they serve
+OTHER_FAMILIES = {"qwen25vl": ("hub_vision:build_qwen25vl", ["unsloth/Qwen2.5-VL-7B-Instruct-bnb-4bit"])}
+OTHER_DATASETS = {"unsloth/LaTeX_OCR": "hub_vision:build_latex_ocr"}
+
+
+def _builder(ref):
+    import importlib
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# Random weights never choose EOS, so each generate() runs to its max_new_tokens. GRPO notebooks sample
+# hundreds of tokens per completion (Gemma-3-1B: 768, 4 per prompt, 50 steps), which would spend the whole GPU
+# budget generating. These stand-ins are tuned to end a completion after about this many tokens on average.
+MEAN_COMPLETION_TOKENS = {"gemma3_1b": 40}
 
 # tokenizer style -> special tokens (bos, eos, pad, unk, extras) and chat template
 _LLAMA3_TEMPLATE = (
@@ -161,11 +179,43 @@ def build_model(family, out_dir, words):
     torch.manual_seed(0)
     with torch.device(dev):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    if family in MEAN_COMPLETION_TOKENS:
+        specials = set(tok.all_special_ids)
+        words = [i for i in range(256, len(tok)) if i not in specials]  # merges: whole words, not bytes
+        p = end_generations_early(model, tok.eos_token_id, MEAN_COMPLETION_TOKENS[family], words)
+        print(f"offline_hub: {family}: P(eos) per token {p:.4f}", flush=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     GenerationConfig(**{k: v for k, v in ids.items() if v is not None}).save_pretrained(out_dir)
     del model
     if dev == "cuda":
         torch.cuda.empty_cache()
+
+
+def end_generations_early(model, eos_id, mean_tokens, vocab_ids, c=10.0):
+    """Make a completion end after about mean_tokens tokens, by weights alone (whatever the sampling settings).
+
+    Input embedding column 0 becomes a large constant c, so after the final norm every position carries nearly
+    the same component along it. The (untied) output head reads that column only for EOS and mean_tokens - 1
+    ordinary tokens (from vocab_ids), all with one weight delta: those tokens take ~95% of the probability,
+    equally, so EOS is one in mean_tokens with or without top-k (>= mean_tokens) and top-p sampling."""
+    import math
+
+    import torch
+
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    if head.data_ptr() == emb.data_ptr():
+        raise ValueError("end_generations_early needs untied input/output embeddings (tie_word_embeddings=False)")
+    ids = torch.randint(0, len(vocab_ids), (2, 32), generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor(vocab_ids)[ids].to(emb.device)
+    lifted = torch.tensor([eos_id] + [v for v in vocab_ids if v != eos_id][:mean_tokens - 1], device=emb.device)
+    with torch.no_grad():
+        emb[:, 0], head[:, 0] = c, 0.0
+        before = model(input_ids=ids).logits.float()[..., eos_id]
+        head[eos_id, 0] = 1.0
+        slope = (model(input_ids=ids).logits.float()[..., eos_id] - before).mean().item()
+        delta = math.log(19 * (head.shape[0] - len(lifted)) / len(lifted)) / slope
+        head[lifted, 0] = delta
+        return model(input_ids=ids).logits.float().softmax(-1)[..., eos_id].mean().item()
 
 
 def unsloth_aliases(repo_ids):
@@ -291,21 +341,38 @@ def main(argv=None):
     ds_cache = os.path.join(args.home, "datasets")
     os.makedirs(hub, exist_ok=True)
     report = {"models": {}, "datasets": {}}
-    fams = [] if args.models == "none" else (list(FAMILIES) if args.models == "all" else args.models.split(","))
+    every = list(FAMILIES) + list(OTHER_FAMILIES)
+    fams = [] if args.models == "none" else (every if args.models == "all" else args.models.split(","))
     for fam in fams:
         t = time.time()
         out = os.path.join(store, fam)
         if not os.path.exists(os.path.join(out, "config.json")):
             os.makedirs(out, exist_ok=True)
-            build_model(fam, out, words)
-        names = unsloth_aliases(FAMILIES[fam][3])
+            try:  # one family failing must not cost the others (a GPU call is scarce)
+                if fam in OTHER_FAMILIES:
+                    _builder(OTHER_FAMILIES[fam][0])(out, words)
+                else:
+                    build_model(fam, out, words)
+            except Exception as exc:
+                shutil.rmtree(out, ignore_errors=True)
+                report["models"][fam] = {"error": repr(exc)}
+                print(f"offline_hub: {fam}: FAILED {exc!r}", flush=True)
+                continue
+        names = unsloth_aliases(OTHER_FAMILIES[fam][1] if fam in OTHER_FAMILIES else FAMILIES[fam][3])
         for name in names:
             install_repo(hub, name, out)
         report["models"][fam] = {"repo_ids": names, "seconds": round(time.time() - t, 1)}
         print(f"offline_hub: {fam}: {len(names)} repo ids in {time.time() - t:.1f}s", flush=True)
-    ids = [] if args.datasets == "none" else (list(DATASETS) if args.datasets == "all" else args.datasets.split(","))
+    every = list(DATASETS) + list(OTHER_DATASETS)
+    ids = [] if args.datasets == "none" else (every if args.datasets == "all" else args.datasets.split(","))
     for ds in ids:
-        report["datasets"][ds] = build_dataset(ds_cache, ds, words)
+        build = _builder(OTHER_DATASETS[ds]) if ds in OTHER_DATASETS else lambda c, w: build_dataset(c, ds, w)
+        try:
+            report["datasets"][ds] = build(ds_cache, words)
+        except Exception as exc:
+            report["datasets"][ds] = {"error": repr(exc)}
+            print(f"offline_hub: dataset {ds}: FAILED {exc!r}", flush=True)
+            continue
         print(f"offline_hub: dataset {ds} -> {report['datasets'][ds]}", flush=True)
     json.dump(report, open(os.path.join(args.home, "offline_hub.json"), "w"), indent=1)
     return 0

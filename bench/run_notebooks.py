@@ -5,7 +5,7 @@ Step 1, where nbddp and nbformat are installed (this machine):
     python bench/run_notebooks.py convert --dest .gpurun
 Step 2, on the GPU machine, after `bench/offline_hub.py` filled HF_HOME (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1):
     python bench/run_notebooks.py run --scripts .gpurun --out $OUT [--only a,b] [--resume old.json ...]
-           [--timeout 240] [--deadline 500] [--modes ddp,single] [--gate tinyllama]
+           [--timeout 240] [--deadline 500] [--modes ddp,single] [--single-slots 2]
 
 Each run gets its own working folder (outputs, adapters and Unsloth's compile cache land there), a log, and a
 per-rank probe (bench/rankprobe/sitecustomize.py: GPU used, peak memory, generate()/save_pretrained() calls).
@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,6 +40,7 @@ NOTEBOOKS = {
     "mistral03-cpt": "Kaggle-Mistral_v0.3_(7B)-CPT.ipynb",
     "zephyr-dpo": "Kaggle-Zephyr_(7B)-DPO.ipynb",
     "gemma3-1b-grpo": "Kaggle-Gemma3_(1B)-GRPO.ipynb",
+    "qwen25vl-vision": "Qwen2.5_VL_(7B)-Vision.ipynb",
 }
 
 LOSS_RE = re.compile(r"""['"]loss['"]\s*:\s*['"]?([-+0-9.eE]+|nan|inf)""")
@@ -105,73 +107,110 @@ def summarize(mode, rc, timed_out, wall, log_path, workdir, world):
     }
 
 
+def _job(args, base_env, slug, key, mode, gpu, limit):
+    """One launch of one converted notebook; returns its summary."""
+    script = os.path.abspath(os.path.join(args.scripts, f"{slug}.py"))
+    workdir = os.path.join(args.work, key.replace("@", "_"), mode)
+    os.makedirs(workdir, exist_ok=True)
+    env = dict(base_env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"))
+    if mode == "ddp":
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+                script]
+        world = args.nproc
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        argv, world = [sys.executable, script], 1
+    log_path = os.path.join(args.work, "logs", f"{key.replace('@', '_')}-{mode}.log")
+    print(f"run {slug} {mode}{'' if mode == 'ddp' else f' on GPU {gpu}'} (limit {limit:.0f}s)", flush=True)
+    rc, timed_out, wall = _run(argv, env, workdir, log_path, limit)
+    r = summarize(mode, rc, timed_out, wall, log_path, workdir, world)
+    if mode != "ddp":
+        r["gpu"] = gpu
+    print(f"  {slug} {mode}: rc={rc} timed_out={timed_out} wall={wall}s losses={len(r['losses'])} "
+          f"first/last={r['losses'][:1]}/{r['losses'][-1:]} adapters={r['adapter_dirs']} "
+          f"gen={r['generate_calls_per_rank']} errors={r['errors'][-2:]}", flush=True)
+    return r
+
+
+def _status(entry):
+    runs = [r for r in entry["runs"].values() if "skipped" not in r]
+    if not runs:
+        return "not run"
+    return "ok" if all(r.get("returncode") == 0 for r in runs) else "failed"
+
+
 def run(args):
+    """Every DDP launch first, one after another; then the 1-GPU launches, `--single-slots` at a time, each on
+    its own GPU (slot i uses GPU i; the runs of one slot never share a GPU)."""
     t_start = time.time()
     os.makedirs(args.out, exist_ok=True)
     logdir = os.path.join(args.work, "logs")
     os.makedirs(logdir, exist_ok=True)
-    done = {}
+    done = {}  # key -> entry holding the runs an earlier results file finished (a skipped run is not done)
     for f in args.resume or []:
         if os.path.exists(f):
-            for slug, entry in json.load(open(f)).get("notebooks", {}).items():
-                if entry.get("status") in ("ok", "failed"):
-                    done[slug] = entry
-    results = {"machine": args.machine, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "settings": {"timeout_s": args.timeout, "modes": args.modes}, "notebooks": dict(done)}
-    out_json = os.path.join(args.out, "notebooks.json")
-    slugs = args.only.split(",") if args.only else list(NOTEBOOKS)
+            for key, entry in json.load(open(f)).get("notebooks", {}).items():
+                runs = {m: r for m, r in entry.get("runs", {}).items() if "returncode" in r}
+                if runs:
+                    done[key] = dict(entry, runs=runs)
     extra_env = dict(kv.split("=", 1) for kv in args.env or [])
-    results["settings"]["env"] = extra_env
-    base_env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    results = {"machine": args.machine, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "settings": {"timeout_s": args.timeout, "timeout_for": args.timeout_for or [], "modes": args.modes, "env": extra_env,
+                            "single_slots": args.single_slots}, "notebooks": dict(done)}
+    out_json = os.path.join(args.out, "notebooks.json")
+    base_env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     base_env.update(extra_env)
     base_env["NCCL_NVLS_ENABLE"] = "0"  # never anything else
     base_env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(HERE, "rankprobe")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    for slug in slugs:
+    timeouts = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.timeout_for or [])}
+    lock = threading.Lock()
+    modes = args.modes.split(",")
+    todo = {m: [] for m in modes}
+    for slug in (args.only.split(",") if args.only else list(NOTEBOOKS)):
         key = f"{slug}@{args.tag}" if args.tag else slug
-        if key in done:
-            print(f"skip {slug}: done in an earlier results file", flush=True)
-            continue
-        script = os.path.abspath(os.path.join(args.scripts, f"{slug}.py"))
-        entry = {"notebook": NOTEBOOKS.get(slug, slug), "script": os.path.basename(script), "runs": {},
-                 "env": extra_env}
-        for mode in args.modes.split(","):
-            limit = min(args.timeout, args.deadline - (time.time() - t_start))
-            if limit < 30:
-                entry["runs"][mode] = {"mode": mode, "skipped": "time budget of this batch spent (not run)"}
-                continue
-            workdir = os.path.join(args.work, key.replace("@", "_"), mode)
-            os.makedirs(workdir, exist_ok=True)
-            env = dict(base_env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"))
-            if mode == "ddp":
-                argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-                        script]
-                world = args.nproc
+        entry = results["notebooks"].setdefault(key, {"notebook": NOTEBOOKS.get(slug, slug), "script": f"{slug}.py",
+                                                      "runs": {}, "env": extra_env, "status": "not run"})
+        for m in modes:
+            if m in entry["runs"]:
+                print(f"skip {slug} {m}: done in an earlier results file", flush=True)
             else:
-                env["CUDA_VISIBLE_DEVICES"] = "0"
-                argv, world = [sys.executable, script], 1
-            log_path = os.path.join(logdir, f"{key.replace('@', '_')}-{mode}.log")
-            print(f"run {slug} {mode} (limit {limit:.0f}s)", flush=True)
-            rc, timed_out, wall = _run(argv, env, workdir, log_path, limit)
-            entry["runs"][mode] = summarize(mode, rc, timed_out, wall, log_path, workdir, world)
-            r = entry["runs"][mode]
-            print(f"  rc={rc} timed_out={timed_out} wall={wall}s losses={len(r['losses'])} "
-                  f"first/last={r['losses'][:1]}/{r['losses'][-1:]} adapters={r['adapter_dirs']} "
-                  f"gen={r['generate_calls_per_rank']} errors={r['errors'][-2:]}", flush=True)
-            if mode == "ddp" and rc != 0 and args.gate == slug:
-                break
-        runs = entry["runs"].values()
-        entry["status"] = ("ok" if all(r.get("returncode") == 0 for r in runs if "skipped" not in r)
-                           and any("skipped" not in r for r in runs) else
-                           "failed" if any("returncode" in r for r in runs) else "not run")
-        results["notebooks"][key] = entry
-        results["elapsed_s"] = round(time.time() - t_start, 1)
-        json.dump(results, open(out_json, "w"), indent=1)
-        with tarfile.open(os.path.join(args.out, "notebook-logs.tar.gz"), "w:gz") as tar:
-            tar.add(logdir, arcname="logs")
-        if args.gate == slug and entry["status"] != "ok":
-            print(f"gate {slug} failed: stopping this batch", flush=True)
-            break
+                todo[m].append((slug, key))
+
+    def record(key, mode, r):
+        with lock:
+            entry = results["notebooks"][key]
+            entry["runs"][mode] = r
+            entry["status"] = _status(entry)
+            results["elapsed_s"] = round(time.time() - t_start, 1)
+            json.dump(results, open(out_json, "w"), indent=1)
+            with tarfile.open(os.path.join(args.out, "notebook-logs.tar.gz"), "w:gz") as tar:
+                tar.add(logdir, arcname="logs")
+
+    def launch(slug, key, mode, gpu=0):
+        limit = min(timeouts.get(slug, args.timeout), args.deadline - (time.time() - t_start))
+        if limit < 30:
+            record(key, mode, {"mode": mode, "skipped": "time budget of this batch spent (not run)"})
+        else:
+            record(key, mode, _job(args, base_env, slug, key, mode, gpu, limit))
+
+    for slug, key in todo.get("ddp", []):
+        launch(slug, key, "ddp")
+    if todo.get("single"):
+        queue = list(todo["single"])
+
+        def slot(gpu):
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    slug, key = queue.pop(0)
+                launch(slug, key, "single", gpu)
+        threads = [threading.Thread(target=slot, args=(g,)) for g in range(args.single_slots)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     return 0
 
 
@@ -187,10 +226,12 @@ def main(argv=None):
     r.add_argument("--only", default="")
     r.add_argument("--resume", nargs="*")
     r.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    r.add_argument("--timeout-for", action="append", metavar="SLUG=SECONDS", help="another limit for one notebook")
     r.add_argument("--deadline", type=int, default=480, help="every run ends by this many seconds after the start")
     r.add_argument("--modes", default="ddp,single")
     r.add_argument("--nproc", type=int, default=2)
-    r.add_argument("--gate", default="", help="stop the batch if this notebook fails")
+    r.add_argument("--single-slots", type=int, default=1,
+                   help="1-GPU runs at once, each on its own GPU (2: two notebooks side by side on GPUs 0 and 1)")
     r.add_argument("--env", action="append", help="K=V for every run of this batch (recorded)")
     r.add_argument("--tag", default="", help="results key suffix for runs with --env (slug@tag)")
     r.add_argument("--machine", default=os.environ.get("BENCH_MACHINE", ""))

@@ -40,8 +40,27 @@ def _patch_callbacks(module):
     handler.on_step_end = on_step_end
 
 
+def _patch_ddp(module):
+    """At each DistributedDataParallel construction: where the wrapped module's buffers live (DDP broadcasts
+    them from rank 0 at construction and, with broadcast_buffers, before every forward)."""
+    cls = module.DistributedDataParallel
+    orig = cls.__init__
+
+    def __init__(self, mod, *a, **k):
+        devices = {}
+        for _, buf in mod.named_buffers():
+            devices[str(buf.device)] = devices.get(str(buf.device), 0) + 1
+        _COUNTS.setdefault("ddp_constructed", []).append(
+            {"buffers_by_device": devices, "broadcast_buffers": k.get("broadcast_buffers", True),
+             "static_graph": k.get("static_graph", False),
+             "find_unused_parameters": k.get("find_unused_parameters", False)})
+        return orig(self, mod, *a, **k)
+    cls.__init__ = __init__
+
+
 _T0P = time.perf_counter()
 _PATCH = {
+    "torch.nn.parallel.distributed": _patch_ddp,
     "transformers.trainer_callback": _patch_callbacks,
     "transformers.generation.utils": lambda m: setattr(m.GenerationMixin, "generate", _count("generate", m.GenerationMixin.generate)),
     "peft.peft_model": lambda m: setattr(m.PeftModel, "save_pretrained", _count("save_pretrained", m.PeftModel.save_pretrained)),

@@ -1,0 +1,76 @@
+"""The GPU harness's CPU-checkable parts: the GRPO stand-in's short completions and the runner's scheduling."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+sys.path.insert(0, BENCH)
+import offline_hub  # noqa: E402
+
+
+def _completion_lengths(model, eos_id, top_k, n=48, cap=120):
+    import torch
+
+    torch.manual_seed(0)
+    prompt = torch.tensor([[5, 300, 301, 302]])
+    out = model.generate(prompt, do_sample=True, top_k=top_k, max_new_tokens=cap, num_return_sequences=n,
+                         pad_token_id=0, eos_token_id=eos_id)[:, prompt.shape[1]:]
+    lengths = []
+    for row in out:
+        hits = (row == eos_id).nonzero()
+        lengths.append(int(hits[0]) + 1 if len(hits) else cap)
+    return lengths
+
+
+@pytest.mark.parametrize("top_k", [None, 50])
+def test_end_generations_early_gives_short_completions(top_k):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                              head_dim=32, vocab_size=4000, num_hidden_layers=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    eos = 1
+    before = _completion_lengths(model, eos, top_k)
+    offline_hub.end_generations_early(model, eos, 20, list(range(256, 3000)))
+    after = _completion_lengths(model, eos, top_k)
+    assert sum(before) / len(before) > 100  # random weights: almost never EOS
+    assert 8 < sum(after) / len(after) < 40  # geometric, mean about 20
+
+
+def test_end_generations_early_refuses_tied_embeddings():
+    pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    model = AutoModelForCausalLM.from_config(LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                                         num_hidden_layers=1, vocab_size=500,
+                                                         tie_word_embeddings=True))
+    with pytest.raises(ValueError, match="untied"):
+        offline_hub.end_generations_early(model, 1, 20, list(range(256, 400)))
+
+
+def test_runner_ddp_then_single_slots_and_resume(tmp_path):
+    scripts = tmp_path / "s"
+    scripts.mkdir()
+    for name in ("a", "b", "c"):
+        (scripts / f"{name}.py").write_text(
+            "import os\nprint({'loss': 1.5})\nprint('visible', os.environ.get('CUDA_VISIBLE_DEVICES'))\n")
+    runner = [sys.executable, os.path.join(BENCH, "run_notebooks.py"), "run", "--scripts", str(scripts),
+              "--work", str(tmp_path / "w"), "--only", "a,b,c", "--timeout", "120", "--deadline", "300"]
+    first = tmp_path / "out1"
+    subprocess.run(runner + ["--out", str(first), "--modes", "ddp"], check=True, capture_output=True)
+    second = tmp_path / "out2"
+    done = subprocess.run(runner + ["--out", str(second), "--resume", str(first / "notebooks.json"),
+                                    "--single-slots", "2"], check=True, capture_output=True, text=True)
+    assert done.stdout.count("skip ") == 3 and " ddp (limit" not in done.stdout
+    results = json.load(open(second / "notebooks.json"))["notebooks"]
+    assert set(results) == {"a", "b", "c"}
+    for entry in results.values():
+        assert entry["status"] == "ok"
+        assert entry["runs"]["ddp"]["rank_exit_codes"] == {"0": 0, "1": 0}
+        assert entry["runs"]["single"]["losses"] == [1.5]
+    assert {entry["runs"]["single"]["gpu"] for entry in results.values()} == {0, 1}
