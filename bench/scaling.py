@@ -3,10 +3,12 @@
 
 On the GPU machine, after bench/offline_hub.py filled HF_HOME (reduced-size random-weight model):
     python bench/scaling.py run --script .gpurun/llama31-alpaca.py --pairs 5 --deadline 400 --out $OUT/scaling.json
-Runs single (CUDA_VISIBLE_DEVICES=0 python script) and DDP (torchrun --nproc_per_node=2 script) alternately, as
-generated. bench/rankprobe times every optimizer step (CUDA synchronised at each step end); the rate is the
-samples of the steps after --skip warm-up steps over their wall time, rank 0's clock. nbddp keeps the global
-batch (it divides gradient_accumulation_steps by the world size), so both runs do the same samples per step.
+    python bench/scaling.py run --script ... --configs ddp,ddp-pcie,ddp-keep-batch --pairs 5 ...
+Each round launches single (CUDA_VISIBLE_DEVICES=0 python script) and every DDP configuration (torchrun
+--nproc_per_node=2 script, with the configuration's environment), as generated, in an order rotated from round
+to round. bench/rankprobe times every optimizer step (CUDA synchronised at each step end); the rate is the samples
+of the steps after --skip warm-up steps over their wall time, rank 0's clock, counting each step's samples
+(per-device batch x accumulation x world size), so runs with different global batches compare per sample.
 Peak memory per rank comes from torch.cuda.max_memory_allocated/reserved at exit.
 """
 from __future__ import annotations
@@ -21,6 +23,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run_notebooks as rn  # noqa: E402
+
+# DDP configurations: name -> environment added to the launch (NCCL_NVLS_ENABLE stays 0 in every one)
+CONFIGS = {
+    "ddp": {},
+    "ddp-pcie": {"NCCL_P2P_DISABLE": "1"},  # no NVLink peer-to-peer: a stand-in for Kaggle's two T4s
+    "ddp-keep-batch": {"NBDDP_KEEP_GLOBAL_BATCH": "1"},  # the notebook's global batch in half the steps
+}
 
 
 def steady_rate(run, skip):
@@ -39,56 +48,76 @@ def steady_rate(run, skip):
             "returncode": run.get("returncode"), "wall_s": run.get("wall_s")}
 
 
-def one(mode, script, work, env, limit, nproc):
-    workdir = os.path.join(work, mode)
+def one(name, script, work, env, limit, nproc):
+    workdir = os.path.join(work, name)
     subprocess.run(["rm", "-rf", workdir])
     os.makedirs(workdir)
     env = dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"))
-    if mode == "ddp":
-        argv, world = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                       script], nproc
-    else:
+    if name == "single":
         env["CUDA_VISIBLE_DEVICES"] = "0"
         argv, world = [sys.executable, script], 1
-    log = os.path.join(work, f"{os.path.basename(work)}-{mode}.log")
+    else:
+        env.update(CONFIGS[name])
+        argv, world = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                       script], nproc
+    env["NCCL_NVLS_ENABLE"] = "0"
+    log = os.path.join(work, f"{os.path.basename(work)}-{name}.log")
     rc, timed_out, wall = rn._run(argv, env, workdir, log, limit)
-    return rn.summarize(mode, rc, timed_out, wall, log, workdir, world)
+    return rn.summarize("single" if name == "single" else "ddp", rc, timed_out, wall, log, workdir, world)
 
 
 def run(args):
     t0 = time.time()
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     env.update(dict(kv.split("=", 1) for kv in args.env or []))
     env["NCCL_NVLS_ENABLE"] = "0"
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(rn.HERE, "rankprobe")] +
                                         [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     script = os.path.abspath(args.script)
+    names = ["single"] + args.configs.split(",")
     pairs, notes = [], []
     for i in range(args.pairs):
-        if time.time() - t0 + 2 * args.run_estimate > args.deadline:
-            notes.append(f"stopped after {i} pairs: time budget of the call")
+        if time.time() - t0 + len(names) * args.run_estimate > args.deadline:
+            notes.append(f"stopped after {i} rounds: time budget of the call")
             break
         pair = {}
-        order = ("single", "ddp") if i % 2 == 0 else ("ddp", "single")  # alternate which goes first
-        for mode in order:
+        for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
             work = os.path.join(args.work, f"pair{i}")
             os.makedirs(work, exist_ok=True)
-            r = one(mode, script, work, env, args.timeout, args.nproc)
-            pair[mode] = steady_rate(r, args.skip) or {"returncode": r["returncode"], "errors": r["errors"][-2:]}
+            r = one(name, script, work, env, args.timeout, args.nproc)
+            pair[name] = steady_rate(r, args.skip) or {"returncode": r["returncode"], "errors": r["errors"][-2:]}
         pairs.append(pair)
-        print(f"pair {i}: {json.dumps(pair)}", flush=True)
+        print(f"round {i}: {json.dumps(pair)}", flush=True)
         write(args, pairs, notes, env)
     write(args, pairs, notes, env)
     return 0
 
 
+def summary(pairs, name):
+    """Ratios of one DDP configuration to the single run of the same round, and peak memory growth per rank."""
+    ratios, growth = [], []
+    for p in pairs:
+        single, ddp = p.get("single", {}), p.get(name, {})
+        if ddp.get("samples_per_s") and single.get("samples_per_s"):
+            ratios.append(ddp["samples_per_s"] / single["samples_per_s"])
+            base = (single.get("peak_allocated_gib") or {}).get("0")
+            growth += [peak / base - 1 for peak in (ddp.get("peak_allocated_gib") or {}).values() if base and peak]
+    return {"ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3) if ratios
+            else None, "min_ratio": round(min(ratios), 3) if ratios else None,
+            "max_peak_allocated_growth": round(max(growth), 4) if growth else None}
+
+
 def write(args, pairs, notes, env):
-    ratios = [p["ddp"]["samples_per_s"] / p["single"]["samples_per_s"] for p in pairs
-              if p.get("ddp", {}).get("samples_per_s") and p.get("single", {}).get("samples_per_s")]
-    out = {"device": args.machine, "model": args.model, "script": os.path.basename(args.script), "world_size": args.nproc,
-           "paired_runs": pairs, "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
-           "ratios": [round(r, 3) for r in ratios], "notes": notes,
-           "settings": {"skip_steps": args.skip, "env": {k: env[k] for k in (dict(kv.split("=", 1) for kv in args.env or []))},
+    configs = args.configs.split(",")
+    by_config = {name: summary(pairs, name) for name in configs}
+    first = by_config[configs[0]]
+    out = {"device": args.machine, "model": args.model, "script": os.path.basename(args.script),
+           "world_size": args.nproc, "paired_runs": [{"single": p.get("single"), "ddp": p.get(configs[0])}
+                                                      for p in pairs],
+           "median_ratio": first["median_ratio"], "ratios": first["ratios"], "configs": by_config,
+           "rounds": pairs, "notes": notes,
+           "settings": {"skip_steps": args.skip, "configs": {c: CONFIGS[c] for c in configs},
+                        "env": dict(kv.split("=", 1) for kv in args.env or []),
                         "timing": "rank-0 wall clock between optimizer-step ends, CUDA synchronised"},
            "commit": args.commit}
     with open(args.out, "w") as fh:
@@ -102,7 +131,8 @@ def main(argv=None):
     r.add_argument("--script", default=".gpurun/llama31-alpaca.py")
     r.add_argument("--out", required=True)
     r.add_argument("--work", default="/tmp/scaling")
-    r.add_argument("--pairs", type=int, default=5)
+    r.add_argument("--pairs", type=int, default=5, help="rounds: each runs single and every configuration once")
+    r.add_argument("--configs", default="ddp", help=f"DDP configurations, comma-separated: {', '.join(CONFIGS)}")
     r.add_argument("--skip", type=int, default=15, help="warm-up optimizer steps left out of the rate")
     r.add_argument("--deadline", type=int, default=400)
     r.add_argument("--run-estimate", type=int, default=60)

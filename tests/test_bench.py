@@ -74,3 +74,30 @@ def test_runner_ddp_then_single_slots_and_resume(tmp_path):
         assert entry["runs"]["ddp"]["rank_exit_codes"] == {"0": 0, "1": 0}
         assert entry["runs"]["single"]["losses"] == [1.5]
     assert {entry["runs"]["single"]["gpu"] for entry in results.values()} == {0, 1}
+
+
+def test_scaling_summary_pairs_each_configuration_with_its_own_round():
+    import scaling
+
+    rounds = [{"single": {"samples_per_s": 50.0, "peak_allocated_gib": {"0": 2.0}},
+               "ddp": {"samples_per_s": 95.0, "peak_allocated_gib": {"0": 2.02, "1": 2.1}},
+               "ddp-pcie": {"samples_per_s": 80.0, "peak_allocated_gib": {"0": 2.0, "1": 2.0}}},
+              {"single": {"samples_per_s": 40.0, "peak_allocated_gib": {"0": 2.0}},
+               "ddp": {"samples_per_s": 78.0, "peak_allocated_gib": {"0": 2.0, "1": 2.0}},
+               "ddp-pcie": {"returncode": 1, "errors": ["boom"]}}]
+    ddp = scaling.summary(rounds, "ddp")
+    assert ddp["ratios"] == [1.9, 1.95] and ddp["median_ratio"] == 1.925 and ddp["min_ratio"] == 1.9
+    assert ddp["max_peak_allocated_growth"] == 0.05
+    assert scaling.summary(rounds, "ddp-pcie")["ratios"] == [1.6]  # a failed launch makes no pair
+
+
+def test_plot_scaling_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    import plot_scaling
+
+    result = {"model": "m", "device": "d", "rounds": [
+        {"single": {"samples_per_s": 50.0}, "ddp": {"samples_per_s": 95.0}},
+        {"single": {"samples_per_s": 40.0}, "ddp": {"samples_per_s": 78.0}}]}
+    assert plot_scaling.rounds(result) == [{"single": 50.0, "ddp": 95.0}, {"single": 40.0, "ddp": 78.0}]
+    plot_scaling.plot(result, tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Plot a scaling result (bench/scaling.py's JSON): samples/s per round and configuration, and each DDP
+configuration's ratio to the single-GPU run of the same round, with the median and the 1.9x goal.
+
+    python bench/plot_scaling.py bench/results/scaling-2026-11-26.json -o docs/scaling-2026-11-26.png
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+
+def rounds(result):
+    """[{name: samples/s}] per round; older files have only paired_runs (single, ddp)."""
+    rows = result.get("rounds") or result["paired_runs"]
+    return [{name: run["samples_per_s"] for name, run in row.items() if run and run.get("samples_per_s")}
+            for row in rows]
+
+
+def plot(result, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = rounds(result)
+    names = ["single"] + [n for n in dict.fromkeys(k for row in rows for k in row) if n != "single"]
+    fig, (rate_ax, ratio_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for name in names:
+        xs = [i for i, row in enumerate(rows) if name in row]
+        rate_ax.plot(xs, [rows[i][name] for i in xs], marker="o", label=name)
+        if name != "single":
+            pairs = [i for i in xs if "single" in rows[i]]
+            ratios = [rows[i][name] / rows[i]["single"] for i in pairs]
+            line = ratio_ax.plot(pairs, ratios, marker="o", label=name)[0]
+            if ratios:
+                median = statistics.median(ratios)
+                ratio_ax.axhline(median, color=line.get_color(), linestyle=":", label=f"{name} median {median:.2f}x")
+    ratio_ax.axhline(1.9, color="grey", linestyle="--", label="goal 1.9x")
+    rate_ax.set(title="steady-state throughput", xlabel="round", ylabel="samples/s")
+    ratio_ax.set(title="2 GPUs / 1 GPU, same round", xlabel="round", ylabel="ratio")
+    for ax in (rate_ax, ratio_ax):
+        ax.legend(fontsize=8)
+        ax.set_xticks(range(len(rows)))
+    fig.suptitle(f"{result.get('model', '')} - {result.get('device', '')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("result")
+    ap.add_argument("-o", "--out", required=True)
+    args = ap.parse_args(argv)
+    plot(json.load(open(args.result)), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
