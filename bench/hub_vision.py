@@ -18,20 +18,6 @@ import random
 
 import offline_hub as oh
 
-VISION_TOKENS = ["<|im_start|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
-                 "<|video_pad|>"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for item in message['content'] %}"
-    "{% if item['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-
 # Qwen2.5-VL-7B-Instruct's config.json, depth cut to 2 text layers and 2 vision blocks
 TEXT = dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
             num_hidden_layers=2, vocab_size=152064, max_position_embeddings=128000, rms_norm_eps=1e-6,
@@ -44,12 +30,9 @@ PIXELS = dict(min_pixels=4 * 28 * 28, max_pixels=256 * 28 * 28)  # a 96x320 imag
 
 
 def build_qwen25vl(out_dir, words):
-    import torch
     from transformers import (AutoModelForImageTextToText, GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLProcessor,
                               Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
 
-    oh.TOKENIZERS.setdefault("qwen2vl", dict(bos=None, eos="<|im_end|>", pad="<|endoftext|>", unk=None,
-                                             extra=VISION_TOKENS, template=CHAT_TEMPLATE, add_bos=False))
     tok = oh.build_tokenizer("qwen2vl", out_dir, words)
     ids = tok.convert_tokens_to_ids
     eot = ids("<|endoftext|>")  # Qwen's bos and pad id
@@ -58,20 +41,14 @@ def build_qwen25vl(out_dir, words):
                               image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
                               vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
                               tie_word_embeddings=False)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(0)
-    with torch.device(dev):
-        model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
     # the real generation_config.json: Qwen's ids and its (near-greedy) sampling defaults
-    model.generation_config = GenerationConfig(bos_token_id=eot, pad_token_id=eot, eos_token_id=[tok.eos_token_id, eot],
-                                               do_sample=True, temperature=0.1, top_p=0.001, top_k=1,
-                                               repetition_penalty=1.05)
-    model.save_pretrained(out_dir)
-    del model
-    if dev == "cuda":
-        torch.cuda.empty_cache()
+    oh.save_random_model(AutoModelForImageTextToText, config, out_dir,
+                         GenerationConfig(bos_token_id=eot, pad_token_id=eot, eos_token_id=[tok.eos_token_id, eot],
+                                          do_sample=True, temperature=0.1, top_p=0.001, top_k=1,
+                                          repetition_penalty=1.05))
     Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**PIXELS), tokenizer=tok,
-                        video_processor=Qwen2VLVideoProcessor(), chat_template=CHAT_TEMPLATE).save_pretrained(out_dir)
+                        video_processor=Qwen2VLVideoProcessor(),
+                        chat_template=oh.TOKENIZERS["qwen2vl"]["template"]).save_pretrained(out_dir)
 
 
 def latex(rng, words):
@@ -88,7 +65,7 @@ def build_latex_ocr(cache_dir, words, rows=300, seed=0):
     from PIL import Image, ImageDraw
 
     name = camelcase_to_snakecase("LaTeX_OCR")
-    target_root = os.path.join(cache_dir, "unsloth___" + name, "default", "0.0.0", "offlinehub")
+    target_root = oh.dataset_root(cache_dir, "unsloth/LaTeX_OCR")
     if os.path.exists(os.path.join(target_root, "dataset_info.json")):
         return target_root
     os.makedirs(target_root, exist_ok=True)

@@ -104,6 +104,21 @@ _GEMMA_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' "
     "else message['role'] %}{{ '<start_of_turn>' + role + '\n' + message['content'] + '<end_of_turn>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+_QWEN_VL_TOKENS = ["<|im_start|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
+                 "<|video_pad|>"]
+# ChatML whose content may be a list of text and image items (an image: the vision tokens)
+_QWEN_VL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
 TOKENIZERS = {
     "llama2": dict(bos="<s>", eos="</s>", pad=None, unk="<unk>", extra=[], template=None, add_bos=True),
     "mistral": dict(bos="<s>", eos="</s>", pad=None, unk="<unk>", extra=["[INST]", "[/INST]"],
@@ -118,6 +133,8 @@ TOKENIZERS = {
     "gemma3": dict(bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>",
                    extra=["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>"],
                    template=_GEMMA_TEMPLATE, add_bos=True),
+    "qwen2vl": dict(bos=None, eos="<|im_end|>", pad="<|endoftext|>", unk=None, extra=_QWEN_VL_TOKENS,
+                    template=_QWEN_VL_TEMPLATE, add_bos=False),
 }
 
 # ---- synthetic text -------------------------------------------------------------------------------------
@@ -165,7 +182,6 @@ def build_tokenizer(style, out_dir, words):
 
 
 def build_model(family, out_dir, words):
-    import torch
     import transformers
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -175,17 +191,30 @@ def build_model(family, out_dir, words):
                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else None)
     config = getattr(transformers, cls_name)(**kwargs, **ids)
     config.torch_dtype = "bfloat16"
+
+    def tune(model):
+        if family in MEAN_COMPLETION_TOKENS:
+            specials = set(tok.all_special_ids)
+            words = [i for i in range(256, len(tok)) if i not in specials]  # merges: whole words, not bytes
+            p = end_generations_early(model, tok.eos_token_id, MEAN_COMPLETION_TOKENS[family], words)
+            print(f"offline_hub: {family}: P(eos) per token {p:.4f}", flush=True)
+    save_random_model(AutoModelForCausalLM, config, out_dir,
+                      GenerationConfig(**{k: v for k, v in ids.items() if v is not None}), tune)
+
+
+def save_random_model(auto_cls, config, out_dir, generation_config, tune=None):
+    """Random bf16 weights for config (seed 0; built on the GPU where there is one), then tune(model), saved with
+    generation_config into out_dir."""
+    import torch
+
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     with torch.device(dev):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    if family in MEAN_COMPLETION_TOKENS:
-        specials = set(tok.all_special_ids)
-        words = [i for i in range(256, len(tok)) if i not in specials]  # merges: whole words, not bytes
-        p = end_generations_early(model, tok.eos_token_id, MEAN_COMPLETION_TOKENS[family], words)
-        print(f"offline_hub: {family}: P(eos) per token {p:.4f}", flush=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    GenerationConfig(**{k: v for k, v in ids.items() if v is not None}).save_pretrained(out_dir)
+        model = auto_cls.from_config(config, dtype=torch.bfloat16)
+    if tune is not None:
+        tune(model)
+    model.generation_config = generation_config
+    model.save_pretrained(out_dir)
     del model
     if dev == "cuda":
         torch.cuda.empty_cache()
@@ -296,15 +325,22 @@ DATASETS = {
 }
 
 
+def dataset_root(cache_dir, dataset_id, config="default"):
+    """Where `load_dataset(dataset_id, config)` looks offline: datasets' own naming (camelCase -> snake_case)."""
+    from datasets.naming import camelcase_to_snakecase
+
+    ns = dataset_id.split("/")
+    ns[-1] = camelcase_to_snakecase(ns[-1])
+    return os.path.join(cache_dir, "___".join(ns), config, "0.0.0", "offlinehub")
+
+
 def build_dataset(cache_dir, dataset_id, words, seed=0):
     import datasets
     from datasets.naming import camelcase_to_snakecase
 
     config, splits = DATASETS[dataset_id]
     config = config or "default"
-    ns = dataset_id.split("/")
-    ns[-1] = camelcase_to_snakecase(ns[-1])
-    target_root = os.path.join(cache_dir, "___".join(ns), config, "0.0.0", "offlinehub")
+    target_root = dataset_root(cache_dir, dataset_id, config)
     if os.path.exists(os.path.join(target_root, "dataset_info.json")):
         return target_root
     with tempfile.TemporaryDirectory() as tmp:

@@ -107,27 +107,47 @@ def summarize(mode, rc, timed_out, wall, log_path, workdir, world):
     }
 
 
-def _job(args, base_env, slug, key, mode, gpu, limit):
-    """One launch of one converted notebook; returns its summary."""
-    script = os.path.abspath(os.path.join(args.scripts, f"{slug}.py"))
-    workdir = os.path.join(args.work, key.replace("@", "_"), mode)
+def parse_env(pairs):
+    """--env K=V options -> dict."""
+    return dict(kv.split("=", 1) for kv in pairs or [])
+
+
+def child_env(extra):
+    """Every launch's environment: this one, `extra` on top, the rank probe on PYTHONPATH, NVLink multicast off."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **extra)
+    env["NCCL_NVLS_ENABLE"] = "0"  # never anything else
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(HERE, "rankprobe")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def launch(script, workdir, log_path, env, limit, nproc, gpu=None):
+    """One launch of a converted notebook in workdir: `torchrun --nproc_per_node=nproc`, or with `gpu` one
+    process on that GPU. Returns its summary."""
     os.makedirs(workdir, exist_ok=True)
-    env = dict(base_env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"))
-    if mode == "ddp":
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-                script]
-        world = args.nproc
+    env = dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"))
+    if gpu is None:
+        argv, world, mode = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             f"--nproc_per_node={nproc}", script], nproc, "ddp"
     else:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        argv, world = [sys.executable, script], 1
-    log_path = os.path.join(args.work, "logs", f"{key.replace('@', '_')}-{mode}.log")
-    print(f"run {slug} {mode}{'' if mode == 'ddp' else f' on GPU {gpu}'} (limit {limit:.0f}s)", flush=True)
+        argv, world, mode = [sys.executable, script], 1, "single"
     rc, timed_out, wall = _run(argv, env, workdir, log_path, limit)
     r = summarize(mode, rc, timed_out, wall, log_path, workdir, world)
-    if mode != "ddp":
+    if gpu is not None:
         r["gpu"] = gpu
-    print(f"  {slug} {mode}: rc={rc} timed_out={timed_out} wall={wall}s losses={len(r['losses'])} "
-          f"first/last={r['losses'][:1]}/{r['losses'][-1:]} adapters={r['adapter_dirs']} "
+    return r
+
+
+def _job(args, base_env, slug, key, mode, gpu, limit):
+    """One launch of one corpus notebook, printed as it goes."""
+    name = key.replace("@", "_")
+    print(f"run {slug} {mode}{'' if mode == 'ddp' else f' on GPU {gpu}'} (limit {limit:.0f}s)", flush=True)
+    r = launch(os.path.abspath(os.path.join(args.scripts, f"{slug}.py")), os.path.join(args.work, name, mode),
+               os.path.join(args.work, "logs", f"{name}-{mode}.log"), base_env, limit, args.nproc,
+               None if mode == "ddp" else gpu)
+    print(f"  {slug} {mode}: rc={r['returncode']} timed_out={r['timed_out']} wall={r['wall_s']}s "
+          f"losses={len(r['losses'])} first/last={r['losses'][:1]}/{r['losses'][-1:]} adapters={r['adapter_dirs']} "
           f"gen={r['generate_calls_per_rank']} errors={r['errors'][-2:]}", flush=True)
     return r
 
@@ -153,17 +173,13 @@ def run(args):
                 runs = {m: r for m, r in entry.get("runs", {}).items() if "returncode" in r}
                 if runs:
                     done[key] = dict(entry, runs=runs)
-    extra_env = dict(kv.split("=", 1) for kv in args.env or [])
+    extra_env = parse_env(args.env)
     results = {"machine": args.machine, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "settings": {"timeout_s": args.timeout, "timeout_for": args.timeout_for or [], "modes": args.modes, "env": extra_env,
-                            "single_slots": args.single_slots}, "notebooks": dict(done)}
+               "settings": {"timeout_s": args.timeout, "timeout_for": args.timeout_for or [], "modes": args.modes,
+                            "env": extra_env, "single_slots": args.single_slots}, "notebooks": dict(done)}
     out_json = os.path.join(args.out, "notebooks.json")
-    base_env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-    base_env.update(extra_env)
-    base_env["NCCL_NVLS_ENABLE"] = "0"  # never anything else
-    base_env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(HERE, "rankprobe")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    timeouts = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.timeout_for or [])}
+    base_env = child_env(extra_env)
+    timeouts = {k: int(v) for k, v in parse_env(args.timeout_for).items()}
     lock = threading.Lock()
     modes = args.modes.split(",")
     todo = {m: [] for m in modes}

@@ -49,30 +49,18 @@ def steady_rate(run, skip):
 
 
 def one(name, script, work, env, limit, nproc):
+    """One launch: `single` on GPU 0, or a DDP configuration (its environment on top of env)."""
     workdir = os.path.join(work, name)
     subprocess.run(["rm", "-rf", workdir])
-    os.makedirs(workdir)
-    env = dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"))
-    if name == "single":
-        env["CUDA_VISIBLE_DEVICES"] = "0"
-        argv, world = [sys.executable, script], 1
-    else:
-        env.update(CONFIGS[name])
-        argv, world = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                       script], nproc
-    env["NCCL_NVLS_ENABLE"] = "0"
     log = os.path.join(work, f"{os.path.basename(work)}-{name}.log")
-    rc, timed_out, wall = rn._run(argv, env, workdir, log, limit)
-    return rn.summarize("single" if name == "single" else "ddp", rc, timed_out, wall, log, workdir, world)
+    if name == "single":
+        return rn.launch(script, workdir, log, env, limit, nproc, gpu=0)
+    return rn.launch(script, workdir, log, dict(env, **CONFIGS[name], NCCL_NVLS_ENABLE="0"), limit, nproc)
 
 
 def run(args):
     t0 = time.time()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-    env.update(dict(kv.split("=", 1) for kv in args.env or []))
-    env["NCCL_NVLS_ENABLE"] = "0"
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(rn.HERE, "rankprobe")] +
-                                        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = rn.child_env(rn.parse_env(args.env))
     script = os.path.abspath(args.script)
     names = ["single"] + args.configs.split(",")
     pairs, notes = [], []
@@ -80,16 +68,14 @@ def run(args):
         if time.time() - t0 + len(names) * args.run_estimate > args.deadline:
             notes.append(f"stopped after {i} rounds: time budget of the call")
             break
-        pair = {}
+        pair, work = {}, os.path.join(args.work, f"pair{i}")
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
-            work = os.path.join(args.work, f"pair{i}")
-            os.makedirs(work, exist_ok=True)
             r = one(name, script, work, env, args.timeout, args.nproc)
             pair[name] = steady_rate(r, args.skip) or {"returncode": r["returncode"], "errors": r["errors"][-2:]}
         pairs.append(pair)
         print(f"round {i}: {json.dumps(pair)}", flush=True)
-        write(args, pairs, notes, env)
-    write(args, pairs, notes, env)
+        write(args, pairs, notes)
+    write(args, pairs, notes)
     return 0
 
 
@@ -107,7 +93,7 @@ def summary(pairs, name):
             "max_peak_allocated_growth": round(max(growth), 4) if growth else None}
 
 
-def write(args, pairs, notes, env):
+def write(args, pairs, notes):
     configs = args.configs.split(",")
     by_config = {name: summary(pairs, name) for name in configs}
     first = by_config[configs[0]]
@@ -117,7 +103,7 @@ def write(args, pairs, notes, env):
            "median_ratio": first["median_ratio"], "ratios": first["ratios"], "configs": by_config,
            "rounds": pairs, "notes": notes,
            "settings": {"skip_steps": args.skip, "configs": {c: CONFIGS[c] for c in configs},
-                        "env": dict(kv.split("=", 1) for kv in args.env or []),
+                        "env": rn.parse_env(args.env),
                         "timing": "rank-0 wall clock between optimizer-step ends, CUDA synchronised"},
            "commit": args.commit}
     with open(args.out, "w") as fh:

@@ -58,8 +58,21 @@ def _patch_ddp(module):
     cls.__init__ = __init__
 
 
+def _patch_dist(module):
+    """When the process group starts, and whether `unsloth` was imported by then (unsloth-zoo#967)."""
+    orig = module.init_process_group
+
+    def init(*a, **k):
+        _COUNTS["dist_initialized"] = True
+        _COUNTS["dist_init_after_s"] = round(time.time() - _T0, 1)
+        _COUNTS["unsloth_imported_before_init"] = "unsloth" in sys.modules
+        return orig(*a, **k)
+    module.init_process_group = init
+
+
 _T0P = time.perf_counter()
 _PATCH = {
+    "torch.distributed": _patch_dist,
     "torch.nn.parallel.distributed": _patch_ddp,
     "transformers.trainer_callback": _patch_callbacks,
     "transformers.generation.utils": lambda m: setattr(m.GenerationMixin, "generate", _count("generate", m.GenerationMixin.generate)),
@@ -113,31 +126,7 @@ def _dump():
         json.dump(info, fh)
 
 
-class _TorchDistFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "torch.distributed":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        loader = spec.loader
-        orig = loader.exec_module
-
-        def exec_module(module):
-            orig(module)
-            orig_init = module.init_process_group
-
-            def init(*a, **k):
-                _COUNTS["dist_initialized"] = True
-                _COUNTS["dist_init_after_s"] = round(time.time() - _T0, 1)
-                _COUNTS["unsloth_imported_before_init"] = "unsloth" in sys.modules
-                return orig_init(*a, **k)
-            module.init_process_group = init
-        loader.exec_module = exec_module
-        return spec
-
-
 if _DIR:
     os.makedirs(_DIR, exist_ok=True)
     sys.meta_path.insert(0, _Finder())
-    sys.meta_path.insert(0, _TorchDistFinder())
     atexit.register(_dump)
