@@ -41,6 +41,7 @@ NOTEBOOKS = {
     "zephyr-dpo": "Kaggle-Zephyr_(7B)-DPO.ipynb",
     "gemma3-1b-grpo": "Kaggle-Gemma3_(1B)-GRPO.ipynb",
     "qwen25vl-vision": "Qwen2.5_VL_(7B)-Vision.ipynb",
+    "llama32-3b-conversational": "Llama3.2_(1B_and_3B)-Conversational.ipynb",  # issue 6's 3B shape
 }
 
 LOSS_RE = re.compile(r"""['"]loss['"]\s*:\s*['"]?([-+0-9.eE]+|nan|inf)""")
@@ -67,6 +68,8 @@ def _run(argv, env, cwd, log_path, timeout):
             rc = proc.wait(timeout=timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGUSR1)  # the probe prints every thread's stack into the log
+            time.sleep(3)
             os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=15)

@@ -14,11 +14,13 @@ Peak memory per rank comes from torch.cuda.max_memory_allocated/reserved at exit
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +47,18 @@ def steady_rate(run, skip):
             "median_step_s": round(statistics.median(b - a for a, b in zip(window, window[1:])), 4),
             "peak_allocated_gib": {r: p.get("peak_allocated_gib") for r, p in run.get("ranks", {}).items()},
             "peak_reserved_gib": {r: p.get("peak_reserved_gib") for r, p in run.get("ranks", {}).items()},
+            "peak_set_at_step": {r: _peak_step(p.get("step_memory_gib")) for r, p in run.get("ranks", {}).items()},
+            "ddp_memory_gib": {r: [{k: d.get(k) for k in ("memory_before_gib", "memory_after_gib")}
+                                   for d in p.get("ddp_constructed", [])] for r, p in run.get("ranks", {}).items()},
             "returncode": run.get("returncode"), "wall_s": run.get("wall_s")}
+
+
+def _peak_step(memory):
+    """1-based optimizer step whose end first showed the run's training peak (probe: (allocated, peak) per step)."""
+    if not memory:
+        return None
+    top = memory[-1][1]
+    return next(i + 1 for i, (_, peak) in enumerate(memory) if peak >= top)
 
 
 def one(name, script, work, env, limit, nproc):
@@ -60,7 +73,8 @@ def one(name, script, work, env, limit, nproc):
 
 def run(args):
     t0 = time.time()
-    env = rn.child_env(rn.parse_env(args.env))
+    # training only: the probe ends each process when train() ends (generation and saving are not timed)
+    env = rn.child_env(dict(rn.parse_env(args.env), NBDDP_BENCH_EXIT_AFTER_TRAIN="1"))
     script = os.path.abspath(args.script)
     names = ["single"] + args.configs.split(",")
     pairs, notes = [], []
@@ -76,6 +90,11 @@ def run(args):
         print(f"round {i}: {json.dumps(pair)}", flush=True)
         write(args, pairs, notes)
     write(args, pairs, notes)
+    if args.artifacts:  # the probe's optional profiler tables and allocator histories, and every launch's log
+        with tarfile.open(args.artifacts, "w:gz") as tar:
+            for f in sorted(glob.glob(os.path.join(args.work, "pair*", "**", "*"), recursive=True)):
+                if f.endswith((".txt", ".pickle.gz", ".log")):
+                    tar.add(f, arcname=os.path.relpath(f, args.work))
     return 0
 
 
@@ -125,6 +144,7 @@ def main(argv=None):
     r.add_argument("--timeout", type=int, default=150)
     r.add_argument("--nproc", type=int, default=2)
     r.add_argument("--env", action="append")
+    r.add_argument("--artifacts", default="", help="tar.gz of every launch's log and the probe's tables/histories")
     r.add_argument("--machine", default=os.environ.get("BENCH_MACHINE", ""))
     r.add_argument("--model", default="Llama-3.1-8B shape, 2 layers, random weights, 4-bit (offline_hub llama31)")
     r.add_argument("--commit", default=os.environ.get("BENCH_COMMIT", ""))

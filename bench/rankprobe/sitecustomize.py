@@ -1,17 +1,28 @@
 """Loaded by every Python process of a benchmark run (PYTHONPATH): records, per rank, which GPU the process
 used, its peak memory, and how often it called generate() and save_pretrained(); written at exit to
-$NBDDP_BENCH_PROBE_DIR/rank<RANK>.json. The generated script itself stays as nbddp wrote it."""
+$NBDDP_BENCH_PROBE_DIR/rank<RANK>.json. The generated script itself stays as nbddp wrote it.
+
+Optional, by environment (benchmark diagnostics, never on in a timed run):
+  NBDDP_BENCH_PROFILE=A:B        torch.profiler over optimizer steps A..B-1; per-rank tables, profile-rank<R>.txt
+  NBDDP_BENCH_MEMORY_HISTORY=N   CUDA allocator history from train start to step N, memory-rank<R>.pickle.gz
+  NBDDP_BENCH_EXIT_AFTER_TRAIN=1 end the process (probe written, exit 0) when the first train() ends
+SIGUSR1 prints every thread's stack (the runner sends it before killing a run that passed its limit)."""
 import atexit
+import faulthandler
+import gzip
 import importlib.abc
 import importlib.util
 import json
 import os
+import pickle
+import signal
 import sys
 import time
 
 _DIR = os.environ.get("NBDDP_BENCH_PROBE_DIR")
 _COUNTS = {"generate": 0, "save_pretrained": 0, "dist_initialized": False}
 _T0 = time.time()
+_PROFILER = {}  # the running torch.profiler, between the window's first and last step
 
 
 def _count(name, fn):
@@ -28,16 +39,76 @@ def _patch_callbacks(module):
     handler = module.CallbackHandler
     orig = handler.on_step_end
 
+    orig_begin = handler.on_train_begin
+
+    def on_train_begin(self, args, state, control):
+        torch = sys.modules.get("torch")
+        if _HISTORY_UNTIL and torch is not None and torch.cuda.is_available():
+            torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
+        return orig_begin(self, args, state, control)
+
     def on_step_end(self, args, state, control):
         torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+        if cuda:
             torch.cuda.synchronize()
         _COUNTS.setdefault("step_end_times", []).append(round(time.perf_counter() - _T0P, 4))
+        step = len(_COUNTS["step_end_times"])
+        if cuda:
+            try:
+                _diagnose_step(torch, step)
+            except Exception as exc:  # the probe must never break the run
+                print(f"rankprobe: step {step}: {exc!r}", file=sys.stderr)
         _COUNTS["batch"] = {"per_device_train_batch_size": getattr(args, "per_device_train_batch_size", None),
                             "gradient_accumulation_steps": getattr(args, "gradient_accumulation_steps", None),
                             "world_size": getattr(args, "world_size", None)}
         return orig(self, args, state, control)
+    orig_end = handler.on_train_end
+
+    def on_train_end(self, args, state, control):
+        out = orig_end(self, args, state, control)
+        if os.environ.get("NBDDP_BENCH_EXIT_AFTER_TRAIN") == "1":
+            _dump()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        return out
     handler.on_step_end = on_step_end
+    handler.on_train_begin = on_train_begin
+    handler.on_train_end = on_train_end
+
+
+def _diagnose_step(torch, step):
+    """Memory held after the step and the running peak (which step set it); the optional profiler window and
+    allocator history."""
+    _COUNTS.setdefault("step_memory_gib", []).append(
+        (round(torch.cuda.memory_allocated() / 2**30, 3), round(torch.cuda.max_memory_allocated() / 2**30, 3)))
+    if _PROFILE:
+        _profile_step(torch, step)
+    if _HISTORY_UNTIL and step == _HISTORY_UNTIL:
+        with gzip.open(os.path.join(_DIR, f"memory-rank{os.environ.get('RANK', '0')}.pickle.gz"), "wb") as fh:
+            pickle.dump(torch.cuda.memory._snapshot(), fh)
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _profile_step(torch, step):
+    """Start torch.profiler after step A ends, stop after step B ends; write the tables of that window."""
+    start, stop = _PROFILE
+    if step == start:
+        _PROFILER["on"] = prof = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+        prof.__enter__()
+    elif step == stop and "on" in _PROFILER:
+        prof = _PROFILER.pop("on")
+        prof.__exit__(None, None, None)
+        avg = prof.key_averages()
+        with open(os.path.join(_DIR, f"profile-rank{os.environ.get('RANK', '0')}.txt"), "w") as fh:
+            fh.write(f"optimizer steps {start + 1}..{stop} (1-based), {stop - start} steps\n")
+            for key in ("self_device_time_total", "self_cpu_time_total", "cpu_time_total"):
+                try:
+                    fh.write(f"\n== sorted by {key}\n" + avg.table(sort_by=key, row_limit=40, max_name_column_width=70))
+                except Exception as exc:  # the key's name differs between torch versions
+                    fh.write(f"\n== {key}: {exc!r}\n")
 
 
 def _patch_ddp(module):
@@ -47,14 +118,23 @@ def _patch_ddp(module):
     orig = cls.__init__
 
     def __init__(self, mod, *a, **k):
+        import torch
         devices = {}
         for _, buf in mod.named_buffers():
             devices[str(buf.device)] = devices.get(str(buf.device), 0) + 1
-        _COUNTS.setdefault("ddp_constructed", []).append(
-            {"buffers_by_device": devices, "broadcast_buffers": k.get("broadcast_buffers", True),
-             "static_graph": k.get("static_graph", False),
-             "find_unused_parameters": k.get("find_unused_parameters", False)})
-        return orig(self, mod, *a, **k)
+        gib = lambda: (round(torch.cuda.memory_allocated() / 2**30, 3), round(torch.cuda.max_memory_allocated() / 2**30, 3))
+        record = {"buffers_by_device": devices, "broadcast_buffers": k.get("broadcast_buffers", True),
+                  "static_graph": k.get("static_graph", False),
+                  "find_unused_parameters": k.get("find_unused_parameters", False),
+                  "trainable_params": sum(p.numel() for p in mod.parameters() if p.requires_grad),
+                  "all_params": sum(p.numel() for p in mod.parameters())}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            record["memory_before_gib"] = gib()  # (allocated, running peak)
+        _COUNTS.setdefault("ddp_constructed", []).append(record)
+        out = orig(self, mod, *a, **k)
+        if "memory_before_gib" in record:
+            record["memory_after_gib"] = gib()
+        return out
     cls.__init__ = __init__
 
 
@@ -71,6 +151,8 @@ def _patch_dist(module):
 
 
 _T0P = time.perf_counter()
+_PROFILE = tuple(int(x) for x in os.environ["NBDDP_BENCH_PROFILE"].split(":")) if os.environ.get("NBDDP_BENCH_PROFILE") else None
+_HISTORY_UNTIL = int(os.environ.get("NBDDP_BENCH_MEMORY_HISTORY") or 0)
 _PATCH = {
     "torch.distributed": _patch_dist,
     "torch.nn.parallel.distributed": _patch_ddp,
@@ -128,5 +210,6 @@ def _dump():
 
 if _DIR:
     os.makedirs(_DIR, exist_ok=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     sys.meta_path.insert(0, _Finder())
     atexit.register(_dump)
