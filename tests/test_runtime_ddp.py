@@ -145,3 +145,18 @@ def test_trainer_with_layer_matches_one_process_with_kept_global_batch(trainer_r
     assert a.keys() == b.keys() and a
     for k in a:  # float32, 3 SGD steps on a global batch of 4
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["plain", "layer"])
+def test_start_up_sync_gives_every_rank_rank0_state(mode):
+    # rank 1 starts from other values: after DDP is built, every rank must hold rank 0's parameters (trainable,
+    # frozen, non-contiguous) and buffers, with the layer's tensor-by-tensor sync as with DDP's packed one
+    done, results = torchrun("sync_case.py", mode)
+    assert len(results) == 1, done.stdout[-2000:] + done.stderr[-3000:]
+    result = results[0]
+    assert result["synced"] == {"trained": True, "frozen": True, "transposed": True, "table": True}
+    assert result["contiguous_after"] is False  # synced in place: the parameter is the same tensor
+    if mode == "plain":
+        assert result["packed_broadcasts"] >= 1
+    else:
+        assert result["packed_broadcasts"] == 0  # no packed copy: DDP's own sync did not run
