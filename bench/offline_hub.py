@@ -8,6 +8,7 @@ every repo id the notebook names and every related name Unsloth's mapper tables 
 that `load_dataset(id)` reads with HF_DATASETS_OFFLINE=1 (see /work/shared/gpu/README.md).
 
     python bench/offline_hub.py --home /tmp/hf [--models tinyllama,llama31,...] [--datasets all]
+           [--layers llama31=16 ...] [--text-scale 8]     (a fresh --home for another depth or text length)
     export HF_HOME=/tmp/hf HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 """
 from __future__ import annotations
@@ -157,8 +158,12 @@ def lexicon(n=600, seed=0):
     return sorted(words) + [str(i) for i in range(10)] + ["the", "a", "is", "of", "and", "to", "in"]
 
 
+TEXT_SCALE = [1.0]  # --text-scale: every synthetic sentence this many times longer (e.g. ~1k-token samples)
+
+
 def sentence(rng, words, lo=6, hi=30):
-    return " ".join(rng.choice(words) for _ in range(rng.randint(lo, hi))).capitalize() + "."
+    n = round(rng.randint(lo, hi) * TEXT_SCALE[0])
+    return " ".join(rng.choice(words) for _ in range(n)).capitalize() + "."
 
 
 def build_tokenizer(style, out_dir, words):
@@ -189,11 +194,13 @@ def build_tokenizer(style, out_dir, words):
     return fast
 
 
-def build_model(family, out_dir, words):
+def build_model(family, out_dir, words, layers=None):
     import transformers
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     cls_name, kwargs, style, _ = FAMILIES[family]
+    if layers:
+        kwargs = dict(kwargs, num_hidden_layers=layers)
     tok = build_tokenizer(style, out_dir, words)
     ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else None)
@@ -378,25 +385,31 @@ def main(argv=None):
     ap.add_argument("--home", required=True, help="HF_HOME to fill (hub/ and datasets/ below it)")
     ap.add_argument("--models", default="all", help="comma-separated families, or all, or none")
     ap.add_argument("--datasets", default="all", help="comma-separated dataset ids, or all, or none")
+    ap.add_argument("--layers", action="append", default=[], metavar="FAMILY=N",
+                    help="another depth for one family (e.g. a compute-bound stand-in for timing)")
+    ap.add_argument("--text-scale", type=float, default=1.0, help="synthetic sentences this many times longer")
     args = ap.parse_args(argv)
+    depth = {fam: int(n) for fam, n in (item.split("=", 1) for item in args.layers)}
+    TEXT_SCALE[0] = args.text_scale
     words = lexicon()
     hub = os.path.join(args.home, "hub")
     store = os.path.join(args.home, "offlinehub-models")
     ds_cache = os.path.join(args.home, "datasets")
     os.makedirs(hub, exist_ok=True)
-    report = {"models": {}, "datasets": {}}
+    report = {"models": {}, "datasets": {}, "text_scale": args.text_scale}
     every = list(FAMILIES) + list(OTHER_FAMILIES)
     fams = [] if args.models == "none" else (every if args.models == "all" else args.models.split(","))
     for fam in fams:
         t = time.time()
-        out = os.path.join(store, fam)
+        layers = depth.get(fam)
+        out = os.path.join(store, f"{fam}-{layers}layers" if layers else fam)
         if not os.path.exists(os.path.join(out, "config.json")):
             os.makedirs(out, exist_ok=True)
             try:  # one family failing must not cost the others (a GPU call is scarce)
                 if fam in OTHER_FAMILIES:
                     _builder(OTHER_FAMILIES[fam][0])(out, words)
                 else:
-                    build_model(fam, out, words)
+                    build_model(fam, out, words, layers)
             except Exception as exc:
                 shutil.rmtree(out, ignore_errors=True)
                 report["models"][fam] = {"error": repr(exc)}
@@ -405,7 +418,7 @@ def main(argv=None):
         names = unsloth_aliases(OTHER_FAMILIES[fam][1] if fam in OTHER_FAMILIES else FAMILIES[fam][3])
         for name in names:
             install_repo(hub, name, out)
-        report["models"][fam] = {"repo_ids": names, "seconds": round(time.time() - t, 1)}
+        report["models"][fam] = {"repo_ids": names, "seconds": round(time.time() - t, 1), "layers": layers or "default"}
         print(f"offline_hub: {fam}: {len(names)} repo ids in {time.time() - t:.1f}s", flush=True)
     every = list(DATASETS) + list(OTHER_DATASETS)
     ids = [] if args.datasets == "none" else (every if args.datasets == "all" else args.datasets.split(","))

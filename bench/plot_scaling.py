@@ -10,6 +10,7 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 
 
 def rounds(result):
@@ -26,24 +27,25 @@ def plot(result, out):
 
     rows = rounds(result)
     names = ["single"] + [n for n in dict.fromkeys(k for row in rows for k in row) if n != "single"]
-    fig, (rate_ax, ratio_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    for name in names:
+    fig, (rate_ax, ratio_ax) = plt.subplots(1, 2, figsize=(10, 4.4))
+    for n, name in enumerate(names):
+        color = f"C{n}"  # one colour per configuration in both panels
         xs = [i for i, row in enumerate(rows) if name in row]
-        rate_ax.plot(xs, [rows[i][name] for i in xs], marker="o", label=name)
+        rate_ax.plot(xs, [rows[i][name] for i in xs], marker="o", label=name, color=color)
         if name != "single":
             pairs = [i for i in xs if "single" in rows[i]]
             ratios = [rows[i][name] / rows[i]["single"] for i in pairs]
-            line = ratio_ax.plot(pairs, ratios, marker="o", label=name)[0]
+            ratio_ax.plot(pairs, ratios, marker="o", label=name, color=color)
             if ratios:
                 median = statistics.median(ratios)
-                ratio_ax.axhline(median, color=line.get_color(), linestyle=":", label=f"{name} median {median:.2f}x")
+                ratio_ax.axhline(median, color=color, linestyle=":", label=f"{name} median {median:.2f}x")
     ratio_ax.axhline(1.9, color="grey", linestyle="--", label="goal 1.9x")
     rate_ax.set(title="steady-state throughput", xlabel="round", ylabel="samples/s")
     ratio_ax.set(title="2 GPUs / 1 GPU, same round", xlabel="round", ylabel="ratio")
     for ax in (rate_ax, ratio_ax):
         ax.legend(fontsize=8)
         ax.set_xticks(range(len(rows)))
-    fig.suptitle(f"{result.get('model', '')} - {result.get('device', '')}", fontsize=9)
+    fig.suptitle(textwrap.fill(f"{result.get('model', '')} - {result.get('device', '')}", 130), fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 

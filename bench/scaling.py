@@ -129,6 +129,35 @@ def write(args, pairs, notes):
         json.dump(out, fh, indent=1)
 
 
+def merge(args):
+    """One file from several calls' results (same machine): their rounds in order, each file's configurations
+    renamed NAME[TAG] where the file is given as FILE=TAG; `median_ratio` pools every configuration named ddp or
+    ddp[...] (NVLink, the generated defaults)."""
+    rows, sources, first = [], [], None
+    for item in args.files:
+        path, _, tag = item.partition("=")
+        result = json.load(open(path))
+        first = first or result
+        sources.append({"file": os.path.basename(path), "tag": tag, "device": result.get("device"),
+                        "commit": result.get("commit"), "notes": result.get("notes")})
+        for row in result["rounds"]:
+            rows.append({(name if name == "single" or not tag else f"{name}[{tag}]"): run for name, run in row.items()})
+    names = list(dict.fromkeys(n for row in rows for n in row if n != "single"))
+    pooled = [{"single": row["single"], "ddp": run, "config": name} for row in rows
+              for name, run in row.items() if name == "ddp" or name.startswith("ddp[")]
+    ratios = [p["ddp"]["samples_per_s"] / p["single"]["samples_per_s"] for p in pooled
+              if p["ddp"].get("samples_per_s") and p["single"].get("samples_per_s")]
+    out = {"device": args.machine or first.get("device"), "model": first.get("model"),
+           "world_size": first.get("world_size"), "paired_runs": pooled,
+           "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
+           "min_ratio": round(min(ratios), 3) if ratios else None, "ratios": [round(r, 3) for r in ratios],
+           "configs": {name: summary(rows, name) for name in names}, "rounds": rows, "sources": sources,
+           "settings": first.get("settings")}
+    with open(args.out, "w") as fh:
+        json.dump(out, fh, indent=1)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -148,8 +177,12 @@ def main(argv=None):
     r.add_argument("--machine", default=os.environ.get("BENCH_MACHINE", ""))
     r.add_argument("--model", default="Llama-3.1-8B shape, 2 layers, random weights, 4-bit (offline_hub llama31)")
     r.add_argument("--commit", default=os.environ.get("BENCH_COMMIT", ""))
+    m = sub.add_parser("merge", help="one result from several calls' files")
+    m.add_argument("files", nargs="+", metavar="FILE[=TAG]")
+    m.add_argument("--out", required=True)
+    m.add_argument("--machine", default="")
     args = ap.parse_args(argv)
-    return run(args)
+    return run(args) if args.cmd == "run" else merge(args)
 
 
 if __name__ == "__main__":

@@ -101,3 +101,42 @@ def test_plot_scaling_writes_a_png(tmp_path):
     assert plot_scaling.rounds(result) == [{"single": 50.0, "ddp": 95.0}, {"single": 40.0, "ddp": 78.0}]
     plot_scaling.plot(result, tmp_path / "s.png")
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_text_scale_lengthens_every_synthetic_sentence():
+    import random
+
+    words = offline_hub.lexicon()
+    plain = [len(offline_hub.sentence(random.Random(s), words).split()) for s in range(50)]
+    offline_hub.TEXT_SCALE[0] = 8.0
+    try:
+        long = [len(offline_hub.sentence(random.Random(s), words).split()) for s in range(50)]
+    finally:
+        offline_hub.TEXT_SCALE[0] = 1.0
+    assert [round(n * 8.0) for n in plain] == long
+
+
+def test_scaling_merge_tags_configurations_and_pools_nvlink_pairs(tmp_path):
+    import scaling
+
+    def result(name, rows):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"device": "d", "model": "m", "world_size": 2, "commit": name, "rounds": [
+            {"single": {"samples_per_s": s}, cfg: {"samples_per_s": r}} for cfg, s, r in rows]}))
+        return str(path)
+
+    old = result("old", [("ddp", 50.0, 90.0)])
+    new = result("new", [("ddp", 50.0, 100.0), ("ddp-pcie", 50.0, 80.0)])
+    out = tmp_path / "merged.json"
+    assert scaling.main(["merge", f"{old}=before", new, "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert list(merged["configs"]) == ["ddp[before]", "ddp", "ddp-pcie"]
+    assert merged["ratios"] == [1.8, 2.0] and merged["median_ratio"] == 1.9  # PCIe is reported, not pooled
+    assert [s["commit"] for s in merged["sources"]] == ["old", "new"]
+
+
+def test_peak_step_is_the_first_step_that_reached_the_final_peak():
+    import scaling
+
+    assert scaling._peak_step([(2.0, 2.3), (2.0, 3.2), (2.1, 3.2)]) == 2
+    assert scaling._peak_step(None) is None

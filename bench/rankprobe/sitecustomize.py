@@ -9,6 +9,7 @@ Optional, by environment (benchmark diagnostics, never on in a timed run):
 SIGUSR1 prints every thread's stack (the runner sends it before killing a run that passed its limit)."""
 import atexit
 import faulthandler
+import functools
 import gzip
 import importlib.abc
 import importlib.util
@@ -117,6 +118,7 @@ def _patch_ddp(module):
     cls = module.DistributedDataParallel
     orig = cls.__init__
 
+    @functools.wraps(orig)  # keeps the signature visible (nbddp's layer reads it)
     def __init__(self, mod, *a, **k):
         import torch
         devices = {}

@@ -441,7 +441,11 @@ def nbddp_sync_module_states(ddp, buffers=True):
 def _nbddp_patch_ddp(module):
     cls = module.DistributedDataParallel
     init = cls.__init__
-    if getattr(cls, "_nbddp_patched", False) or "init_sync" not in inspect.signature(init).parameters:
+    if getattr(cls, "_nbddp_patched", False):
+        return
+    if "init_sync" not in inspect.signature(init).parameters:  # older torch, or a wrapper hiding the signature
+        if NBDDP_WORLD_SIZE > 1:
+            nbddp_say("lean-init-sync", "DDP start-up sync left to DDP (its constructor shows no init_sync)")
         return
     cls._nbddp_patched = True
 
