@@ -50,14 +50,18 @@ EXIT_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\
 
 
 def convert(dest):
+    """Each notebook as nbddp converts it (dest/slug.py) and as a plain script (dest/plain/slug.py, the baselines)."""
     from nbddp.pipeline import convert_notebook  # only here: the GPU machine needs no nbddp converter deps
+    from plain_script import plain_script
 
-    os.makedirs(dest, exist_ok=True)
+    os.makedirs(os.path.join(dest, "plain"), exist_ok=True)
     for slug, nb in NOTEBOOKS.items():
         conv = convert_notebook(os.path.join(CORPUS, nb), source_name=nb, script_name=f"{slug}.py", nproc=2)
         with open(os.path.join(dest, f"{slug}.py"), "w", encoding="utf-8") as fh:
             fh.write(conv.script)
-        print(f"converted {nb} -> {dest}/{slug}.py")
+        with open(os.path.join(dest, "plain", f"{slug}.py"), "w", encoding="utf-8") as fh:
+            fh.write(plain_script(os.path.join(CORPUS, nb)))
+        print(f"converted {nb} -> {dest}/{slug}.py, {dest}/plain/{slug}.py")
 
 
 def _run(argv, env, cwd, log_path, timeout):

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Steady-state training throughput, 1 GPU vs 2-GPU DDP, of one nbddp-converted notebook (issue 6).
+"""Steady-state training throughput, 1 GPU vs 2 GPUs, of one nbddp-converted notebook (issue 6).
 
 On the GPU machine, after bench/offline_hub.py filled HF_HOME (reduced-size random-weight model):
     python bench/scaling.py run --script .gpurun/llama31-alpaca.py --pairs 5 --deadline 400 --out $OUT/scaling.json
-    python bench/scaling.py run --script ... --configs ddp,ddp-pcie,ddp-keep-batch --pairs 5 ...
-Each round launches single (CUDA_VISIBLE_DEVICES=0 python script) and every DDP configuration (torchrun
---nproc_per_node=2 script, with the configuration's environment), as generated, in an order rotated from round
-to round. bench/rankprobe times every optimizer step (CUDA synchronised at each step end); the rate is the samples
-of the steps after --skip warm-up steps over their wall time, rank 0's clock, counting each step's samples
-(per-device batch x accumulation x world size), so runs with different global batches compare per sample.
+    python bench/scaling.py run --script ... --configs ddp,ddp-pcie,dataparallel,plain-torchrun --pairs 5 ...
+    python bench/scaling.py merge a.json=tag b.json --out merged.json
+Each round launches single (CUDA_VISIBLE_DEVICES=0 python script) and every 2-GPU configuration in CONFIGS, in an
+order rotated from round to round: the converted script under torchrun with the configuration's environment, or
+the baselines, the notebook as a plain script (bench/plain_script.py, `run_notebooks.py convert` writes it to
+plain/) in one process seeing both GPUs or under torchrun. bench/rankprobe times every optimizer step (CUDA
+synchronised at each step end) and ends each process when train() ends; the rate is the samples of the steps
+after --skip warm-up steps over their wall time, rank 0's clock, counting each step's samples (batch per process,
+x GPUs under DataParallel, x accumulation x world size), so runs with different global batches compare per sample.
 Peak memory per rank comes from torch.cuda.max_memory_allocated/reserved at exit.
 """
 from __future__ import annotations
@@ -26,11 +29,16 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run_notebooks as rn  # noqa: E402
 
-# DDP configurations: name -> environment added to the launch (NCCL_NVLS_ENABLE stays 0 in every one)
+# 2-GPU configurations: name -> environment added to the launch (NCCL_NVLS_ENABLE stays 0 in every one), which
+# script (the nbddp-converted one, or the notebook as a plain script: bench/plain_script.py) and how it starts
 CONFIGS = {
-    "ddp": {},
-    "ddp-pcie": {"NCCL_P2P_DISABLE": "1"},  # no NVLink peer-to-peer: a stand-in for Kaggle's two T4s
-    "ddp-keep-batch": {"NBDDP_KEEP_GLOBAL_BATCH": "1"},  # the notebook's global batch in half the steps
+    "ddp": {"env": {}},
+    "ddp-pcie": {"env": {"NCCL_P2P_DISABLE": "1"}},  # no NVLink peer-to-peer: a stand-in for Kaggle's two T4s
+    "ddp-keep-batch": {"env": {"NBDDP_KEEP_GLOBAL_BATCH": "1"}},  # the notebook's global batch in half the steps
+    # the baselines a user has today: the notebook run as-is in one process seeing both GPUs (the Trainer's
+    # DataParallel path), and the same plain script under torchrun (Unsloth's documented DDP path)
+    "dataparallel": {"env": {}, "script": "plain", "launch": "one-process"},
+    "plain-torchrun": {"env": {}, "script": "plain"},
 }
 
 
@@ -40,7 +48,8 @@ def steady_rate(run, skip):
     batch = (run.get("batch") or {}).get("0") or {}
     if len(times) < skip + 3 or not batch.get("per_device_train_batch_size"):
         return None
-    per_step = batch["per_device_train_batch_size"] * batch["gradient_accumulation_steps"] * (batch["world_size"] or 1)
+    per_process = batch.get("train_batch_size") or batch["per_device_train_batch_size"]  # DataParallel: x GPUs
+    per_step = per_process * batch["gradient_accumulation_steps"] * (batch["world_size"] or 1)
     window = times[skip:]
     return {"samples_per_s": round(per_step * (len(window) - 1) / (window[-1] - window[0]), 3),
             "samples_per_step": per_step, "steps_timed": len(window) - 1,
@@ -61,21 +70,27 @@ def _peak_step(memory):
     return next(i + 1 for i, (_, peak) in enumerate(memory) if peak >= top)
 
 
-def one(name, script, work, env, limit, nproc):
-    """One launch: `single` on GPU 0, or a DDP configuration (its environment on top of env)."""
+def one(name, scripts, work, env, limit, nproc):
+    """One launch: `single` (the converted script on GPU 0), or a 2-GPU configuration."""
     workdir = os.path.join(work, name)
     subprocess.run(["rm", "-rf", workdir])
     log = os.path.join(work, f"{os.path.basename(work)}-{name}.log")
     if name == "single":
-        return rn.launch(script, workdir, log, env, limit, nproc, gpu=0)
-    return rn.launch(script, workdir, log, dict(env, **CONFIGS[name], NCCL_NVLS_ENABLE="0"), limit, nproc)
+        return rn.launch(scripts["converted"], workdir, log, env, limit, nproc, gpu=0)
+    config = CONFIGS[name]
+    script, env = scripts[config.get("script", "converted")], dict(env, **config["env"], NCCL_NVLS_ENABLE="0")
+    if config.get("launch") == "one-process":  # one process, every GPU visible
+        return rn.launch(script, workdir, log, env, limit, nproc, gpu=",".join(str(g) for g in range(nproc)))
+    return rn.launch(script, workdir, log, env, limit, nproc)
 
 
 def run(args):
     t0 = time.time()
     # training only: the probe ends each process when train() ends (generation and saving are not timed)
     env = rn.child_env(dict(rn.parse_env(args.env), NBDDP_BENCH_EXIT_AFTER_TRAIN="1"))
-    script = os.path.abspath(args.script)
+    scripts = {"converted": os.path.abspath(args.script),
+               "plain": os.path.abspath(args.plain_script or os.path.join(os.path.dirname(args.script), "plain",
+                                                                          os.path.basename(args.script)))}
     names = ["single"] + args.configs.split(",")
     pairs, notes = [], []
     for i in range(args.pairs):
@@ -84,7 +99,7 @@ def run(args):
             break
         pair, work = {}, os.path.join(args.work, f"pair{i}")
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
-            r = one(name, script, work, env, args.timeout, args.nproc)
+            r = one(name, scripts, work, env, args.timeout, args.nproc)
             pair[name] = steady_rate(r, args.skip) or {"returncode": r["returncode"], "errors": r["errors"][-2:]}
         pairs.append(pair)
         print(f"round {i}: {json.dumps(pair)}", flush=True)
@@ -163,10 +178,12 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--script", default=".gpurun/llama31-alpaca.py")
+    r.add_argument("--plain-script", default="", help="for dataparallel / plain-torchrun (default: plain/ beside "
+                                                        "--script, as run_notebooks.py convert writes it)")
     r.add_argument("--out", required=True)
     r.add_argument("--work", default="/tmp/scaling")
     r.add_argument("--pairs", type=int, default=5, help="rounds: each runs single and every configuration once")
-    r.add_argument("--configs", default="ddp", help=f"DDP configurations, comma-separated: {', '.join(CONFIGS)}")
+    r.add_argument("--configs", default="ddp", help=f"2-GPU configurations, comma-separated: {', '.join(CONFIGS)}")
     r.add_argument("--skip", type=int, default=15, help="warm-up optimizer steps left out of the rate")
     r.add_argument("--deadline", type=int, default=400)
     r.add_argument("--run-estimate", type=int, default=60)

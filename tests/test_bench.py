@@ -140,3 +140,50 @@ def test_peak_step_is_the_first_step_that_reached_the_final_peak():
 
     assert scaling._peak_step([(2.0, 2.3), (2.0, 3.2), (2.1, 3.2)]) == 2
     assert scaling._peak_step(None) is None
+
+
+FAKE_TRAINING = '''import os, time, types
+from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
+print("script", os.path.basename(os.path.dirname(os.path.abspath(__file__))),
+      "visible", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+handler = CallbackHandler([], None, None, None, None)
+world = int(os.environ.get("WORLD_SIZE", "1"))
+gpus = len(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(","))
+args = types.SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=4, world_size=world,
+                             train_batch_size=2 * (gpus if world == 1 else 1))  # as TrainingArguments has it
+for _ in range(8):
+    time.sleep(0.02)
+    handler.on_step_end(args, TrainerState(), TrainerControl())
+'''
+
+
+def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_path):
+    pytest.importorskip("transformers")
+    (tmp_path / "gpurun" / "plain").mkdir(parents=True)
+    for script in (tmp_path / "gpurun" / "nb.py", tmp_path / "gpurun" / "plain" / "nb.py"):
+        script.write_text(FAKE_TRAINING)
+    out = tmp_path / "scaling.json"
+    subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "run", "--script", str(tmp_path / "gpurun" / "nb.py"),
+                    "--configs", "dataparallel,plain-torchrun", "--pairs", "1", "--skip", "2", "--run-estimate", "1",
+                    "--work", str(tmp_path / "w"), "--out", str(out), "--timeout", "200"], check=True, capture_output=True)
+    row = json.load(open(out))["rounds"][0]
+    assert {name: run["samples_per_step"] for name, run in row.items()} == {
+        "single": 8, "dataparallel": 16, "plain-torchrun": 16}
+    logs = {name: (tmp_path / "w" / "pair0" / f"pair0-{name}.log").read_text() for name in row}
+    assert "script gpurun visible 0" in logs["single"]  # the converted script on one GPU
+    assert "script plain visible 0,1" in logs["dataparallel"]  # one process seeing both GPUs, the plain script
+    assert logs["plain-torchrun"].count("script plain visible None") == 2  # torchrun: 2 processes
+
+
+def test_plain_script_is_the_notebook_without_ddp_changes():
+    import ast
+
+    import plain_script
+
+    corpus = "/work/shared/notebooks/unsloth"
+    text = plain_script.plain_script(os.path.join(corpus, "Kaggle-Llama3.1_(8B)-Alpaca.ipynb"))
+    ast.parse(text)
+    assert "# %% cell 7" in text
+    assert not [line for line in text.splitlines() if line.lstrip().startswith(("!", "%"))]  # no shell, no magics
+    assert "NBDDP_" not in text and "nbddp_device_map" not in text and "init_process_group" not in text
+    assert "trainer.train()" in text.replace("trainer_stats = ", "")

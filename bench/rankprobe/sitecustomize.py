@@ -61,6 +61,7 @@ def _patch_callbacks(module):
             except Exception as exc:  # the probe must never break the run
                 print(f"rankprobe: step {step}: {exc!r}", file=sys.stderr)
         _COUNTS["batch"] = {"per_device_train_batch_size": getattr(args, "per_device_train_batch_size", None),
+                            "train_batch_size": getattr(args, "train_batch_size", None),  # x GPUs of DataParallel
                             "gradient_accumulation_steps": getattr(args, "gradient_accumulation_steps", None),
                             "world_size": getattr(args, "world_size", None)}
         return orig(self, args, state, control)
