@@ -39,6 +39,13 @@ CONFIGS = {
     # DataParallel path), and the same plain script under torchrun (Unsloth's documented DDP path)
     "dataparallel": {"env": {}, "script": "plain", "launch": "one-process"},
     "plain-torchrun": {"env": {}, "script": "plain"},
+    # levers, one at a time, set from outside the generated script (bench/rankprobe) until one is measured to help
+    "ddp-numa": {"env": {}, "torchrun": ["--numa-binding=node"]},  # each rank on the CPUs near its GPU
+    "ddp-omp8": {"env": {"OMP_NUM_THREADS": "8"}},  # torchrun's default is 1 thread per rank
+    "ddp-bucket-view": {"env": {"NBDDP_BENCH_DDP": "gradient_as_bucket_view=True"}},
+    "ddp-bucket5": {"env": {"NBDDP_BENCH_ARGS": "ddp_bucket_cap_mb=5"}},  # smaller buckets: earlier all-reduces
+    "ddp-workers2": {"env": {"NBDDP_BENCH_ARGS": "dataloader_num_workers=2"}},
+    "ddp-by-length": {"env": {"NBDDP_BENCH_ARGS": "train_sampling_strategy=group_by_length"}},  # changes order
 }
 
 
@@ -48,6 +55,7 @@ def steady_rate(run, skip):
     batch = (run.get("batch") or {}).get("0") or {}
     if len(times) < skip + 3 or not batch.get("per_device_train_batch_size"):
         return None
+    rank0 = run.get("ranks", {}).get("0", {})
     per_process = batch.get("train_batch_size") or batch["per_device_train_batch_size"]  # DataParallel: x GPUs
     per_step = per_process * batch["gradient_accumulation_steps"] * (batch["world_size"] or 1)
     window = times[skip:]
@@ -59,6 +67,9 @@ def steady_rate(run, skip):
             "peak_set_at_step": {r: _peak_step(p.get("step_memory_gib")) for r, p in run.get("ranks", {}).items()},
             "ddp_memory_gib": {r: [{k: d.get(k) for k in ("memory_before_gib", "memory_after_gib")}
                                    for d in p.get("ddp_constructed", [])] for r, p in run.get("ranks", {}).items()},
+            "levers_set": {k: v for k, v in {"args": rank0.get("bench_args"),
+                                             "ddp": [d.get("bench_ddp") for d in rank0.get("ddp_constructed", [])
+                                                     if d.get("bench_ddp")]}.items() if v},
             "returncode": run.get("returncode"), "wall_s": run.get("wall_s")}
 
 
@@ -81,7 +92,7 @@ def one(name, scripts, work, env, limit, nproc):
     script, env = scripts[config.get("script", "converted")], dict(env, **config["env"], NCCL_NVLS_ENABLE="0")
     if config.get("launch") == "one-process":  # one process, every GPU visible
         return rn.launch(script, workdir, log, env, limit, nproc, gpu=",".join(str(g) for g in range(nproc)))
-    return rn.launch(script, workdir, log, env, limit, nproc)
+    return rn.launch(script, workdir, log, env, limit, nproc, torchrun_args=config.get("torchrun", ()))
 
 
 def run(args):

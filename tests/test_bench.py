@@ -187,3 +187,24 @@ def test_plain_script_is_the_notebook_without_ddp_changes():
     assert not [line for line in text.splitlines() if line.lstrip().startswith(("!", "%"))]  # no shell, no magics
     assert "NBDDP_" not in text and "nbddp_device_map" not in text and "init_process_group" not in text
     assert "trainer.train()" in text.replace("trainer_stats = ", "")
+
+
+def test_launch_argv_torchrun_with_extra_arguments_or_one_process():
+    import run_notebooks
+
+    argv, world, mode = run_notebooks.launch_argv("s.py", 2, torchrun_args=["--numa-binding=node"])
+    assert argv[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--numa-binding=node",
+                        "s.py"] and (world, mode) == (2, "ddp")
+    assert run_notebooks.launch_argv("s.py", 2, gpu="0,1")[1:] == (1, "single")
+
+
+def test_probe_sets_the_training_argument_levers_under_test(tmp_path):
+    pytest.importorskip("transformers")
+    code = ("from transformers import TrainingArguments\n"
+            f"a = TrainingArguments(output_dir={str(tmp_path)!r}, use_cpu=True, report_to=[])\n"
+            "print('workers', a.dataloader_num_workers)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(BENCH, "rankprobe"), NBDDP_BENCH_PROBE_DIR=str(tmp_path / "p"),
+               NBDDP_BENCH_ARGS="dataloader_num_workers=2,no_such_field=1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "workers 2" in done.stdout and "no field no_such_field" in done.stderr
+    assert json.load(open(tmp_path / "p" / "rank0.json"))["bench_args"] == {"dataloader_num_workers": 2}

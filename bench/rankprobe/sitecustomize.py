@@ -6,8 +6,12 @@ Optional, by environment (benchmark diagnostics, never on in a timed run):
   NBDDP_BENCH_PROFILE=A:B        torch.profiler over optimizer steps A..B-1; per-rank tables, profile-rank<R>.txt
   NBDDP_BENCH_MEMORY_HISTORY=N   CUDA allocator history from train start to step N, memory-rank<R>.pickle.gz
   NBDDP_BENCH_EXIT_AFTER_TRAIN=1 end the process (probe written, exit 0) when the first train() ends
+  NBDDP_BENCH_ARGS=k=v,...       set TrainingArguments fields (a lever under test, e.g. dataloader_num_workers=2)
+  NBDDP_BENCH_DDP=k=v,...        add DistributedDataParallel keywords (e.g. gradient_as_bucket_view=True)
 SIGUSR1 prints every thread's stack (the runner sends it before killing a run that passed its limit)."""
+import ast
 import atexit
+import dataclasses
 import faulthandler
 import functools
 import gzip
@@ -113,6 +117,36 @@ def _profile_step(torch, step):
                     fh.write(f"\n== {key}: {exc!r}\n")
 
 
+def _settings(name):
+    """NBDDP_BENCH_ARGS / NBDDP_BENCH_DDP: k=v pairs, values read as Python literals where they are one."""
+    out = {}
+    for item in filter(None, os.environ.get(name, "").split(",")):
+        key, _, value = item.partition("=")
+        try:
+            out[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _patch_training_args(module):
+    """The levers under test that are TrainingArguments fields, set before the arguments are checked."""
+    cls = module.TrainingArguments
+    orig = cls.__post_init__
+    fields = {f.name for f in dataclasses.fields(cls)}
+
+    @functools.wraps(orig)
+    def __post_init__(self, *a, **k):
+        for key, value in _settings("NBDDP_BENCH_ARGS").items():
+            if key not in fields:
+                print(f"rankprobe: TrainingArguments has no field {key}; not set", file=sys.stderr)
+                continue
+            setattr(self, key, value)
+            _COUNTS.setdefault("bench_args", {})[key] = value
+        return orig(self, *a, **k)
+    cls.__post_init__ = __post_init__
+
+
 def _patch_ddp(module):
     """At each DistributedDataParallel construction: where the wrapped module's buffers live (DDP broadcasts
     them from rank 0 at construction and, with broadcast_buffers, before every forward)."""
@@ -131,6 +165,9 @@ def _patch_ddp(module):
                   "find_unused_parameters": k.get("find_unused_parameters", False),
                   "trainable_params": sum(p.numel() for p in mod.parameters() if p.requires_grad),
                   "all_params": sum(p.numel() for p in mod.parameters())}
+        extra = _settings("NBDDP_BENCH_DDP")
+        k.update(extra)
+        record["bench_ddp"] = extra
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             record["memory_before_gib"] = gib()  # (allocated, running peak)
         _COUNTS.setdefault("ddp_constructed", []).append(record)
@@ -160,6 +197,7 @@ _PATCH = {
     "torch.distributed": _patch_dist,
     "torch.nn.parallel.distributed": _patch_ddp,
     "transformers.trainer_callback": _patch_callbacks,
+    "transformers.training_args": _patch_training_args,
     "transformers.generation.utils": lambda m: setattr(m.GenerationMixin, "generate", _count("generate", m.GenerationMixin.generate)),
     "peft.peft_model": lambda m: setattr(m.PeftModel, "save_pretrained", _count("save_pretrained", m.PeftModel.save_pretrained)),
 }
