@@ -28,7 +28,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CORPUS = "/work/shared/notebooks/unsloth"
+CORPUS = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "notebooks", "unsloth"))  # ../shared beside the checkout
 
 # slug -> notebook file (priority order)
 NOTEBOOKS = {

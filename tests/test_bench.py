@@ -180,8 +180,9 @@ def test_plain_script_is_the_notebook_without_ddp_changes():
 
     import plain_script
 
-    corpus = "/work/shared/notebooks/unsloth"
-    text = plain_script.plain_script(os.path.join(corpus, "Kaggle-Llama3.1_(8B)-Alpaca.ipynb"))
+    from conftest import CORPUS
+
+    text = plain_script.plain_script(str(CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb"))
     ast.parse(text)
     assert "# %% cell 7" in text
     assert not [line for line in text.splitlines() if line.lstrip().startswith(("!", "%"))]  # no shell, no magics
