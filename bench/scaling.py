@@ -46,6 +46,7 @@ CONFIGS = {
     "ddp-bucket5": {"env": {"NBDDP_BENCH_ARGS": "ddp_bucket_cap_mb=5"}},  # smaller buckets: earlier all-reduces
     "ddp-workers2": {"env": {"NBDDP_BENCH_ARGS": "dataloader_num_workers=2"}},
     "ddp-by-length": {"env": {"NBDDP_BENCH_ARGS": "train_sampling_strategy=group_by_length"}},  # changes order
+    "ddp-expandable": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},  # reserved memory
 }
 
 
