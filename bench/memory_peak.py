@@ -6,7 +6,8 @@
 
 Counts only what was allocated after the history started (train start), so the model's weights are not in it;
 the peak is the highest sum of those live blocks. A site is the innermost Python frame and the innermost one
-outside torch."""
+outside torch. Then the segments the caching allocator reserved over the same window (what peak *reserved*
+memory grows by), largest first."""
 from __future__ import annotations
 
 import argparse
@@ -53,6 +54,12 @@ def report(path, top_n):
                      f"{len(alive)} blocks alive then")
         for key, (n, total) in sorted(by_site.items(), key=lambda kv: -kv[1][1])[:top_n]:
             lines.append(f"  {total / 2**20:9.1f} MiB  {n:5d} blocks  {key}")
+        new = [ev for ev in trace if ev["action"] in ("segment_alloc", "segment_map")]
+        freed = sum(ev["size"] for ev in trace if ev["action"] in ("segment_free", "segment_unmap"))
+        lines.append(f"  segments reserved in the window: {sum(ev['size'] for ev in new) / 2**20:.1f} MiB in "
+                     f"{len(new)} segments, {freed / 2**20:.1f} MiB released; the largest:")
+        for ev in sorted(new, key=lambda ev: -ev["size"])[:5]:
+            lines.append(f"  {ev['size'] / 2**20:9.1f} MiB  segment      {site(ev.get('frames', []))}")
     return "\n".join(lines)
 
 

@@ -158,11 +158,11 @@ def lexicon(n=600, seed=0):
     return sorted(words) + [str(i) for i in range(10)] + ["the", "a", "is", "of", "and", "to", "in"]
 
 
-TEXT_SCALE = [1.0]  # --text-scale: every synthetic sentence this many times longer (e.g. ~1k-token samples)
+TEXT_SCALE = 1.0  # --text-scale: every synthetic sentence this many times longer (e.g. ~1k-token samples)
 
 
 def sentence(rng, words, lo=6, hi=30):
-    n = round(rng.randint(lo, hi) * TEXT_SCALE[0])
+    n = round(rng.randint(lo, hi) * TEXT_SCALE)
     return " ".join(rng.choice(words) for _ in range(n)).capitalize() + "."
 
 
@@ -381,6 +381,7 @@ def build_dataset(cache_dir, dataset_id, words, seed=0):
 
 
 def main(argv=None):
+    global TEXT_SCALE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--home", required=True, help="HF_HOME to fill (hub/ and datasets/ below it)")
     ap.add_argument("--models", default="all", help="comma-separated families, or all, or none")
@@ -390,7 +391,7 @@ def main(argv=None):
     ap.add_argument("--text-scale", type=float, default=1.0, help="synthetic sentences this many times longer")
     args = ap.parse_args(argv)
     depth = {fam: int(n) for fam, n in (item.split("=", 1) for item in args.layers)}
-    TEXT_SCALE[0] = args.text_scale
+    TEXT_SCALE = args.text_scale
     words = lexicon()
     hub = os.path.join(args.home, "hub")
     store = os.path.join(args.home, "offlinehub-models")

@@ -11,7 +11,6 @@ documented DDP path (any training script under torchrun; Unsloth reads LOCAL_RAN
 """
 from __future__ import annotations
 
-import copy
 import os
 import sys
 
@@ -35,19 +34,22 @@ def nbddp_write_file(path, text, append=False):
 """
 
 
-def plain_script(notebook):
+def plain_script(notebook, source_name=None):
+    """`notebook`: anything nbddp.notebook.as_notebook reads (a path, or a notebook already read; either way a
+    fresh copy comes back, so the steps below change no caller's object)."""
     from nbddp.notebook import as_notebook
     from nbddp.pipeline import CodeCells
     from nbddp.report import Report
     from nbddp.transforms.base import Context, Options
     from nbddp.transforms.magics import Magics
 
-    ctx = Context(report=Report(source=os.path.basename(notebook)), options=Options())
-    nb = copy.deepcopy(as_notebook(notebook))
+    source_name = source_name or os.path.basename(notebook)
+    ctx = Context(report=Report(source=source_name), options=Options())
+    nb = as_notebook(notebook)
     for step in (CodeCells(), Magics()):
         nb = step.preprocess(nb, ctx)
     cells = [f"# %% cell {c.metadata['nbddp']['cell']}\n{c.source.rstrip()}\n" for c in nb.cells]
-    head = f'"""{os.path.basename(notebook)} as a plain script (bench/plain_script.py): no DDP changes."""\n'
+    head = f'"""{source_name} as a plain script (bench/plain_script.py): no DDP changes."""\n'
     return head + HELPERS + "\n".join(cells)
 
 

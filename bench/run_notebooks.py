@@ -51,16 +51,18 @@ EXIT_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\
 
 def convert(dest):
     """Each notebook as nbddp converts it (dest/slug.py) and as a plain script (dest/plain/slug.py, the baselines)."""
-    from nbddp.pipeline import convert_notebook  # only here: the GPU machine needs no nbddp converter deps
+    from nbddp.notebook import read_notebook  # only here: the GPU machine needs no nbddp converter deps
+    from nbddp.pipeline import convert_notebook
     from plain_script import plain_script
 
     os.makedirs(os.path.join(dest, "plain"), exist_ok=True)
     for slug, nb in NOTEBOOKS.items():
-        conv = convert_notebook(os.path.join(CORPUS, nb), source_name=nb, script_name=f"{slug}.py", nproc=2)
+        notebook = read_notebook(os.path.join(CORPUS, nb))  # read once; both steps work on their own copy
+        conv = convert_notebook(notebook, source_name=nb, script_name=f"{slug}.py", nproc=2)
         with open(os.path.join(dest, f"{slug}.py"), "w", encoding="utf-8") as fh:
             fh.write(conv.script)
         with open(os.path.join(dest, "plain", f"{slug}.py"), "w", encoding="utf-8") as fh:
-            fh.write(plain_script(os.path.join(CORPUS, nb)))
+            fh.write(plain_script(notebook, source_name=nb))
         print(f"converted {nb} -> {dest}/{slug}.py, {dest}/plain/{slug}.py")
 
 

@@ -56,21 +56,21 @@ def steady_rate(run, skip):
     batch = (run.get("batch") or {}).get("0") or {}
     if len(times) < skip + 3 or not batch.get("per_device_train_batch_size"):
         return None
-    rank0 = run.get("ranks", {}).get("0", {})
+    ranks = run.get("ranks", {})
     per_process = batch.get("train_batch_size") or batch["per_device_train_batch_size"]  # DataParallel: x GPUs
     per_step = per_process * batch["gradient_accumulation_steps"] * (batch["world_size"] or 1)
     window = times[skip:]
+    levers = {"args": ranks.get("0", {}).get("bench_args"),
+              "ddp": [d["bench_ddp"] for d in ranks.get("0", {}).get("ddp_constructed", []) if d.get("bench_ddp")]}
     return {"samples_per_s": round(per_step * (len(window) - 1) / (window[-1] - window[0]), 3),
             "samples_per_step": per_step, "steps_timed": len(window) - 1,
             "median_step_s": round(statistics.median(b - a for a, b in zip(window, window[1:])), 4),
-            "peak_allocated_gib": {r: p.get("peak_allocated_gib") for r, p in run.get("ranks", {}).items()},
-            "peak_reserved_gib": {r: p.get("peak_reserved_gib") for r, p in run.get("ranks", {}).items()},
-            "peak_set_at_step": {r: _peak_step(p.get("step_memory_gib")) for r, p in run.get("ranks", {}).items()},
+            "peak_allocated_gib": {r: p.get("peak_allocated_gib") for r, p in ranks.items()},
+            "peak_reserved_gib": {r: p.get("peak_reserved_gib") for r, p in ranks.items()},
+            "peak_set_at_step": {r: _peak_step(p.get("step_memory_gib")) for r, p in ranks.items()},
             "ddp_memory_gib": {r: [{k: d.get(k) for k in ("memory_before_gib", "memory_after_gib")}
-                                   for d in p.get("ddp_constructed", [])] for r, p in run.get("ranks", {}).items()},
-            "levers_set": {k: v for k, v in {"args": rank0.get("bench_args"),
-                                             "ddp": [d.get("bench_ddp") for d in rank0.get("ddp_constructed", [])
-                                                     if d.get("bench_ddp")]}.items() if v},
+                                   for d in p.get("ddp_constructed", [])] for r, p in ranks.items()},
+            "levers_set": {k: v for k, v in levers.items() if v},
             "returncode": run.get("returncode"), "wall_s": run.get("wall_s")}
 
 

@@ -103,16 +103,13 @@ def test_plot_scaling_writes_a_png(tmp_path):
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_text_scale_lengthens_every_synthetic_sentence():
+def test_text_scale_lengthens_every_synthetic_sentence(monkeypatch):
     import random
 
     words = offline_hub.lexicon()
     plain = [len(offline_hub.sentence(random.Random(s), words).split()) for s in range(50)]
-    offline_hub.TEXT_SCALE[0] = 8.0
-    try:
-        long = [len(offline_hub.sentence(random.Random(s), words).split()) for s in range(50)]
-    finally:
-        offline_hub.TEXT_SCALE[0] = 1.0
+    monkeypatch.setattr(offline_hub, "TEXT_SCALE", 8.0)
+    long = [len(offline_hub.sentence(random.Random(s), words).split()) for s in range(50)]
     assert [round(n * 8.0) for n in plain] == long
 
 
