@@ -47,6 +47,7 @@ CONFIGS = {
     "ddp-workers2": {"env": {"NBDDP_BENCH_ARGS": "dataloader_num_workers=2"}},
     "ddp-by-length": {"env": {"NBDDP_BENCH_ARGS": "train_sampling_strategy=group_by_length"}},  # changes order
     "ddp-expandable": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},  # reserved memory
+    "ddp-drawn": {"env": {"NBDDP_BALANCE_LENGTHS": "0"}},  # batches as drawn: no length-balanced ranks
 }
 
 
@@ -60,9 +61,14 @@ def steady_rate(run, skip):
     per_process = batch.get("train_batch_size") or batch["per_device_train_batch_size"]  # DataParallel: x GPUs
     per_step = per_process * batch["gradient_accumulation_steps"] * (batch["world_size"] or 1)
     window = times[skip:]
+    steps = len(window) - 1  # steps skip+2..N, rank 0's clock; label tokens of the same steps on every rank
+    tokens = [(p.get("step_tokens") or [])[skip + 1:skip + 1 + steps] for p in ranks.values()]
     levers = {"args": ranks.get("0", {}).get("bench_args"),
               "ddp": [d["bench_ddp"] for d in ranks.get("0", {}).get("ddp_constructed", []) if d.get("bench_ddp")]}
     return {"samples_per_s": round(per_step * (len(window) - 1) / (window[-1] - window[0]), 3),
+            "label_tokens_per_s": (round(sum(map(sum, tokens)) / (window[-1] - window[0]), 1)
+                                   if tokens and all(len(t) == steps for t in tokens) else None),
+            "losses": run.get("losses"),
             "samples_per_step": per_step, "steps_timed": len(window) - 1,
             "median_step_s": round(statistics.median(b - a for a, b in zip(window, window[1:])), 4),
             "peak_allocated_gib": {r: p.get("peak_allocated_gib") for r, p in ranks.items()},
@@ -125,18 +131,30 @@ def run(args):
     return 0
 
 
+def _median(values):
+    return round(statistics.median(values), 3) if values else None
+
+
 def summary(pairs, name):
-    """Ratios of one DDP configuration to the single run of the same round, and peak memory growth per rank."""
-    ratios, growth = [], []
+    """Ratios of one DDP configuration to the single run of the same round (samples/s, label tokens/s), and peak
+    memory growth per rank (allocated, reserved)."""
+    ratios, token_ratios, growth = [], [], {"peak_allocated_gib": [], "peak_reserved_gib": []}
     for p in pairs:
         single, ddp = p.get("single", {}), p.get(name, {})
         if ddp.get("samples_per_s") and single.get("samples_per_s"):
             ratios.append(ddp["samples_per_s"] / single["samples_per_s"])
-            base = (single.get("peak_allocated_gib") or {}).get("0")
-            growth += [peak / base - 1 for peak in (ddp.get("peak_allocated_gib") or {}).values() if base and peak]
-    return {"ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3) if ratios
-            else None, "min_ratio": round(min(ratios), 3) if ratios else None,
-            "max_peak_allocated_growth": round(max(growth), 4) if growth else None}
+            if ddp.get("label_tokens_per_s") and single.get("label_tokens_per_s"):
+                token_ratios.append(ddp["label_tokens_per_s"] / single["label_tokens_per_s"])
+            for key, grown in growth.items():
+                base = (single.get(key) or {}).get("0")
+                grown += [peak / base - 1 for peak in (ddp.get(key) or {}).values() if base and peak]
+    return {"ratios": [round(r, 3) for r in ratios], "median_ratio": _median(ratios),
+            "min_ratio": round(min(ratios), 3) if ratios else None,
+            "token_ratios": [round(r, 3) for r in token_ratios], "median_token_ratio": _median(token_ratios),
+            "max_peak_allocated_growth": round(max(growth["peak_allocated_gib"]), 4) if growth["peak_allocated_gib"]
+            else None,
+            "max_peak_reserved_growth": round(max(growth["peak_reserved_gib"]), 4) if growth["peak_reserved_gib"]
+            else None}
 
 
 def write(args, pairs, notes):
@@ -176,8 +194,7 @@ def merge(args):
               if p["ddp"].get("samples_per_s") and p["single"].get("samples_per_s")]
     out = {"device": args.machine or first.get("device"), "model": first.get("model"),
            "world_size": first.get("world_size"), "paired_runs": pooled,
-           "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
-           "min_ratio": round(min(ratios), 3) if ratios else None, "ratios": [round(r, 3) for r in ratios],
+           "median_ratio": _median(ratios), "min_ratio": round(min(ratios), 3) if ratios else None, "ratios": [round(r, 3) for r in ratios],
            "configs": {name: summary(rows, name) for name in names}, "rounds": rows, "sources": sources,
            "settings": first.get("settings")}
     with open(args.out, "w") as fh:

@@ -160,3 +160,42 @@ def test_start_up_sync_gives_every_rank_rank0_state(mode):
         assert result["packed_broadcasts"] >= 1
     else:
         assert result["packed_broadcasts"] == 0  # no packed copy: DDP's own sync did not run
+
+
+@pytest.fixture(scope="module")
+def balance_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("balance")
+    runs = {}
+    for mode, env in (("balanced", {}), ("drawn", {"NBDDP_BALANCE_LENGTHS": "0"})):
+        done, _ = torchrun("balance_case.py", str(tmp / f"{mode}.pt"), env=env)
+        seen = [json.loads((tmp / f"{mode}.pt.rank{r}.json").read_text()) if (tmp / f"{mode}.pt.rank{r}.json").exists()
+                else None for r in (0, 1)]
+        runs[mode] = (done, seen, tmp / f"{mode}.pt")
+    return runs
+
+
+def _steps(seen, accumulation=2):
+    """Per optimizer step: the samples of both ranks, and each rank's padded tokens."""
+    out = []
+    for s in range(len(seen[0]) // accumulation):
+        micro = [rank[s * accumulation:(s + 1) * accumulation] for rank in seen]
+        out.append((sorted(i for rank in micro for m in rank for i in m["ids"]),
+                    [sum(m["shape"][0] * m["shape"][1] for m in rank) for rank in micro]))
+    return out
+
+
+def test_length_balanced_ranks_keep_each_step_and_the_weights(balance_runs):
+    (done, seen, pt), (off_done, off_seen, off_pt) = balance_runs["balanced"], balance_runs["drawn"]
+    assert done.returncode == 0 and off_done.returncode == 0, done.stderr[-3000:] + off_done.stderr[-3000:]
+    assert "nbddp: length-balanced ranks:" in done.stdout
+    assert "length-balanced ranks" not in off_done.stdout
+    steps, off_steps = _steps(seen), _steps(off_seen)
+    assert len(steps) == len(off_steps) == 4
+    assert [ids for ids, _ in steps] == [ids for ids, _ in off_steps]  # each step trains on the same samples
+    assert [m["ids"] for m in seen[0]] != [m["ids"] for m in off_seen[0]]  # ... dealt out differently
+    slowest, off_slowest = sum(max(t) for _, t in steps), sum(max(t) for _, t in off_steps)
+    assert slowest < off_slowest  # the rank that sets each step's pace pads and computes less
+    a, b = torch.load(pt), torch.load(off_pt)
+    assert a.keys() == b.keys() and a
+    for k in a:  # float32, 4 SGD steps: the same gradients up to floating-point order
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5)

@@ -218,3 +218,76 @@ def test_trainer_patch_sets_static_graph_at_first_step_without_accelerator_hook(
     trainer.training_step(object(), {})
     trainer.training_step(object(), {})
     assert calls == [("apply", True), "step", "step"]
+
+
+def test_balance_window_keeps_each_step_and_evens_the_ranks(layer):
+    lengths = [5, 90, 7, 80, 6, 85, 9, 70]  # drawn: rank 0 gets the four long samples, rank 1 the short ones
+    drawn = [[0, 1], [2, 3], [4, 5], [6, 7]]  # batch i -> rank i % 2; two micro-batches per rank
+    dealt = layer.nbddp_balance_window(drawn, lengths.__getitem__, 2)
+    assert sorted(i for b in dealt for i in b) == list(range(8))
+    assert all(len(b) == 2 for b in dealt)
+
+    def padded(batches, rank):
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches[rank::2])
+
+    assert [padded(drawn, r) for r in (0, 1)] == [2 * 90 + 2 * 85, 2 * 80 + 2 * 70]
+    assert max(padded(dealt, r) for r in (0, 1)) < max(padded(drawn, r) for r in (0, 1))
+    assert layer.nbddp_balance_window(dealt, lengths.__getitem__, 2) == dealt  # dealing twice changes nothing
+    ragged = [[0, 1], [2]]  # the epoch's last, short batch: left as drawn
+    assert layer.nbddp_balance_window(ragged, lengths.__getitem__, 2) == ragged
+
+
+def test_balanced_batches_window_and_delegation(layer):
+    class Inner:
+        batch_size, drop_last, sampler = 2, False, "the sampler"
+
+        def __iter__(self):
+            return iter([[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]])
+
+        def __len__(self):
+            return 5
+
+    lengths = [5, 90, 7, 80, 6, 85, 9, 70, 1, 2]
+    wrapped = layer.NbddpBalancedBatches(Inner(), lengths.__getitem__, world=2, accumulation=2)
+    assert (wrapped.batch_size, wrapped.drop_last, wrapped.sampler, len(wrapped)) == (2, False, "the sampler", 5)
+    out = list(wrapped)
+    assert sorted(i for b in out[:4] for i in b) == list(range(8)) and out[4] == [8, 9]
+
+
+def _loader_and_trainer(layer, **args):
+    class BatchSamplerShard:
+        split_batches, num_processes, batch_sampler = False, 2, [[0, 1]]
+
+    class Data:
+        column_names = ["input_ids"]
+
+        def select_columns(self, names):
+            return [{"input_ids": [1] * n} for n in (3, 1)]
+
+    loader = types.SimpleNamespace(batch_sampler=BatchSamplerShard(), dataset=Data())
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace(**{
+        "gradient_accumulation_steps": 2, "average_tokens_across_devices": True, "train_sampling_strategy": "random",
+        "length_column_name": "length", **args}), model_accepts_loss_kwargs=True, processing_class=None)
+    layer.NBDDP_WORLD_SIZE, layer.NBDDP_IS_MAIN = 2, True
+    return loader, trainer
+
+
+@pytest.mark.parametrize("args, env, balanced, says", [
+    ({}, None, True, "length-balanced ranks: each optimizer step's 2 x 2 micro-batches"),
+    ({"average_tokens_across_devices": False}, None, False, "would change the gradient"),
+    ({"average_tokens_across_devices": False}, "1", True, "length-balanced ranks: each"),
+    ({}, "0", False, ""),
+    ({"train_sampling_strategy": "group_by_length"}, None, False, "length-aware sampling order of its own"),
+])
+def test_balance_loader_only_where_the_gradient_cannot_change(layer, monkeypatch, capsys, args, env, balanced, says):
+    if env is not None:
+        monkeypatch.setenv("NBDDP_BALANCE_LENGTHS", env)
+    loader, trainer = _loader_and_trainer(layer, **args)
+    layer.nbddp_balance_loader(loader, trainer)
+    wrapped = loader.batch_sampler.batch_sampler
+    assert isinstance(wrapped, layer.NbddpBalancedBatches) is balanced
+    assert says in capsys.readouterr().out
+    if balanced:
+        assert [wrapped.length(i) for i in (0, 1)] == [3, 1]
+        layer.nbddp_balance_loader(loader, trainer)  # a second call wraps nothing twice
+        assert loader.batch_sampler.batch_sampler is wrapped

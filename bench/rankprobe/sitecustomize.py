@@ -1,6 +1,7 @@
 """Loaded by every Python process of a benchmark run (PYTHONPATH): records, per rank, which GPU the process
-used, its peak memory, and how often it called generate() and save_pretrained(); written at exit to
-$NBDDP_BENCH_PROBE_DIR/rank<RANK>.json. The generated script itself stays as nbddp wrote it.
+used, its peak memory, each optimizer step's end time and label tokens, and how often it called
+generate() and save_pretrained(); written at exit to $NBDDP_BENCH_PROBE_DIR/rank<RANK>.json. The generated
+script itself stays as nbddp wrote it.
 
 Optional, by environment (benchmark diagnostics, never on in a timed run):
   NBDDP_BENCH_PROFILE=A:B        torch.profiler over optimizer steps A..B-1; per-rank tables, profile-rank<R>.txt
@@ -27,6 +28,7 @@ import time
 _DIR = os.environ.get("NBDDP_BENCH_PROBE_DIR")
 _COUNTS = {"generate": 0, "save_pretrained": 0, "dist_initialized": False}
 _T0 = time.time()
+_ITEMS = []  # label tokens of the batches loaded since the last optimizer step
 _PROFILER = {}  # the running torch.profiler, between the window's first and last step
 
 
@@ -64,6 +66,9 @@ def _patch_callbacks(module):
                 _diagnose_step(torch, step)
             except Exception as exc:  # the probe must never break the run
                 print(f"rankprobe: step {step}: {exc!r}", file=sys.stderr)
+        if _ITEMS:  # this rank's label tokens of the step
+            _COUNTS.setdefault("step_tokens", []).append(sum(_ITEMS))
+            _ITEMS.clear()
         _COUNTS["batch"] = {"per_device_train_batch_size": getattr(args, "per_device_train_batch_size", None),
                             "train_batch_size": getattr(args, "train_batch_size", None),  # x GPUs of DataParallel
                             "gradient_accumulation_steps": getattr(args, "gradient_accumulation_steps", None),
@@ -82,6 +87,20 @@ def _patch_callbacks(module):
     handler.on_step_end = on_step_end
     handler.on_train_begin = on_train_begin
     handler.on_train_end = on_train_end
+
+
+def _patch_loader(module):
+    """Counts the label tokens (labels != -100) of every batch accelerate's loader moves to the GPU, on the CPU
+    before the move: no device sync. on_step_end files the count under the step."""
+    orig = module.send_to_device
+
+    @functools.wraps(orig)
+    def send_to_device(batch, *a, **k):
+        labels = batch.get("labels") if isinstance(batch, dict) else None
+        if labels is not None and getattr(labels, "device", None) is not None and labels.device.type == "cpu":
+            _ITEMS.append(int((labels != -100).sum()))
+        return orig(batch, *a, **k)
+    module.send_to_device = send_to_device
 
 
 def _diagnose_step(torch, step):
@@ -198,6 +217,7 @@ _PATCH = {
     "torch.nn.parallel.distributed": _patch_ddp,
     "transformers.trainer_callback": _patch_callbacks,
     "transformers.training_args": _patch_training_args,
+    "accelerate.data_loader": _patch_loader,
     "transformers.generation.utils": lambda m: setattr(m.GenerationMixin, "generate", _count("generate", m.GenerationMixin.generate)),
     "peft.peft_model": lambda m: setattr(m.PeftModel, "save_pretrained", _count("save_pretrained", m.PeftModel.save_pretrained)),
 }
