@@ -143,7 +143,7 @@ def launch(script, workdir, log_path, env, limit, nproc, gpu=None, torchrun_args
     """One launch of a converted notebook in workdir: `torchrun --nproc_per_node=nproc`, or with `gpu` one
     process seeing that GPU (or those, "0,1"). Returns its summary."""
     os.makedirs(workdir, exist_ok=True)
-    env = dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"))
+    env = dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"), NBDDP_BENCH_SCRIPT=os.path.abspath(script))
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     argv, world, mode = launch_argv(script, nproc, gpu, torchrun_args)

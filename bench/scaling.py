@@ -48,6 +48,11 @@ CONFIGS = {
     "ddp-by-length": {"env": {"NBDDP_BENCH_ARGS": "train_sampling_strategy=group_by_length"}},  # changes order
     "ddp-expandable": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},  # reserved memory
     "ddp-drawn": {"env": {"NBDDP_BALANCE_LENGTHS": "0"}},  # batches as drawn: no length-balanced ranks
+    "ddp-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}},  # padded batches + Unsloth's block compile
+    "single-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}, "launch": "one-process", "gpus": "0"},
+    # one process under torchrun (OMP_NUM_THREADS=1 as torchrun sets it for 2): Unsloth's distributed code
+    # paths and the launcher without a second rank
+    "torchrun-1proc": {"env": {"OMP_NUM_THREADS": "1"}, "nproc": 1},
 }
 
 
@@ -71,6 +76,7 @@ def steady_rate(run, skip):
             "losses": run.get("losses"),
             "samples_per_step": per_step, "steps_timed": len(window) - 1,
             "median_step_s": round(statistics.median(b - a for a, b in zip(window, window[1:])), 4),
+            "step_s": [round(b - a, 4) for a, b in zip(window, window[1:])],
             "peak_allocated_gib": {r: p.get("peak_allocated_gib") for r, p in ranks.items()},
             "peak_reserved_gib": {r: p.get("peak_reserved_gib") for r, p in ranks.items()},
             "peak_set_at_step": {r: _peak_step(p.get("step_memory_gib")) for r, p in ranks.items()},
@@ -97,9 +103,11 @@ def one(name, scripts, work, env, limit, nproc):
         return rn.launch(scripts["converted"], workdir, log, env, limit, nproc, gpu=0)
     config = CONFIGS[name]
     script, env = scripts[config.get("script", "converted")], dict(env, **config["env"], NCCL_NVLS_ENABLE="0")
-    if config.get("launch") == "one-process":  # one process, every GPU visible
-        return rn.launch(script, workdir, log, env, limit, nproc, gpu=",".join(str(g) for g in range(nproc)))
-    return rn.launch(script, workdir, log, env, limit, nproc, torchrun_args=config.get("torchrun", ()))
+    if config.get("launch") == "one-process":  # one process, every GPU visible (or the config's)
+        gpus = config.get("gpus", ",".join(str(g) for g in range(nproc)))
+        return rn.launch(script, workdir, log, env, limit, nproc, gpu=gpus)
+    return rn.launch(script, workdir, log, env, limit, config.get("nproc", nproc),
+                     torchrun_args=config.get("torchrun", ()))
 
 
 def run(args):
@@ -118,7 +126,9 @@ def run(args):
         pair, work = {}, os.path.join(args.work, f"pair{i}")
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
             r = one(name, scripts, work, env, args.timeout, args.nproc)
-            pair[name] = steady_rate(r, args.skip) or {"returncode": r["returncode"], "errors": r["errors"][-2:]}
+            pair[name] = steady_rate(r, args.skip) or {
+                "returncode": r["returncode"], "errors": r["errors"][-2:], "wall_s": r.get("wall_s"),
+                "steps_seen": {k: len(v or []) for k, v in (r.get("step_end_times") or {}).items()}}
         pairs.append(pair)
         print(f"round {i}: {json.dumps(pair)}", flush=True)
         write(args, pairs, notes)
@@ -126,7 +136,7 @@ def run(args):
     if args.artifacts:  # the probe's optional profiler tables and allocator histories, and every launch's log
         with tarfile.open(args.artifacts, "w:gz") as tar:
             for f in sorted(glob.glob(os.path.join(args.work, "pair*", "**", "*"), recursive=True)):
-                if f.endswith((".txt", ".pickle.gz", ".log")):
+                if f.endswith((".txt", ".pickle.gz", ".log", ".json")):
                     tar.add(f, arcname=os.path.relpath(f, args.work))
     return 0
 

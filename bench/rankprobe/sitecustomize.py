@@ -248,6 +248,9 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def _dump():
+    script = os.environ.get("NBDDP_BENCH_SCRIPT")  # set by the runner: only the script's own processes write
+    if script and os.path.abspath(sys.argv[0] if sys.argv else "") != script:
+        return  # a helper process (compile workers, ...) that would overwrite the rank's file
     argv0 = (sys.argv[0] if sys.argv else "").replace(os.sep, "/")
     if "RANK" not in os.environ and (argv0.endswith("torch/distributed/run.py") or argv0.endswith("/torchrun")):
         return  # the torchrun launcher itself
