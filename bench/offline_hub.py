@@ -158,6 +158,7 @@ def lexicon(n=600, seed=0):
     return sorted(words) + [str(i) for i in range(10)] + ["the", "a", "is", "of", "and", "to", "in"]
 
 
+MAX_ROWS = 0  # --max-rows: at most this many rows per split (0: as listed), for shorter launches
 TEXT_SCALE = 1.0  # --text-scale: every synthetic sentence this many times longer (e.g. ~1k-token samples)
 
 
@@ -364,7 +365,7 @@ def build_dataset(cache_dir, dataset_id, words, seed=0):
             rng = random.Random(f"{dataset_id}/{split}/{seed}")
             files[split] = os.path.join(tmp, f"{split}.jsonl")
             with open(files[split], "w", encoding="utf-8") as fh:
-                for _ in range(n):
+                for _ in range(min(n, MAX_ROWS or n)):
                     fh.write(json.dumps(make(rng, words), ensure_ascii=False) + "\n")
         datasets.load_dataset("json", data_files=files, cache_dir=os.path.join(tmp, "c"))
         built = [d for d in glob.glob(os.path.join(tmp, "c", "json", "*", "*", "*"))
@@ -381,7 +382,7 @@ def build_dataset(cache_dir, dataset_id, words, seed=0):
 
 
 def main(argv=None):
-    global TEXT_SCALE
+    global TEXT_SCALE, MAX_ROWS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--home", required=True, help="HF_HOME to fill (hub/ and datasets/ below it)")
     ap.add_argument("--models", default="all", help="comma-separated families, or all, or none")
@@ -389,15 +390,16 @@ def main(argv=None):
     ap.add_argument("--layers", action="append", default=[], metavar="FAMILY=N",
                     help="another depth for one family (e.g. a compute-bound stand-in for timing)")
     ap.add_argument("--text-scale", type=float, default=1.0, help="synthetic sentences this many times longer")
+    ap.add_argument("--max-rows", type=int, default=0, help="at most this many rows per dataset split")
     args = ap.parse_args(argv)
     depth = {fam: int(n) for fam, n in (item.split("=", 1) for item in args.layers)}
-    TEXT_SCALE = args.text_scale
+    TEXT_SCALE, MAX_ROWS = args.text_scale, args.max_rows
     words = lexicon()
     hub = os.path.join(args.home, "hub")
     store = os.path.join(args.home, "offlinehub-models")
     ds_cache = os.path.join(args.home, "datasets")
     os.makedirs(hub, exist_ok=True)
-    report = {"models": {}, "datasets": {}, "text_scale": args.text_scale}
+    report = {"models": {}, "datasets": {}, "text_scale": args.text_scale, "max_rows": args.max_rows}
     every = list(FAMILIES) + list(OTHER_FAMILIES)
     fams = [] if args.models == "none" else (every if args.models == "all" else args.models.split(","))
     for fam in fams:

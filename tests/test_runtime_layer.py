@@ -291,3 +291,46 @@ def test_balance_loader_only_where_the_gradient_cannot_change(layer, monkeypatch
         assert [wrapped.length(i) for i in (0, 1)] == [3, 1]
         layer.nbddp_balance_loader(loader, trainer)  # a second call wraps nothing twice
         assert loader.batch_sampler.batch_sampler is wrapped
+
+
+def _sysfs(tmp_path, nodes, gpu_node):
+    for n, cpus in enumerate(nodes):
+        (tmp_path / "devices/system/node" / f"node{n}").mkdir(parents=True)
+        (tmp_path / "devices/system/node" / f"node{n}" / "cpulist").write_text(cpus + "\n")
+    (tmp_path / "devices/system/node/possible").write_text("0\n")
+    gpu = tmp_path / "bus/pci/devices/0000:1b:00.0"
+    gpu.mkdir(parents=True)
+    (gpu / "numa_node").write_text(f"{gpu_node}\n")
+    tasks = tmp_path / "tasks"
+    for tid in (101, 102):
+        (tasks / str(tid)).mkdir(parents=True)
+    return tasks
+
+
+@pytest.mark.parametrize("nodes, gpu_node, env, expected", [
+    (["0-3", "4-6"], 1, None, (1, 3)),                   # two nodes: the GPU's own three CPUs
+    (["0-3", "4-6"], 1, "0", None),                      # NBDDP_NUMA_BIND=0
+    (["0-6"], 0, None, None),                            # one node: nothing to gain
+    (["0-3", "4-6"], -1, None, None),                    # the platform does not say
+    (["0-1,6", "2-5,7"], 0, None, (0, 3)),               # only the CPUs this process may use (0-6)
+])
+def test_numa_binding_follows_the_gpu(layer, tmp_path, monkeypatch, nodes, gpu_node, env, expected):
+    tasks = _sysfs(tmp_path, nodes, gpu_node)
+    if env is not None:
+        monkeypatch.setenv("NBDDP_NUMA_BIND", env)
+    props = types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1b, pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda gpu: props)
+    bound = {}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(7)), raising=False)
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: bound.__setitem__(pid, set(cpus)), raising=False)
+    assert layer.nbddp_bind_to_gpu_node(0, sysfs=str(tmp_path), tasks=str(tasks)) == expected
+    if expected:
+        want = layer.nbddp_cpu_list(nodes[expected[0]]) & set(range(7))
+        assert bound == {101: want, 102: want}  # every thread of the process
+    else:
+        assert bound == {}
+
+
+def test_cpu_list(layer):
+    assert layer.nbddp_cpu_list("0-2,8,10-11\n") == {0, 1, 2, 8, 10, 11}
+    assert layer.nbddp_cpu_list("") == set()

@@ -12,9 +12,48 @@ NBDDP_LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
 NBDDP_WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
 NBDDP_IS_MAIN = NBDDP_RANK == 0  # saving, pushing, generation and prints: once per job
 NBDDP_IS_LOCAL_MAIN = NBDDP_LOCAL_RANK == 0  # files and caches: once per machine
+
+
+def nbddp_cpu_list(text):
+    """The CPU numbers of a sysfs cpulist such as "0-15,32-47"."""
+    cpus = set()
+    for part in filter(None, text.strip().split(",")):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def nbddp_bind_to_gpu_node(gpu, sysfs="/sys", tasks="/proc/self/task"):
+    """Pin every thread of this process to the CPUs of the NUMA node that its GPU hangs off, as torchrun's
+    --numa-binding=node does (that flag is missing from older torch): host copies and kernel launches stay near the
+    GPU. Returns (node, number of CPUs), or None where nothing changes: one node, unknown topology, or
+    NBDDP_NUMA_BIND=0."""
+    if os.environ.get("NBDDP_NUMA_BIND", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        if sum(n.startswith("node") and n[4:].isdigit() for n in os.listdir(f"{sysfs}/devices/system/node")) < 2:
+            return None
+        p = torch.cuda.get_device_properties(gpu)
+        address = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        with open(f"{sysfs}/bus/pci/devices/{address}/numa_node") as fh:
+            node = int(fh.read())
+        with open(f"{sysfs}/devices/system/node/node{node}/cpulist") as fh:
+            allowed = os.sched_getaffinity(0)
+            cpus = nbddp_cpu_list(fh.read()) & allowed
+        if node < 0 or not cpus or cpus == allowed:
+            return None
+        for task in os.listdir(tasks):
+            os.sched_setaffinity(int(task), cpus)
+        return node, len(cpus)
+    except (OSError, ValueError, AttributeError, RuntimeError):  # no sysfs, no affinity calls: leave it
+        return None
+
+
+NBDDP_NUMA = None
 if torch.cuda.is_available():
     torch.cuda.set_device(NBDDP_LOCAL_RANK)  # plain "cuda" now means this rank's own GPU
     NBDDP_DEVICE = f"cuda:{NBDDP_LOCAL_RANK}"
+    NBDDP_NUMA = nbddp_bind_to_gpu_node(NBDDP_LOCAL_RANK)
 else:
     NBDDP_DEVICE = "cpu"
     if NBDDP_WORLD_SIZE > 1:
@@ -92,6 +131,9 @@ def nbddp_teardown():
 
 if NBDDP_IS_MAIN and NBDDP_WORLD_SIZE > 1:
     print(f"nbddp: {NBDDP_WORLD_SIZE} processes, this one is rank 0 on {NBDDP_DEVICE}", flush=True)
+if NBDDP_IS_MAIN and NBDDP_NUMA:
+    print(f"nbddp: each rank runs on the CPUs of its GPU's NUMA node (rank 0: node {NBDDP_NUMA[0]}, "
+          f"{NBDDP_NUMA[1]} CPUs; NBDDP_NUMA_BIND=0: off)", flush=True)
 # ---- end of nbddp setup ----
 
 
