@@ -47,7 +47,9 @@ CONFIGS = {
     "ddp-workers2": {"env": {"NBDDP_BENCH_ARGS": "dataloader_num_workers=2"}},
     "ddp-by-length": {"env": {"NBDDP_BENCH_ARGS": "train_sampling_strategy=group_by_length"}},  # changes order
     "ddp-expandable": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},  # reserved memory
-    "ddp-drawn": {"env": {"NBDDP_BALANCE_LENGTHS": "0"}},  # batches as drawn: no length-balanced ranks
+    "ddp-balanced": {"env": {"NBDDP_BALANCE_LENGTHS": "1"}},  # length-balanced ranks (opt-in)
+    "ddp-drawn": {"env": {"NBDDP_BALANCE_LENGTHS": "0"}},  # batches as drawn (the default since a05a678)
+    "ddp-nonuma": {"env": {"NBDDP_NUMA_BIND": "0"}},  # without the generated script's NUMA binding
     "ddp-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}},  # padded batches + Unsloth's block compile
     "single-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}, "launch": "one-process", "gpus": "0"},
     # one process under torchrun (OMP_NUM_THREADS=1 as torchrun sets it for 2): Unsloth's distributed code

@@ -26,27 +26,30 @@ def nbddp_cpu_list(text):
 def nbddp_bind_to_gpu_node(gpu, sysfs="/sys", tasks="/proc/self/task"):
     """Pin every thread of this process to the CPUs of the NUMA node that its GPU hangs off, as torchrun's
     --numa-binding=node does (that flag is missing from older torch): host copies and kernel launches stay near the
-    GPU. Returns (node, number of CPUs), or None where nothing changes: one node, unknown topology, or
-    NBDDP_NUMA_BIND=0."""
+    GPU. Returns (node, number of CPUs), or the reason nothing changed: one node, unknown topology, the process
+    already limited to those CPUs, or NBDDP_NUMA_BIND=0."""
     if os.environ.get("NBDDP_NUMA_BIND", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
+        return "NBDDP_NUMA_BIND=0"
     try:
-        if sum(n.startswith("node") and n[4:].isdigit() for n in os.listdir(f"{sysfs}/devices/system/node")) < 2:
-            return None
+        nodes = sum(n.startswith("node") and n[4:].isdigit() for n in os.listdir(f"{sysfs}/devices/system/node"))
+        if nodes < 2:
+            return f"{nodes} NUMA node(s)"
         p = torch.cuda.get_device_properties(gpu)
         address = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
         with open(f"{sysfs}/bus/pci/devices/{address}/numa_node") as fh:
             node = int(fh.read())
+        if node < 0:
+            return f"no NUMA node given for GPU {address}"
         with open(f"{sysfs}/devices/system/node/node{node}/cpulist") as fh:
             allowed = os.sched_getaffinity(0)
             cpus = nbddp_cpu_list(fh.read()) & allowed
-        if node < 0 or not cpus or cpus == allowed:
-            return None
+        if not cpus or cpus == allowed:
+            return f"the process may use {len(allowed)} CPUs, {len(cpus)} of them on node {node}: nothing to narrow"
         for task in os.listdir(tasks):
             os.sched_setaffinity(int(task), cpus)
         return node, len(cpus)
-    except (OSError, ValueError, AttributeError, RuntimeError):  # no sysfs, no affinity calls: leave it
-        return None
+    except (OSError, ValueError, AttributeError, RuntimeError) as exc:  # no sysfs, no affinity calls: leave it
+        return f"{type(exc).__name__}: {exc}"
 
 
 NBDDP_NUMA = None
@@ -131,9 +134,11 @@ def nbddp_teardown():
 
 if NBDDP_IS_MAIN and NBDDP_WORLD_SIZE > 1:
     print(f"nbddp: {NBDDP_WORLD_SIZE} processes, this one is rank 0 on {NBDDP_DEVICE}", flush=True)
-if NBDDP_IS_MAIN and NBDDP_NUMA:
+if NBDDP_IS_MAIN and isinstance(NBDDP_NUMA, tuple):
     print(f"nbddp: each rank runs on the CPUs of its GPU's NUMA node (rank 0: node {NBDDP_NUMA[0]}, "
           f"{NBDDP_NUMA[1]} CPUs; NBDDP_NUMA_BIND=0: off)", flush=True)
+elif NBDDP_IS_MAIN and NBDDP_NUMA and os.environ.get("NBDDP_NUMA_BIND") == "1":  # asked for: say why not
+    print(f"nbddp: NUMA binding left as it is ({NBDDP_NUMA})", flush=True)
 # ---- end of nbddp setup ----
 
 
@@ -663,7 +668,7 @@ def _nbddp_patch_training_args(module):
 
 
 NBDDP_IMPORTS.watch("transformers.training_args", _nbddp_patch_training_args)
-# ---- 6. Equal work per rank: each optimizer step's samples dealt out by length ----
+# ---- 6. Equal work per rank (opt-in): each optimizer step's samples dealt out by length ----
 def nbddp_balance_window(batches, length, world):
     """The batches of one optimizer step on every rank (batch i goes to rank i % world), with the same samples
     re-dealt: sorted by length into micro-batches of similar samples, the longest first, each to the rank with the
@@ -724,13 +729,14 @@ def _nbddp_length_of(dataset, trainer):
 
 
 def nbddp_balance_loader(loader, trainer):
-    """Wrap the train loader's batches in NbddpBalancedBatches where that cannot change the gradient: the loss is
-    normalised by the token count of the whole step on every rank (transformers' average_tokens_across_devices),
-    so which rank and micro-batch a sample lands in changes only the floating-point order."""
-    choice = _nbddp_choice("NBDDP_BALANCE_LENGTHS")
+    """Opt-in (NBDDP_BALANCE_LENGTHS=1; not yet measured to help on GPUs): wrap the train loader's batches in
+    NbddpBalancedBatches where that cannot change the gradient: the loss is normalised by the token count of the
+    whole step on every rank (transformers' average_tokens_across_devices), so which rank and micro-batch a sample
+    lands in changes only the floating-point order. NBDDP_BALANCE_LENGTHS=force skips that check."""
+    choice = os.environ.get("NBDDP_BALANCE_LENGTHS", "0").strip().lower()
     shard = getattr(loader, "batch_sampler", None)
-    if choice is False or NBDDP_WORLD_SIZE == 1 or isinstance(getattr(shard, "batch_sampler", None),
-                                                              NbddpBalancedBatches):
+    if choice not in ("1", "true", "yes", "on", "force") or NBDDP_WORLD_SIZE == 1 \
+            or isinstance(getattr(shard, "batch_sampler", None), NbddpBalancedBatches):
         return loader
     args = trainer.args
     why = None
@@ -740,11 +746,11 @@ def nbddp_balance_loader(loader, trainer):
     elif type(shard).__name__ != "BatchSamplerShard" or getattr(shard, "split_batches", True) \
             or getattr(shard, "num_processes", 1) != NBDDP_WORLD_SIZE:
         why = "the train loader is not one that accelerate deals out batch by batch"
-    elif choice is None and not (getattr(args, "average_tokens_across_devices", False)
+    elif choice != "force" and not (getattr(args, "average_tokens_across_devices", False)
                                  and (getattr(trainer, "model_accepts_loss_kwargs", False)
                                       or getattr(trainer, "compute_loss_func", None))):
         why = ("the loss is not normalised by the whole step's token count, so moving samples between ranks "
-               "would change the gradient (NBDDP_BALANCE_LENGTHS=1 forces it)")
+               "would change the gradient (NBDDP_BALANCE_LENGTHS=force forces it)")
     length = None if why else _nbddp_length_of(getattr(loader, "dataset", None), trainer)
     if why is None and length is None:
         why = "the dataset has no token-length column to balance by"
@@ -754,7 +760,7 @@ def nbddp_balance_loader(loader, trainer):
     accumulation = int(args.gradient_accumulation_steps)
     shard.batch_sampler = NbddpBalancedBatches(shard.batch_sampler, length, NBDDP_WORLD_SIZE, accumulation)
     nbddp_say("balance", f"length-balanced ranks: each optimizer step's {NBDDP_WORLD_SIZE} x {accumulation} "
-                         f"micro-batches keep their samples, dealt out by length (NBDDP_BALANCE_LENGTHS=0: off)")
+                         f"micro-batches keep their samples, dealt out by length")
     return loader
 
 
