@@ -48,7 +48,6 @@ CONFIGS = {
     "ddp-by-length": {"env": {"NBDDP_BENCH_ARGS": "train_sampling_strategy=group_by_length"}},  # changes order
     "ddp-expandable": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},  # reserved memory
     "ddp-balanced": {"env": {"NBDDP_BALANCE_LENGTHS": "1"}},  # length-balanced ranks (opt-in)
-    "ddp-drawn": {"env": {"NBDDP_BALANCE_LENGTHS": "0"}},  # batches as drawn (the default since a05a678)
     "ddp-nonuma": {"env": {"NBDDP_NUMA_BIND": "0"}},  # without the generated script's NUMA binding
     "ddp-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}},  # padded batches + Unsloth's block compile
     "single-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}, "launch": "one-process", "gpus": "0"},
@@ -143,8 +142,9 @@ def run(args):
     return 0
 
 
-def _median(values):
-    return round(statistics.median(values), 3) if values else None
+def _stat(fn, values, digits=3):
+    """fn(values) rounded, or None for no values."""
+    return round(fn(values), digits) if values else None
 
 
 def summary(pairs, name):
@@ -160,13 +160,11 @@ def summary(pairs, name):
             for key, grown in growth.items():
                 base = (single.get(key) or {}).get("0")
                 grown += [peak / base - 1 for peak in (ddp.get(key) or {}).values() if base and peak]
-    return {"ratios": [round(r, 3) for r in ratios], "median_ratio": _median(ratios),
-            "min_ratio": round(min(ratios), 3) if ratios else None,
-            "token_ratios": [round(r, 3) for r in token_ratios], "median_token_ratio": _median(token_ratios),
-            "max_peak_allocated_growth": round(max(growth["peak_allocated_gib"]), 4) if growth["peak_allocated_gib"]
-            else None,
-            "max_peak_reserved_growth": round(max(growth["peak_reserved_gib"]), 4) if growth["peak_reserved_gib"]
-            else None}
+    return {"ratios": [round(r, 3) for r in ratios], "median_ratio": _stat(statistics.median, ratios),
+            "min_ratio": _stat(min, ratios), "token_ratios": [round(r, 3) for r in token_ratios],
+            "median_token_ratio": _stat(statistics.median, token_ratios),
+            "max_peak_allocated_growth": _stat(max, growth["peak_allocated_gib"], 4),
+            "max_peak_reserved_growth": _stat(max, growth["peak_reserved_gib"], 4)}
 
 
 def write(args, pairs, notes):
@@ -206,7 +204,8 @@ def merge(args):
               if p["ddp"].get("samples_per_s") and p["single"].get("samples_per_s")]
     out = {"device": args.machine or first.get("device"), "model": first.get("model"),
            "world_size": first.get("world_size"), "paired_runs": pooled,
-           "median_ratio": _median(ratios), "min_ratio": round(min(ratios), 3) if ratios else None, "ratios": [round(r, 3) for r in ratios],
+           "median_ratio": _stat(statistics.median, ratios), "min_ratio": _stat(min, ratios),
+           "ratios": [round(r, 3) for r in ratios],
            "configs": {name: summary(rows, name) for name in names}, "rounds": rows, "sources": sources,
            "settings": first.get("settings")}
     with open(args.out, "w") as fh:

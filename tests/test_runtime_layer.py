@@ -252,6 +252,7 @@ def test_balanced_batches_window_and_delegation(layer):
     assert (wrapped.batch_size, wrapped.drop_last, wrapped.sampler, len(wrapped)) == (2, False, "the sampler", 5)
     out = list(wrapped)
     assert sorted(i for b in out[:4] for i in b) == list(range(8)) and out[4] == [8, 9]
+    assert out[:4] != [[0, 1], [2, 3], [4, 5], [6, 7]]  # the full window was re-dealt, the partial one not
 
 
 def _loader_and_trainer(layer, **args):

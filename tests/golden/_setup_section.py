@@ -14,6 +14,20 @@ NBDDP_IS_MAIN = NBDDP_RANK == 0  # saving, pushing, generation and prints: once 
 NBDDP_IS_LOCAL_MAIN = NBDDP_LOCAL_RANK == 0  # files and caches: once per machine
 
 
+def _nbddp_choice(name):
+    """NBDDP_* override: auto (None), 1 (True) or 0 (False)."""
+    value = os.environ.get(name, "auto").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
+def _nbddp_flag(name):
+    return _nbddp_choice(name) is True
+
+
 def nbddp_cpu_list(text):
     """The CPU numbers of a sysfs cpulist such as "0-15,32-47"."""
     cpus = set()
@@ -28,7 +42,7 @@ def nbddp_bind_to_gpu_node(gpu, sysfs="/sys", tasks="/proc/self/task"):
     --numa-binding=node does (that flag is missing from older torch): host copies and kernel launches stay near the
     GPU. Returns (node, number of CPUs), or the reason nothing changed: one node, unknown topology, the process
     already limited to those CPUs, or NBDDP_NUMA_BIND=0."""
-    if os.environ.get("NBDDP_NUMA_BIND", "1").strip().lower() in ("0", "false", "no", "off"):
+    if _nbddp_choice("NBDDP_NUMA_BIND") is False:
         return "NBDDP_NUMA_BIND=0"
     try:
         nodes = sum(n.startswith("node") and n[4:].isdigit() for n in os.listdir(f"{sysfs}/devices/system/node"))
@@ -137,7 +151,7 @@ if NBDDP_IS_MAIN and NBDDP_WORLD_SIZE > 1:
 if NBDDP_IS_MAIN and isinstance(NBDDP_NUMA, tuple):
     print(f"nbddp: each rank runs on the CPUs of its GPU's NUMA node (rank 0: node {NBDDP_NUMA[0]}, "
           f"{NBDDP_NUMA[1]} CPUs; NBDDP_NUMA_BIND=0: off)", flush=True)
-elif NBDDP_IS_MAIN and NBDDP_NUMA and os.environ.get("NBDDP_NUMA_BIND") == "1":  # asked for: say why not
+elif NBDDP_IS_MAIN and NBDDP_NUMA and _nbddp_choice("NBDDP_NUMA_BIND"):  # asked for: say why not
     print(f"nbddp: NUMA binding left as it is ({NBDDP_NUMA})", flush=True)
 # ---- end of nbddp setup ----
 
@@ -158,20 +172,6 @@ def nbddp_say(key, text):
         _NBDDP_SAID.add(key)
         if NBDDP_IS_MAIN:
             print(f"nbddp: {text}", flush=True)
-
-
-def _nbddp_choice(name):
-    """NBDDP_* override: auto (None), 1 (True) or 0 (False)."""
-    value = os.environ.get(name, "auto").strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    return None
-
-
-def _nbddp_flag(name):
-    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 class _NbddpPostImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -453,6 +453,20 @@ def _nbddp_patch_trainer(module):
         return step(self, model, *a, **kw)
 
     trainer.training_step = training_step
+    make_loader = getattr(trainer, "get_train_dataloader", None)
+    if make_loader is None:
+        return
+
+    @functools.wraps(make_loader)
+    def get_train_dataloader(self, *a, **kw):  # section 6 (opt-in)
+        loader = make_loader(self, *a, **kw)
+        try:
+            return nbddp_balance_loader(loader, self)
+        except Exception as exc:  # the layer must never stop training: keep the loader as drawn
+            nbddp_say("balance", f"length-balanced ranks off ({type(exc).__name__}: {exc})")
+            return loader
+
+    trainer.get_train_dataloader = get_train_dataloader
 
 
 NBDDP_IMPORTS.watch("transformers.trainer", _nbddp_patch_trainer)
@@ -733,9 +747,9 @@ def nbddp_balance_loader(loader, trainer):
     NbddpBalancedBatches where that cannot change the gradient: the loss is normalised by the token count of the
     whole step on every rank (transformers' average_tokens_across_devices), so which rank and micro-batch a sample
     lands in changes only the floating-point order. NBDDP_BALANCE_LENGTHS=force skips that check."""
-    choice = os.environ.get("NBDDP_BALANCE_LENGTHS", "0").strip().lower()
+    force = os.environ.get("NBDDP_BALANCE_LENGTHS", "").strip().lower() == "force"
     shard = getattr(loader, "batch_sampler", None)
-    if choice not in ("1", "true", "yes", "on", "force") or NBDDP_WORLD_SIZE == 1 \
+    if not (force or _nbddp_flag("NBDDP_BALANCE_LENGTHS")) or NBDDP_WORLD_SIZE == 1 \
             or isinstance(getattr(shard, "batch_sampler", None), NbddpBalancedBatches):
         return loader
     args = trainer.args
@@ -746,7 +760,7 @@ def nbddp_balance_loader(loader, trainer):
     elif type(shard).__name__ != "BatchSamplerShard" or getattr(shard, "split_batches", True) \
             or getattr(shard, "num_processes", 1) != NBDDP_WORLD_SIZE:
         why = "the train loader is not one that accelerate deals out batch by batch"
-    elif choice != "force" and not (getattr(args, "average_tokens_across_devices", False)
+    elif not force and not (getattr(args, "average_tokens_across_devices", False)
                                  and (getattr(trainer, "model_accepts_loss_kwargs", False)
                                       or getattr(trainer, "compute_loss_func", None))):
         why = ("the loss is not normalised by the whole step's token count, so moving samples between ranks "
@@ -764,26 +778,6 @@ def nbddp_balance_loader(loader, trainer):
     return loader
 
 
-def _nbddp_patch_train_loader(module):
-    trainer = getattr(module, "Trainer", None)
-    make = getattr(trainer, "get_train_dataloader", None)
-    if make is None or getattr(make, "_nbddp", False):
-        return
-
-    @functools.wraps(make)
-    def get_train_dataloader(self, *a, **kw):
-        loader = make(self, *a, **kw)
-        try:
-            return nbddp_balance_loader(loader, self)
-        except Exception as exc:  # the layer must never stop training: keep the loader as drawn
-            nbddp_say("balance", f"length-balanced ranks off ({type(exc).__name__}: {exc})")
-            return loader
-
-    get_train_dataloader._nbddp = True
-    trainer.get_train_dataloader = get_train_dataloader
-
-
-NBDDP_IMPORTS.watch("transformers.trainer", _nbddp_patch_train_loader)
 # ---- end of nbddp DDP compatibility layer ----
 
 
