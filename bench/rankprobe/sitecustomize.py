@@ -12,6 +12,7 @@ Optional, by environment (benchmark diagnostics, never on in a timed run):
 SIGUSR1 prints every thread's stack (the runner sends it before killing a run that passed its limit)."""
 import ast
 import atexit
+import collections.abc
 import dataclasses
 import faulthandler
 import functools
@@ -96,7 +97,7 @@ def _patch_loader(module):
 
     @functools.wraps(orig)
     def send_to_device(batch, *a, **k):
-        labels = batch.get("labels") if isinstance(batch, dict) else None
+        labels = batch.get("labels") if isinstance(batch, collections.abc.Mapping) else None  # BatchEncoding too
         if labels is not None and getattr(labels, "device", None) is not None and labels.device.type == "cpu":
             _ITEMS.append(int((labels != -100).sum()))
         return orig(batch, *a, **k)
