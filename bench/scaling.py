@@ -47,7 +47,7 @@ CONFIGS = {
     "ddp-workers2": {"env": {"NBDDP_BENCH_ARGS": "dataloader_num_workers=2"}},
     "ddp-by-length": {"env": {"NBDDP_BENCH_ARGS": "train_sampling_strategy=group_by_length"}},  # changes order
     "ddp-expandable": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},  # reserved memory
-    "ddp-balanced": {"env": {"NBDDP_BALANCE_LENGTHS": "1"}},  # length-balanced ranks (opt-in)
+    "ddp-drawn": {"env": {"NBDDP_BALANCE_LENGTHS": "0"}},  # without length-balanced ranks (on by default)
     "ddp-nonuma": {"env": {"NBDDP_NUMA_BIND": "0"}},  # without the generated script's NUMA binding
     "ddp-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}},  # padded batches + Unsloth's block compile
     "single-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}, "launch": "one-process", "gpus": "0"},
@@ -71,9 +71,11 @@ def steady_rate(run, skip):
     tokens = [(p.get("step_tokens") or [])[skip + 1:skip + 1 + steps] for p in ranks.values()]
     levers = {"args": ranks.get("0", {}).get("bench_args"),
               "ddp": [d["bench_ddp"] for d in ranks.get("0", {}).get("ddp_constructed", []) if d.get("bench_ddp")]}
+    imbalance = [max(step) * len(step) / sum(step) for step in zip(*tokens) if sum(step)] if len(tokens) > 1 else []
     return {"samples_per_s": round(per_step * (len(window) - 1) / (window[-1] - window[0]), 3),
             "label_tokens_per_s": (round(sum(map(sum, tokens)) / (window[-1] - window[0]), 1)
                                    if tokens and all(len(t) == steps for t in tokens) else None),
+            "label_token_imbalance": _stat(statistics.mean, imbalance, 4),  # busiest rank / mean rank, per step
             "losses": run.get("losses"),
             "samples_per_step": per_step, "steps_timed": len(window) - 1,
             "median_step_s": round(statistics.median(b - a for a, b in zip(window, window[1:])), 4),
@@ -93,6 +95,25 @@ def _peak_step(memory):
         return None
     top = memory[-1][1]
     return next(i + 1 for i, (_, peak) in enumerate(memory) if peak >= top)
+
+
+def host_cpu_times():
+    """The machine's CPU time counters (/proc/stat, all CPUs), or None where there are none."""
+    try:
+        with open("/proc/stat") as fh:
+            return [int(v) for v in fh.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def host_cpu_share(before, after):
+    """Over one launch: % of the CPUs' time busy (user..softirq) and % stolen by the hypervisor for other guests."""
+    if not before or not after:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (b - a for a, b in zip(before, after))
+    total = user + nice + system + idle + iowait + irq + softirq + steal
+    return {"busy_pct": round(100 * (user + nice + system + irq + softirq) / total, 1),
+            "steal_pct": round(100 * steal / total, 2), "cpus": os.cpu_count()} if total else None
 
 
 def one(name, scripts, work, env, limit, nproc):
@@ -126,10 +147,12 @@ def run(args):
             break
         pair, work = {}, os.path.join(args.work, f"pair{i}")
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
+            before = host_cpu_times()
             r = one(name, scripts, work, env, args.timeout, args.nproc)
             pair[name] = steady_rate(r, args.skip) or {
                 "returncode": r["returncode"], "errors": r["errors"][-2:], "wall_s": r.get("wall_s"),
                 "steps_seen": {k: len(v or []) for k, v in (r.get("step_end_times") or {}).items()}}
+            pair[name]["host_cpu"] = host_cpu_share(before, host_cpu_times())
         pairs.append(pair)
         print(f"round {i}: {json.dumps(pair)}", flush=True)
         write(args, pairs, notes)

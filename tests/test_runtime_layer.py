@@ -274,9 +274,9 @@ def _loader_and_trainer(layer, **args):
 
 
 @pytest.mark.parametrize("args, env, balanced, says", [
-    ({}, None, False, ""),  # opt-in
+    ({}, None, True, "length-balanced ranks: each optimizer step's 2 x 2 micro-batches"),  # on by default
     ({}, "1", True, "length-balanced ranks: each optimizer step's 2 x 2 micro-batches"),
-    ({"average_tokens_across_devices": False}, "1", False, "would change the gradient"),
+    ({"average_tokens_across_devices": False}, None, False, "would change the gradient"),
     ({"average_tokens_across_devices": False}, "force", True, "length-balanced ranks: each"),
     ({}, "0", False, ""),
     ({"train_sampling_strategy": "group_by_length"}, "1", False, "length-aware sampling order of its own"),

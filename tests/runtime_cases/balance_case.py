@@ -1,5 +1,5 @@
 """Samples of different lengths, 2 ranks, accumulation 2: transformers.Trainer with the runtime layer, with
-length-balanced ranks (NBDDP_BALANCE_LENGTHS=1) or without (the default).
+length-balanced ranks (the default) or without (NBDDP_BALANCE_LENGTHS=0).
 
     torchrun --nproc_per_node=2 balance_case.py OUT
 
