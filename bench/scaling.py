@@ -48,7 +48,14 @@ CONFIGS = {
     "ddp-by-length": {"env": {"NBDDP_BENCH_ARGS": "train_sampling_strategy=group_by_length"}},  # changes order
     "ddp-expandable": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},  # reserved memory
     "ddp-drawn": {"env": {"NBDDP_BALANCE_LENGTHS": "0"}},  # without length-balanced ranks (on by default)
-    "ddp-nonuma": {"env": {"NBDDP_NUMA_BIND": "0"}},  # without the generated script's NUMA binding
+    # gradient checkpointing kept on the GPU (Unsloth's "unsloth" mode offloads activations to host memory) or off;
+    # each against its own 1-GPU run
+    "ddp-gc-gpu": {"env": {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=True"}},
+    "single-gc-gpu": {"env": {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=True"}, "launch": "one-process",
+                      "gpus": "0"},
+    "ddp-gc-off": {"env": {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=False"}},
+    "single-gc-off": {"env": {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=False"}, "launch": "one-process",
+                      "gpus": "0"},
     "ddp-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}},  # padded batches + Unsloth's block compile
     "single-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}, "launch": "one-process", "gpus": "0"},
     # one process under torchrun (OMP_NUM_THREADS=1 as torchrun sets it for 2): Unsloth's distributed code
@@ -70,7 +77,8 @@ def steady_rate(run, skip):
     steps = len(window) - 1  # steps skip+2..N, rank 0's clock; label tokens of the same steps on every rank
     tokens = [(p.get("step_tokens") or [])[skip + 1:skip + 1 + steps] for p in ranks.values()]
     levers = {"args": ranks.get("0", {}).get("bench_args"),
-              "ddp": [d["bench_ddp"] for d in ranks.get("0", {}).get("ddp_constructed", []) if d.get("bench_ddp")]}
+              "ddp": [d["bench_ddp"] for d in ranks.get("0", {}).get("ddp_constructed", []) if d.get("bench_ddp")],
+              "peft": ranks.get("0", {}).get("bench_peft")}
     imbalance = [max(step) * len(step) / sum(step) for step in zip(*tokens) if sum(step)] if len(tokens) > 1 else []
     return {"samples_per_s": round(per_step * (len(window) - 1) / (window[-1] - window[0]), 3),
             "label_tokens_per_s": (round(sum(map(sum, tokens)) / (window[-1] - window[0]), 1)

@@ -206,3 +206,25 @@ def test_probe_sets_the_training_argument_levers_under_test(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "workers 2" in done.stdout and "no field no_such_field" in done.stderr
     assert json.load(open(tmp_path / "p" / "rank0.json"))["bench_args"] == {"dataloader_num_workers": 2}
+
+
+def test_probe_overrides_unsloth_peft_keywords(tmp_path):
+    pkg = tmp_path / "fake" / "unsloth" / "models"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "llama.py").write_text("class FastLlamaModel:\n    @staticmethod\n"
+                                  "    def get_peft_model(model, **k):\n        return model, k\n")
+    (pkg / "loader.py").write_text("from .llama import FastLlamaModel\n\nclass FastLanguageModel(FastLlamaModel):\n"
+                                   "    @staticmethod\n    def get_peft_model(model, *a, **k):\n"
+                                   "        return FastLlamaModel.get_peft_model(model, *a, **k)\n")
+    code = ("from unsloth.models.loader import FastLanguageModel\n"
+            "print(FastLanguageModel.get_peft_model('m', r=16, use_gradient_checkpointing='unsloth'))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(BENCH, "rankprobe"), str(tmp_path / "fake")]),
+               NBDDP_BENCH_PROBE_DIR=str(tmp_path / "p"), NBDDP_BENCH_PEFT="use_gradient_checkpointing=True")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "('m', {'r': 16, 'use_gradient_checkpointing': True})" in done.stdout, done.stderr
+    assert json.load(open(tmp_path / "p" / "rank0.json"))["bench_peft"] == {"use_gradient_checkpointing": True}
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env=dict(env, NBDDP_BENCH_PEFT=""))
+    assert "'use_gradient_checkpointing': 'unsloth'" in plain.stdout  # without the setting: as the notebook says

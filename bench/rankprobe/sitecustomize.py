@@ -9,6 +9,7 @@ Optional, by environment (benchmark diagnostics, never on in a timed run):
   NBDDP_BENCH_EXIT_AFTER_TRAIN=1 end the process (probe written, exit 0) when the first train() ends
   NBDDP_BENCH_ARGS=k=v,...       set TrainingArguments fields (a lever under test, e.g. dataloader_num_workers=2)
   NBDDP_BENCH_DDP=k=v,...        add DistributedDataParallel keywords (e.g. gradient_as_bucket_view=True)
+  NBDDP_BENCH_PEFT=k=v,...       override Unsloth get_peft_model keywords (e.g. use_gradient_checkpointing=True)
 SIGUSR1 prints every thread's stack (the runner sends it before killing a run that passed its limit)."""
 import ast
 import atexit
@@ -198,6 +199,21 @@ def _patch_ddp(module):
     cls.__init__ = __init__
 
 
+def _patch_unsloth_peft(module):
+    """NBDDP_BENCH_PEFT: the notebook's FastLanguageModel.get_peft_model keywords overridden (it calls this one)."""
+    extra = _settings("NBDDP_BENCH_PEFT")
+    if not extra:
+        return
+    orig = module.FastLlamaModel.get_peft_model
+
+    @functools.wraps(orig)
+    def get_peft_model(*a, **k):
+        k.update(extra)
+        _COUNTS["bench_peft"] = extra
+        return orig(*a, **k)
+    module.FastLlamaModel.get_peft_model = staticmethod(get_peft_model)
+
+
 def _patch_dist(module):
     """When the process group starts, and whether `unsloth` was imported by then (unsloth-zoo#967)."""
     orig = module.init_process_group
@@ -219,6 +235,7 @@ _PATCH = {
     "transformers.trainer_callback": _patch_callbacks,
     "transformers.training_args": _patch_training_args,
     "accelerate.data_loader": _patch_loader,
+    "unsloth.models.llama": _patch_unsloth_peft,
     "transformers.generation.utils": lambda m: setattr(m.GenerationMixin, "generate", _count("generate", m.GenerationMixin.generate)),
     "peft.peft_model": lambda m: setattr(m.PeftModel, "save_pretrained", _count("save_pretrained", m.PeftModel.save_pretrained)),
 }

@@ -28,49 +28,9 @@ def _nbddp_flag(name):
     return _nbddp_choice(name) is True
 
 
-def nbddp_cpu_list(text):
-    """The CPU numbers of a sysfs cpulist such as "0-15,32-47"."""
-    cpus = set()
-    for part in filter(None, text.strip().split(",")):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
-def nbddp_bind_to_gpu_node(gpu, sysfs="/sys", tasks="/proc/self/task"):
-    """Pin every thread of this process to the CPUs of the NUMA node that its GPU hangs off, as torchrun's
-    --numa-binding=node does (that flag is missing from older torch): host copies and kernel launches stay near the
-    GPU. Returns (node, number of CPUs), or the reason nothing changed: one node, unknown topology, the process
-    already limited to those CPUs, or NBDDP_NUMA_BIND=0."""
-    if _nbddp_choice("NBDDP_NUMA_BIND") is False:
-        return "NBDDP_NUMA_BIND=0"
-    try:
-        nodes = sum(n.startswith("node") and n[4:].isdigit() for n in os.listdir(f"{sysfs}/devices/system/node"))
-        if nodes < 2:
-            return f"{nodes} NUMA node(s)"
-        p = torch.cuda.get_device_properties(gpu)
-        address = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
-        with open(f"{sysfs}/bus/pci/devices/{address}/numa_node") as fh:
-            node = int(fh.read())
-        if node < 0:
-            return f"no NUMA node given for GPU {address}"
-        with open(f"{sysfs}/devices/system/node/node{node}/cpulist") as fh:
-            allowed = os.sched_getaffinity(0)
-            cpus = nbddp_cpu_list(fh.read()) & allowed
-        if not cpus or cpus == allowed:
-            return f"the process may use {len(allowed)} CPUs, {len(cpus)} of them on node {node}: nothing to narrow"
-        for task in os.listdir(tasks):
-            os.sched_setaffinity(int(task), cpus)
-        return node, len(cpus)
-    except (OSError, ValueError, AttributeError, RuntimeError) as exc:  # no sysfs, no affinity calls: leave it
-        return f"{type(exc).__name__}: {exc}"
-
-
-NBDDP_NUMA = None
 if torch.cuda.is_available():
     torch.cuda.set_device(NBDDP_LOCAL_RANK)  # plain "cuda" now means this rank's own GPU
     NBDDP_DEVICE = f"cuda:{NBDDP_LOCAL_RANK}"
-    NBDDP_NUMA = nbddp_bind_to_gpu_node(NBDDP_LOCAL_RANK)
 else:
     NBDDP_DEVICE = "cpu"
     if NBDDP_WORLD_SIZE > 1:
@@ -148,11 +108,6 @@ def nbddp_teardown():
 
 if NBDDP_IS_MAIN and NBDDP_WORLD_SIZE > 1:
     print(f"nbddp: {NBDDP_WORLD_SIZE} processes, this one is rank 0 on {NBDDP_DEVICE}", flush=True)
-if NBDDP_IS_MAIN and isinstance(NBDDP_NUMA, tuple):
-    print(f"nbddp: each rank runs on the CPUs of its GPU's NUMA node (rank 0: node {NBDDP_NUMA[0]}, "
-          f"{NBDDP_NUMA[1]} CPUs; NBDDP_NUMA_BIND=0: off)", flush=True)
-elif NBDDP_IS_MAIN and NBDDP_NUMA and _nbddp_choice("NBDDP_NUMA_BIND"):  # asked for: say why not
-    print(f"nbddp: NUMA binding left as it is ({NBDDP_NUMA})", flush=True)
 # ---- end of nbddp setup ----
 
 
@@ -458,7 +413,7 @@ def _nbddp_patch_trainer(module):
         return
 
     @functools.wraps(make_loader)
-    def get_train_dataloader(self, *a, **kw):  # section 6 (opt-in)
+    def get_train_dataloader(self, *a, **kw):  # section 6
         loader = make_loader(self, *a, **kw)
         try:
             return nbddp_balance_loader(loader, self)
@@ -682,7 +637,7 @@ def _nbddp_patch_training_args(module):
 
 
 NBDDP_IMPORTS.watch("transformers.training_args", _nbddp_patch_training_args)
-# ---- 6. Equal work per rank (opt-in): each optimizer step's samples dealt out by length ----
+# ---- 6. Equal work per rank: each optimizer step's samples dealt out by length ----
 def nbddp_balance_window(batches, length, world):
     """The batches of one optimizer step on every rank (batch i goes to rank i % world), with the same samples
     re-dealt: sorted by length into micro-batches of similar samples, the longest first, each to the rank with the
@@ -743,13 +698,13 @@ def _nbddp_length_of(dataset, trainer):
 
 
 def nbddp_balance_loader(loader, trainer):
-    """Opt-in (NBDDP_BALANCE_LENGTHS=1; not yet measured to help on GPUs): wrap the train loader's batches in
-    NbddpBalancedBatches where that cannot change the gradient: the loss is normalised by the token count of the
-    whole step on every rank (transformers' average_tokens_across_devices), so which rank and micro-batch a sample
-    lands in changes only the floating-point order. NBDDP_BALANCE_LENGTHS=force skips that check."""
+    """Wrap the train loader's batches in NbddpBalancedBatches where that cannot change the gradient: the loss is
+    normalised by the token count of the whole step on every rank (transformers' average_tokens_across_devices), so
+    which rank and micro-batch a sample lands in changes only the floating-point order. On by default;
+    NBDDP_BALANCE_LENGTHS=0 turns it off, =force skips the check."""
     force = os.environ.get("NBDDP_BALANCE_LENGTHS", "").strip().lower() == "force"
     shard = getattr(loader, "batch_sampler", None)
-    if not (force or _nbddp_flag("NBDDP_BALANCE_LENGTHS")) or NBDDP_WORLD_SIZE == 1 \
+    if _nbddp_choice("NBDDP_BALANCE_LENGTHS") is False or NBDDP_WORLD_SIZE == 1 \
             or isinstance(getattr(shard, "batch_sampler", None), NbddpBalancedBatches):
         return loader
     args = trainer.args
@@ -774,7 +729,7 @@ def nbddp_balance_loader(loader, trainer):
     accumulation = int(args.gradient_accumulation_steps)
     shard.batch_sampler = NbddpBalancedBatches(shard.batch_sampler, length, NBDDP_WORLD_SIZE, accumulation)
     nbddp_say("balance", f"length-balanced ranks: each optimizer step's {NBDDP_WORLD_SIZE} x {accumulation} "
-                         f"micro-batches keep their samples, dealt out by length")
+                         f"micro-batches keep their samples, dealt out by length (NBDDP_BALANCE_LENGTHS=0: off)")
     return loader
 
 
