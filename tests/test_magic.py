@@ -1,5 +1,6 @@
 """`%%torchrun` in a real IPython shell, with real torchrun jobs on CPU (gloo)."""
 import _thread
+import signal
 import threading
 import textwrap
 import time
@@ -82,8 +83,12 @@ def test_line_magic_all_ranks_prefixes_every_rank(ip, tmp_path, monkeypatch, cap
 
 
 @pytest.mark.ddp
-def test_interrupt_stops_every_rank(ip, tmp_path, monkeypatch):
+def test_interrupt_stops_every_rank(ip, tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
+    # A kernel turns Ctrl-C into KeyboardInterrupt. A test run started in the background (`cmd &`) inherits SIGINT
+    # ignored, and then interrupt_main() below does nothing: give this test the kernel's handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     script = str(tmp_path / "sleepy_ddp.py")
     seen = []
 
