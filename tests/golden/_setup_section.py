@@ -14,20 +14,6 @@ NBDDP_IS_MAIN = NBDDP_RANK == 0  # saving, pushing, generation and prints: once 
 NBDDP_IS_LOCAL_MAIN = NBDDP_LOCAL_RANK == 0  # files and caches: once per machine
 
 
-def _nbddp_choice(name):
-    """NBDDP_* override: auto (None), 1 (True) or 0 (False)."""
-    value = os.environ.get(name, "auto").strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    return None
-
-
-def _nbddp_flag(name):
-    return _nbddp_choice(name) is True
-
-
 if torch.cuda.is_available():
     torch.cuda.set_device(NBDDP_LOCAL_RANK)  # plain "cuda" now means this rank's own GPU
     NBDDP_DEVICE = f"cuda:{NBDDP_LOCAL_RANK}"
@@ -127,6 +113,20 @@ def nbddp_say(key, text):
         _NBDDP_SAID.add(key)
         if NBDDP_IS_MAIN:
             print(f"nbddp: {text}", flush=True)
+
+
+def _nbddp_choice(name):
+    """NBDDP_* override: auto (None), 1 (True) or 0 (False)."""
+    value = os.environ.get(name, "auto").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
+def _nbddp_flag(name):
+    return _nbddp_choice(name) is True
 
 
 class _NbddpPostImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
