@@ -8,8 +8,8 @@ On the GPU machine, after bench/offline_hub.py filled HF_HOME (reduced-size rand
 Each round launches single (CUDA_VISIBLE_DEVICES=0 python script) and every 2-GPU configuration in CONFIGS, in an
 order rotated from round to round: the converted script under torchrun with the configuration's environment, or
 the baselines, the notebook as a plain script (bench/plain_script.py, `run_notebooks.py convert` writes it to
-plain/) in one process seeing both GPUs or under torchrun. bench/rankprobe times every optimizer step (CUDA
-synchronised at each step end) and ends each process when train() ends; the rate is the samples of the steps
+plain/) in one process seeing both GPUs or under torchrun. bench/rankprobe times every optimizer step (a CUDA
+event at each step end, read after training: nothing waits for the GPU) and ends each process when train() ends; the rate is the samples of the steps
 after --skip warm-up steps over their wall time, rank 0's clock, counting each step's samples (batch per process,
 x GPUs under DataParallel, x accumulation x world size), so runs with different global batches compare per sample.
 Peak memory per rank comes from torch.cuda.max_memory_allocated/reserved at exit.
@@ -56,6 +56,16 @@ CONFIGS = {
     "ddp-gc-off": {"env": {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=False"}},
     "single-gc-off": {"env": {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=False"}, "launch": "one-process",
                       "gpus": "0"},
+    # host synchronisations per step: the Trainer's loss/grad-norm log every 10 steps instead of every step
+    # (the notebooks log every step), and Unsloth's gathered token count left rank-local (changes the loss's
+    # divisor when ranks' label tokens differ: a diagnostic of what the count's gather and read-back cost)
+    "ddp-log10": {"env": {"NBDDP_BENCH_ARGS": "logging_steps=10"}},
+    "single-log10": {"env": {"NBDDP_BENCH_ARGS": "logging_steps=10"}, "launch": "one-process", "gpus": "0"},
+    "ddp-local-count": {"env": {"NBDDP_BENCH_ARGS": "average_tokens_across_devices=False"}},
+    "ddp-excl": {"env": {}, "torchrun": ["--numa-binding=exclusive"]},  # each rank its own half of the cores
+    # the probe's timing before the sixth session: CUDA synchronised at every step end
+    "ddp-stepsync": {"env": {"NBDDP_BENCH_STEP_SYNC": "1"}},
+    "single-stepsync": {"env": {"NBDDP_BENCH_STEP_SYNC": "1"}, "launch": "one-process", "gpus": "0"},
     "ddp-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}},  # padded batches + Unsloth's block compile
     "single-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}, "launch": "one-process", "gpus": "0"},
     # one process under torchrun (OMP_NUM_THREADS=1 as torchrun sets it for 2): Unsloth's distributed code
@@ -132,12 +142,19 @@ def one(name, scripts, work, env, limit, nproc):
     if name == "single":
         return rn.launch(scripts["converted"], workdir, log, env, limit, nproc, gpu=0)
     config = CONFIGS[name]
-    script, env = scripts[config.get("script", "converted")], dict(env, **config["env"], NCCL_NVLS_ENABLE="0")
+    script, env = scripts[config.get("script", "converted")], dict(env, **_joined(env, config["env"]), NCCL_NVLS_ENABLE="0")
     if config.get("launch") == "one-process":  # one process, every GPU visible (or the config's)
         gpus = config.get("gpus", ",".join(str(g) for g in range(nproc)))
         return rn.launch(script, workdir, log, env, limit, nproc, gpu=gpus)
     return rn.launch(script, workdir, log, env, limit, config.get("nproc", nproc),
                      torchrun_args=config.get("torchrun", ()))
+
+
+def _joined(env, extra):
+    """The configuration's environment; its NBDDP_BENCH_* k=v lists added to the call's (--env) instead of
+    replacing them, so a lever keeps the call's max_steps."""
+    return {k: (f"{env[k]},{v}" if k.startswith("NBDDP_BENCH_") and "=" in v and env.get(k) else v)
+            for k, v in extra.items()}
 
 
 def run(args):
@@ -209,7 +226,8 @@ def write(args, pairs, notes):
            "rounds": pairs, "notes": notes,
            "settings": {"skip_steps": args.skip, "configs": {c: CONFIGS[c] for c in configs},
                         "env": rn.parse_env(args.env),
-                        "timing": "rank-0 wall clock between optimizer-step ends, CUDA synchronised"},
+                        "timing": "rank 0's optimizer-step ends: CUDA events read after training (the probe's default since the "
+                                  "sixth session; NBDDP_BENCH_STEP_SYNC=1 synchronised each step end before)"},
            "commit": args.commit}
     with open(args.out, "w") as fh:
         json.dump(out, fh, indent=1)

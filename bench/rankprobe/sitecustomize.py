@@ -5,6 +5,11 @@ script itself stays as nbddp wrote it.
 
 Optional, by environment (benchmark diagnostics, never on in a timed run):
   NBDDP_BENCH_PROFILE=A:B        torch.profiler over optimizer steps A..B-1; per-rank tables, profile-rank<R>.txt
+  NBDDP_BENCH_TRACE=1            with PROFILE: also the window's timeline, trace-rank<R>.json.gz (chrome://tracing)
+  NBDDP_BENCH_SYNC_DEBUG=A       every host<-GPU synchronisation during optimizer step A+1, with the Python
+                                 stack that asked for it (torch.cuda.set_sync_debug_mode), syncs-rank<R>.txt
+  NBDDP_BENCH_STEP_SYNC=1        time steps by synchronising CUDA at each step end (the probe before the sixth
+                                 session); by default a CUDA event marks each step end, read once after train()
   NBDDP_BENCH_MEMORY_HISTORY=N   CUDA allocator history from train start to step N, memory-rank<R>.pickle.gz
   NBDDP_BENCH_EXIT_AFTER_TRAIN=1 end the process (probe written, exit 0) when the first train() ends
   NBDDP_BENCH_ARGS=k=v,...       set TrainingArguments fields (a lever under test, e.g. dataloader_num_workers=2)
@@ -32,6 +37,7 @@ _COUNTS = {"generate": 0, "save_pretrained": 0, "dist_initialized": False}
 _T0 = time.time()
 _ITEMS = []  # label tokens of the batches loaded since the last optimizer step
 _PROFILER = {}  # the running torch.profiler, between the window's first and last step
+_EVENTS = []  # (CUDA event at train begin, its perf_counter), then one event per optimizer-step end
 
 
 def _count(name, fn):
@@ -54,15 +60,22 @@ def _patch_callbacks(module):
         torch = sys.modules.get("torch")
         if _HISTORY_UNTIL and torch is not None and torch.cuda.is_available():
             torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
+        if not _STEP_SYNC and torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # once: the clock's origin, an event and its host time together
+            _EVENTS[:] = [(_event(torch), time.perf_counter() - _T0P)]
         return orig_begin(self, args, state, control)
 
     def on_step_end(self, args, state, control):
         torch = sys.modules.get("torch")
         cuda = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
-        if cuda:
+        if cuda and (_STEP_SYNC or not _EVENTS):
             torch.cuda.synchronize()
+        elif cuda:
+            _EVENTS.append(_event(torch))  # no wait: the host runs on as it would without the probe
         _COUNTS.setdefault("step_end_times", []).append(round(time.perf_counter() - _T0P, 4))
         step = len(_COUNTS["step_end_times"])
+        if cuda and _SYNC_DEBUG and step in (_SYNC_DEBUG, _SYNC_DEBUG + 1):
+            _sync_debug(torch, on=step == _SYNC_DEBUG)
         if cuda:
             try:
                 _diagnose_step(torch, step)
@@ -105,6 +118,49 @@ def _patch_loader(module):
     module.send_to_device = send_to_device
 
 
+def _event(torch):
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
+
+
+def _step_times_from_events(torch):
+    """After training: each step end on the GPU's clock (the event), placed on the probe's host clock through the
+    train-begin event; replaces the host times, which run ahead of the GPU when nothing waits for it."""
+    if len(_EVENTS) < 2 or len(_EVENTS) - 1 != len(_COUNTS.get("step_end_times", [])):
+        return
+    torch.cuda.synchronize()
+    (origin, at), ends = _EVENTS[0], _EVENTS[1:]
+    _COUNTS["step_end_host_times"] = _COUNTS["step_end_times"]
+    _COUNTS["step_end_times"] = [round(at + origin.elapsed_time(ev) / 1000, 4) for ev in ends]
+    _COUNTS["step_timing"] = "cuda-events"
+    _EVENTS.clear()
+
+
+def _sync_debug(torch, on):
+    """Each synchronising CUDA call of one step, with the Python frames that made it (torch warns for each)."""
+    import traceback
+    import warnings
+    if not on:
+        torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = _SYNC_LOG.pop("showwarning", warnings.showwarning)
+        warnings.filters[:] = _SYNC_LOG.pop("filters", warnings.filters)
+        return
+    path = os.path.join(_DIR, f"syncs-rank{os.environ.get('RANK', '0')}.txt")
+    orig = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return orig(message, category, filename, lineno, file, line)
+        frames = [f for f in traceback.extract_stack()[:-1] if "warnings.py" not in f.filename][-8:]
+        with open(path, "a") as fh:
+            fh.write(f"-- {message}\n" + "".join(traceback.format_list(frames)))
+    _SYNC_LOG.update(showwarning=orig, filters=list(warnings.filters))
+    warnings.showwarning = show
+    warnings.simplefilter("always")
+    torch.cuda.set_sync_debug_mode("warn")
+
+
 def _diagnose_step(torch, step):
     """Memory held after the step and the running peak (which step set it); the optional profiler window and
     allocator history."""
@@ -129,6 +185,12 @@ def _profile_step(torch, step):
         prof = _PROFILER.pop("on")
         prof.__exit__(None, None, None)
         avg = prof.key_averages()
+        if os.environ.get("NBDDP_BENCH_TRACE") == "1":
+            trace = os.path.join(_DIR, f"trace-rank{os.environ.get('RANK', '0')}.json")
+            prof.export_chrome_trace(trace)
+            with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
+                dst.write(src.read())
+            os.remove(trace)
         with open(os.path.join(_DIR, f"profile-rank{os.environ.get('RANK', '0')}.txt"), "w") as fh:
             fh.write(f"optimizer steps {start + 1}..{stop} (1-based), {stop - start} steps\n")
             for key in ("self_device_time_total", "self_cpu_time_total", "cpu_time_total"):
@@ -229,6 +291,9 @@ def _patch_dist(module):
 _T0P = time.perf_counter()
 _PROFILE = tuple(int(x) for x in os.environ["NBDDP_BENCH_PROFILE"].split(":")) if os.environ.get("NBDDP_BENCH_PROFILE") else None
 _HISTORY_UNTIL = int(os.environ.get("NBDDP_BENCH_MEMORY_HISTORY") or 0)
+_STEP_SYNC = os.environ.get("NBDDP_BENCH_STEP_SYNC") == "1"
+_SYNC_DEBUG = int(os.environ.get("NBDDP_BENCH_SYNC_DEBUG") or 0)
+_SYNC_LOG = {}
 _PATCH = {
     "torch.distributed": _patch_dist,
     "torch.nn.parallel.distributed": _patch_ddp,
@@ -279,6 +344,7 @@ def _dump():
     torch = sys.modules.get("torch")
     try:
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            _step_times_from_events(torch)
             dev = torch.cuda.current_device()
             props = torch.cuda.get_device_properties(dev)
             info.update(cuda_device=dev, gpu_name=props.name, gpu_uuid=str(getattr(props, "uuid", "")),
