@@ -178,6 +178,7 @@ def run(args):
                 "returncode": r["returncode"], "errors": r["errors"][-2:], "wall_s": r.get("wall_s"),
                 "steps_seen": {k: len(v or []) for k, v in (r.get("step_end_times") or {}).items()}}
             pair[name]["host_cpu"] = host_cpu_share(before, host_cpu_times())
+            write(args, pairs + [pair], notes)  # a call cut off mid-round keeps the launches it finished
         pairs.append(pair)
         print(f"round {i}: {json.dumps(pair)}", flush=True)
         write(args, pairs, notes)
