@@ -17,6 +17,7 @@ Peak memory per rank comes from torch.cuda.max_memory_allocated/reserved at exit
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import glob
 import json
 import os
@@ -68,6 +69,9 @@ CONFIGS = {
     "single-stepsync": {"env": {"NBDDP_BENCH_STEP_SYNC": "1"}, "launch": "one-process", "gpus": "0"},
     "ddp-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}},  # padded batches + Unsloth's block compile
     "single-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}, "launch": "one-process", "gpus": "0"},
+    # one independent 1-GPU process per GPU, both at once, no communication: what the machine gives two host-bound
+    # trainings side by side; its rate is the sum of the two
+    "two-singles": {"env": {}, "launch": "concurrent"},
     # one process under torchrun (OMP_NUM_THREADS=1 as torchrun sets it for 2): Unsloth's distributed code
     # paths and the launcher without a second rank
     "torchrun-1proc": {"env": {"OMP_NUM_THREADS": "1"}, "nproc": 1},
@@ -107,6 +111,24 @@ def steady_rate(run, skip):
             "returncode": run.get("returncode"), "wall_s": run.get("wall_s")}
 
 
+def launch_rate(r, skip):
+    """steady_rate of one launch; of concurrent launches, their samples and label tokens per second summed, each
+    GPU's peak memory under its index. None if any launch gave no rate."""
+    if "concurrent" not in r:
+        return steady_rate(r, skip)
+    parts = [steady_rate(x, skip) for x in r["concurrent"]]
+    if not all(parts):
+        return None
+    tokens = [p["label_tokens_per_s"] for p in parts]
+    return {"samples_per_s": round(sum(p["samples_per_s"] for p in parts), 3),
+            "label_tokens_per_s": round(sum(tokens), 1) if all(tokens) else None,
+            "median_step_s": [p["median_step_s"] for p in parts],
+            "per_process": [{k: p[k] for k in ("samples_per_s", "median_step_s", "step_s")} for p in parts],
+            "peak_allocated_gib": {str(i): p["peak_allocated_gib"].get("0") for i, p in enumerate(parts)},
+            "peak_reserved_gib": {str(i): p["peak_reserved_gib"].get("0") for i, p in enumerate(parts)},
+            "returncode": max(p["returncode"] or 0 for p in parts), "wall_s": max(p["wall_s"] or 0 for p in parts)}
+
+
 def _peak_step(memory):
     """1-based optimizer step whose end first showed the run's training peak (probe: (allocated, peak) per step)."""
     if not memory:
@@ -143,6 +165,12 @@ def one(name, scripts, work, env, limit, nproc):
         return rn.launch(scripts["converted"], workdir, log, env, limit, nproc, gpu=0)
     config = CONFIGS[name]
     script, env = scripts[config.get("script", "converted")], dict(env, **_joined(env, config["env"]), NCCL_NVLS_ENABLE="0")
+    if config.get("launch") == "concurrent":  # the converted script alone on each GPU, all at once
+        def alone(gpu):
+            return rn.launch(script, os.path.join(workdir, f"gpu{gpu}"), f"{log[:-len('.log')]}-gpu{gpu}.log",
+                             env, limit, nproc, gpu=gpu)
+        with concurrent.futures.ThreadPoolExecutor(nproc) as pool:
+            return {"concurrent": list(pool.map(alone, range(nproc)))}
     if config.get("launch") == "one-process":  # one process, every GPU visible (or the config's)
         gpus = config.get("gpus", ",".join(str(g) for g in range(nproc)))
         return rn.launch(script, workdir, log, env, limit, nproc, gpu=gpus)
@@ -174,9 +202,10 @@ def run(args):
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
             before = host_cpu_times()
             r = one(name, scripts, work, env, args.timeout, args.nproc)
-            pair[name] = steady_rate(r, args.skip) or {
-                "returncode": r["returncode"], "errors": r["errors"][-2:], "wall_s": r.get("wall_s"),
-                "steps_seen": {k: len(v or []) for k, v in (r.get("step_end_times") or {}).items()}}
+            pair[name] = launch_rate(r, args.skip) or [{
+                "returncode": x["returncode"], "errors": x["errors"][-2:], "wall_s": x.get("wall_s"),
+                "steps_seen": {k: len(v or []) for k, v in (x.get("step_end_times") or {}).items()}}
+                for x in r.get("concurrent", [r])][-1]
             pair[name]["host_cpu"] = host_cpu_share(before, host_cpu_times())
             write(args, pairs + [pair], notes)  # a call cut off mid-round keeps the launches it finished
         pairs.append(pair)

@@ -161,15 +161,19 @@ def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_pa
         script.write_text(FAKE_TRAINING)
     out = tmp_path / "scaling.json"
     subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "run", "--script", str(tmp_path / "gpurun" / "nb.py"),
-                    "--configs", "dataparallel,plain-torchrun", "--pairs", "1", "--skip", "2", "--run-estimate", "1",
+                    "--configs", "dataparallel,plain-torchrun,two-singles", "--pairs", "1", "--skip", "2", "--run-estimate", "1",
                     "--work", str(tmp_path / "w"), "--out", str(out), "--timeout", "200"], check=True, capture_output=True)
     row = json.load(open(out))["rounds"][0]
-    assert {name: run["samples_per_step"] for name, run in row.items()} == {
-        "single": 8, "dataparallel": 16, "plain-torchrun": 16}
-    logs = {name: (tmp_path / "w" / "pair0" / f"pair0-{name}.log").read_text() for name in row}
+    assert {name: run.get("samples_per_step") for name, run in row.items()} == {
+        "single": 8, "dataparallel": 16, "plain-torchrun": 16, "two-singles": None}
+    assert row["two-singles"]["samples_per_s"] == pytest.approx(
+        sum(p["samples_per_s"] for p in row["two-singles"]["per_process"]), abs=0.002)
+    logs = {name: (tmp_path / "w" / "pair0" / f"pair0-{name}.log").read_text() for name in row if name != "two-singles"}
     assert "script gpurun visible 0" in logs["single"]  # the converted script on one GPU
     assert "script plain visible 0,1" in logs["dataparallel"]  # one process seeing both GPUs, the plain script
     assert logs["plain-torchrun"].count("script plain visible None") == 2  # torchrun: 2 processes
+    for gpu in (0, 1):  # two-singles: the converted script alone on each GPU
+        assert f"script gpurun visible {gpu}" in (tmp_path / "w" / "pair0" / f"pair0-two-singles-gpu{gpu}.log").read_text()
 
 
 def test_plain_script_is_the_notebook_without_ddp_changes():
@@ -228,3 +232,38 @@ def test_probe_overrides_unsloth_peft_keywords(tmp_path):
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env=dict(env, NBDDP_BENCH_PEFT=""))
     assert "'use_gradient_checkpointing': 'unsloth'" in plain.stdout  # without the setting: as the notebook says
+
+
+def test_probe_times_steps_by_cuda_events_read_after_training(tmp_path):
+    pytest.importorskip("transformers")
+    code = """
+import types, torch
+from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
+class Event:  # a GPU clock 0.25 s ahead per recorded event, whatever the host does
+    clock = [0.0]
+    def __init__(self, enable_timing=False):
+        self.at = None
+    def record(self):
+        Event.clock[0] += 0.25
+        self.at = Event.clock[0]
+    def elapsed_time(self, later):
+        return (later.at - self.at) * 1000
+synced = []
+cuda = torch.cuda
+cuda.is_available = cuda.is_initialized = lambda: True
+cuda.synchronize = lambda: synced.append(1)
+cuda.Event, cuda.memory_allocated, cuda.max_memory_allocated = Event, lambda *a: 0, lambda *a: 0
+handler = CallbackHandler([], None, None, None, None)
+args, state, control = types.SimpleNamespace(), TrainerState(), TrainerControl()
+handler.on_train_begin(args, state, control)
+for _ in range(3):
+    handler.on_step_end(args, state, control)
+print('syncs during training', len(synced))
+"""
+    env = dict(os.environ, PYTHONPATH=os.path.join(BENCH, "rankprobe"), NBDDP_BENCH_PROBE_DIR=str(tmp_path / "p"))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "syncs during training 1" in done.stdout, done.stderr  # the clock's origin only
+    record = json.load(open(tmp_path / "p" / "rank0.json"))
+    assert record["step_timing"] == "cuda-events" and len(record["step_end_host_times"]) == 3
+    ends = record["step_end_times"]
+    assert [round(b - a, 3) for a, b in zip(ends, ends[1:])] == [0.25, 0.25]

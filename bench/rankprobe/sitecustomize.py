@@ -338,13 +338,17 @@ def _dump():
     if "RANK" not in os.environ and (argv0.endswith("torch/distributed/run.py") or argv0.endswith("/torchrun")):
         return  # the torchrun launcher itself
     rank = os.environ.get("RANK", "0")
-    info = dict(_COUNTS, rank=int(rank), local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-                world_size=int(os.environ.get("WORLD_SIZE", "1")),
-                cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), seconds=round(time.time() - _T0, 1))
     torch = sys.modules.get("torch")
     try:
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-            _step_times_from_events(torch)
+            _step_times_from_events(torch)  # before the record below is taken from _COUNTS
+    except Exception as exc:
+        _COUNTS["probe_error"] = repr(exc)
+    info = dict(_COUNTS, rank=int(rank), local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), seconds=round(time.time() - _T0, 1))
+    try:
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
             dev = torch.cuda.current_device()
             props = torch.cuda.get_device_properties(dev)
             info.update(cuda_device=dev, gpu_name=props.name, gpu_uuid=str(getattr(props, "uuid", "")),
