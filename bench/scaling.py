@@ -229,8 +229,12 @@ def summary(pairs, name):
     """Ratios of one DDP configuration to the single run of the same round (samples/s, label tokens/s), and peak
     memory growth per rank (allocated, reserved)."""
     ratios, token_ratios, growth = [], [], {"peak_allocated_gib": [], "peak_reserved_gib": []}
+    to_two = []  # against the round's two independent 1-GPU processes (two-singles): the cost of DDP itself
     for p in pairs:
         single, ddp = p.get("single", {}), p.get(name, {})
+        two = next((run for key, run in p.items() if key.split("[")[0] == "two-singles"), {})  # merge tags names
+        if ddp.get("samples_per_s") and two.get("samples_per_s") and ddp is not two:
+            to_two.append(ddp["samples_per_s"] / two["samples_per_s"])
         if ddp.get("samples_per_s") and single.get("samples_per_s"):
             ratios.append(ddp["samples_per_s"] / single["samples_per_s"])
             if ddp.get("label_tokens_per_s") and single.get("label_tokens_per_s"):
@@ -242,7 +246,8 @@ def summary(pairs, name):
             "min_ratio": _stat(min, ratios), "token_ratios": [round(r, 3) for r in token_ratios],
             "median_token_ratio": _stat(statistics.median, token_ratios),
             "max_peak_allocated_growth": _stat(max, growth["peak_allocated_gib"], 4),
-            "max_peak_reserved_growth": _stat(max, growth["peak_reserved_gib"], 4)}
+            "max_peak_reserved_growth": _stat(max, growth["peak_reserved_gib"], 4),
+            **({"ratios_to_two_singles": [round(r, 3) for r in to_two]} if to_two else {})}
 
 
 def write(args, pairs, notes):

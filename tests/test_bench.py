@@ -89,6 +89,10 @@ def test_scaling_summary_pairs_each_configuration_with_its_own_round():
     assert ddp["ratios"] == [1.9, 1.95] and ddp["median_ratio"] == 1.925 and ddp["min_ratio"] == 1.9
     assert ddp["max_peak_allocated_growth"] == 0.05
     assert scaling.summary(rounds, "ddp-pcie")["ratios"] == [1.6]  # a failed launch makes no pair
+    assert "ratios_to_two_singles" not in ddp  # no round ran two-singles
+    rounds[1]["two-singles[c2]"] = {"samples_per_s": 80.0}  # as merge names it
+    assert scaling.summary(rounds, "ddp")["ratios_to_two_singles"] == [0.975]
+    assert "ratios_to_two_singles" not in scaling.summary(rounds, "two-singles[c2]")
 
 
 def test_plot_scaling_writes_a_png(tmp_path):
@@ -267,3 +271,18 @@ print('syncs during training', len(synced))
     assert record["step_timing"] == "cuda-events" and len(record["step_end_host_times"]) == 3
     ends = record["step_end_times"]
     assert [round(b - a, 3) for a, b in zip(ends, ends[1:])] == [0.25, 0.25]
+
+
+def test_sync_table_names_the_innermost_caller_outside_torch():
+    import sync_table
+
+    text = ("-- Synchronization debug mode is a prototype feature (Triggered internally)\n"
+            '  File "/x/site-packages/transformers/trainer.py", line 1882, in _run_epoch\n'
+            "-- called a synchronizing CUDA operation (Triggered internally)\n"
+            '  File "/x/site-packages/transformers/trainer.py", line 1883, in _run_epoch\n'
+            '  File "/x/site-packages/transformers/trainer.py", line 2175, in _maybe_log_save_evaluate\n'
+            '  File "/x/site-packages/torch/_tensor.py", line 9, in item\n'
+            "-- called a synchronizing CUDA operation (Triggered internally)\n"
+            '  File "/tmp/site/unsloth_zoo/loss_utils.py", line 703, in _unsloth_get_batch_samples\n')
+    assert sync_table.callers(text) == ["transformers/trainer.py:2175 _maybe_log_save_evaluate",
+                                        "unsloth_zoo/loss_utils.py:703 _unsloth_get_batch_samples"]
