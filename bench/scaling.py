@@ -108,6 +108,7 @@ def steady_rate(run, skip):
             "ddp_memory_gib": {r: [{k: d.get(k) for k in ("memory_before_gib", "memory_after_gib")}
                                    for d in p.get("ddp_constructed", [])] for r, p in ranks.items()},
             "levers_set": {k: v for k, v in levers.items() if v},
+            "host_per_step": {r: _host_per_step(p, skip) for r, p in ranks.items() if p.get("step_thread_cpu_s")},
             "returncode": run.get("returncode"), "wall_s": run.get("wall_s")}
 
 
@@ -127,6 +128,17 @@ def launch_rate(r, skip):
             "peak_allocated_gib": {str(i): p["peak_allocated_gib"].get("0") for i, p in enumerate(parts)},
             "peak_reserved_gib": {str(i): p["peak_reserved_gib"].get("0") for i, p in enumerate(parts)},
             "returncode": max(p["returncode"] or 0 for p in parts), "wall_s": max(p["wall_s"] or 0 for p in parts)}
+
+
+def _host_per_step(probe, skip):
+    """Over the timed steps of one rank: the training thread's median CPU seconds and involuntary context switches
+    per step, and the CPUs it ran on at step ends."""
+    def median_step(key):
+        values = (probe.get(key) or [])[skip:]
+        return _stat(statistics.median, [b - a for a, b in zip(values, values[1:])], 4)
+    return {"thread_cpu_s": median_step("step_thread_cpu_s"),
+            "involuntary_switches": median_step("step_involuntary_switches"),
+            "cpus": sorted({c for c in (probe.get("step_cpu") or [])[skip:] if c is not None})}
 
 
 def _peak_step(memory):

@@ -271,6 +271,12 @@ print('syncs during training', len(synced))
     assert record["step_timing"] == "cuda-events" and len(record["step_end_host_times"]) == 3
     ends = record["step_end_times"]
     assert [round(b - a, 3) for a, b in zip(ends, ends[1:])] == [0.25, 0.25]
+    cpu = record["step_thread_cpu_s"]  # the training thread's host side of each step
+    assert len(cpu) == len(record["step_involuntary_switches"]) == len(record["step_cpu"]) == 3
+    assert cpu == sorted(cpu) and all(isinstance(c, int) for c in record["step_cpu"])
+    import scaling
+    host = scaling._host_per_step(record, 0)
+    assert host["thread_cpu_s"] >= 0 and host["cpus"] == sorted(set(record["step_cpu"]))
 
 
 def test_sync_table_names_the_innermost_caller_outside_torch():

@@ -1,5 +1,6 @@
 """Loaded by every Python process of a benchmark run (PYTHONPATH): records, per rank, which GPU the process
-used, its peak memory, each optimizer step's end time and label tokens, and how often it called
+used, its peak memory, each optimizer step's end time and label tokens, the training thread's CPU time,
+involuntary context switches and CPU at each step end, and how often it called
 generate() and save_pretrained(); written at exit to $NBDDP_BENCH_PROBE_DIR/rank<RANK>.json. The generated
 script itself stays as nbddp wrote it.
 
@@ -28,6 +29,7 @@ import importlib.util
 import json
 import os
 import pickle
+import resource
 import signal
 import sys
 import time
@@ -74,6 +76,7 @@ def _patch_callbacks(module):
             _EVENTS.append(_event(torch))  # no wait: the host runs on as it would without the probe
         _COUNTS.setdefault("step_end_times", []).append(round(time.perf_counter() - _T0P, 4))
         step = len(_COUNTS["step_end_times"])
+        _host_step(step)
         if cuda and _SYNC_DEBUG and step in (_SYNC_DEBUG, _SYNC_DEBUG + 1):
             _sync_debug(torch, on=step == _SYNC_DEBUG)
         if cuda:
@@ -116,6 +119,22 @@ def _patch_loader(module):
             _ITEMS.append(int((labels != -100).sum()))
         return orig(batch, *a, **k)
     module.send_to_device = send_to_device
+
+
+def _host_step(step):
+    """The training thread's side of each step: its CPU seconds so far, involuntary context switches so far (the
+    kernel took the CPU away), and the CPU it last ran on. Whether a slower step did more host work, waited, or was
+    crowded off its CPU."""
+    usage = resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
+    cpu = None
+    try:
+        with open("/proc/thread-self/stat") as fh:
+            cpu = int(fh.read().rsplit(")", 1)[1].split()[36])  # field 39, 'processor'
+    except (OSError, ValueError, IndexError):
+        pass
+    for key, value in (("step_thread_cpu_s", round(time.thread_time(), 4)),
+                       ("step_involuntary_switches", usage.ru_nivcsw), ("step_cpu", cpu)):
+        _COUNTS.setdefault(key, []).append(value)
 
 
 def _event(torch):
