@@ -9,9 +9,10 @@ Each round launches single (CUDA_VISIBLE_DEVICES=0 python script) and every 2-GP
 order rotated from round to round: the converted script under torchrun with the configuration's environment, or
 the baselines, the notebook as a plain script (bench/plain_script.py, `run_notebooks.py convert` writes it to
 plain/) in one process seeing both GPUs or under torchrun. bench/rankprobe times every optimizer step (a CUDA
-event at each step end, read after training: nothing waits for the GPU) and ends each process when train() ends; the rate is the samples of the steps
-after --skip warm-up steps over their wall time, rank 0's clock, counting each step's samples (batch per process,
-x GPUs under DataParallel, x accumulation x world size), so runs with different global batches compare per sample.
+event at each step end, read after training: nothing waits for the GPU) and ends each process when train() ends;
+the rate is the samples of the steps after --skip warm-up steps over their wall time, rank 0's clock, counting
+each step's samples (batch per process, x GPUs under DataParallel, x accumulation x world size), so runs with
+different global batches compare per sample.
 Peak memory per rank comes from torch.cuda.max_memory_allocated/reserved at exit.
 """
 from __future__ import annotations
@@ -124,10 +125,18 @@ def launch_rate(r, skip):
     return {"samples_per_s": round(sum(p["samples_per_s"] for p in parts), 3),
             "label_tokens_per_s": round(sum(tokens), 1) if all(tokens) else None,
             "median_step_s": [p["median_step_s"] for p in parts],
-            "per_process": [{k: p[k] for k in ("samples_per_s", "median_step_s", "step_s")} for p in parts],
+            "per_process": [{k: p[k] for k in ("samples_per_s", "median_step_s", "step_s", "host_per_step")}
+                            for p in parts],
             "peak_allocated_gib": {str(i): p["peak_allocated_gib"].get("0") for i, p in enumerate(parts)},
             "peak_reserved_gib": {str(i): p["peak_reserved_gib"].get("0") for i, p in enumerate(parts)},
             "returncode": max(p["returncode"] or 0 for p in parts), "wall_s": max(p["wall_s"] or 0 for p in parts)}
+
+
+def _failure(r, skip):
+    """What a launch without a rate left: of concurrent launches, the first without one."""
+    r = next((x for x in r.get("concurrent", []) if not steady_rate(x, skip)), r)
+    return {"returncode": r["returncode"], "errors": r["errors"][-2:], "wall_s": r.get("wall_s"),
+            "steps_seen": {k: len(v or []) for k, v in (r.get("step_end_times") or {}).items()}}
 
 
 def _host_per_step(probe, skip):
@@ -176,7 +185,8 @@ def one(name, scripts, work, env, limit, nproc):
     if name == "single":
         return rn.launch(scripts["converted"], workdir, log, env, limit, nproc, gpu=0)
     config = CONFIGS[name]
-    script, env = scripts[config.get("script", "converted")], dict(env, **_joined(env, config["env"]), NCCL_NVLS_ENABLE="0")
+    script = scripts[config.get("script", "converted")]
+    env = dict(env, **_joined(env, config["env"]), NCCL_NVLS_ENABLE="0")
     if config.get("launch") == "concurrent":  # the converted script alone on each GPU, all at once
         def alone(gpu):
             return rn.launch(script, os.path.join(workdir, f"gpu{gpu}"), f"{log[:-len('.log')]}-gpu{gpu}.log",
@@ -214,10 +224,7 @@ def run(args):
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
             before = host_cpu_times()
             r = one(name, scripts, work, env, args.timeout, args.nproc)
-            pair[name] = launch_rate(r, args.skip) or [{
-                "returncode": x["returncode"], "errors": x["errors"][-2:], "wall_s": x.get("wall_s"),
-                "steps_seen": {k: len(v or []) for k, v in (x.get("step_end_times") or {}).items()}}
-                for x in r.get("concurrent", [r])][-1]
+            pair[name] = launch_rate(r, args.skip) or _failure(r, args.skip)
             pair[name]["host_cpu"] = host_cpu_share(before, host_cpu_times())
             write(args, pairs + [pair], notes)  # a call cut off mid-round keeps the launches it finished
         pairs.append(pair)
@@ -273,8 +280,9 @@ def write(args, pairs, notes):
            "rounds": pairs, "notes": notes,
            "settings": {"skip_steps": args.skip, "configs": {c: CONFIGS[c] for c in configs},
                         "env": rn.parse_env(args.env),
-                        "timing": "rank 0's optimizer-step ends: CUDA events read after training (the probe's default since the "
-                                  "sixth session; NBDDP_BENCH_STEP_SYNC=1 synchronised each step end before)"},
+                        "timing": "rank 0's optimizer-step ends: CUDA events read after training (the probe's "
+                                  "default since the sixth session; NBDDP_BENCH_STEP_SYNC=1 synchronised each step "
+                                  "end before)"},
            "commit": args.commit}
     with open(args.out, "w") as fh:
         json.dump(out, fh, indent=1)

@@ -164,9 +164,11 @@ def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_pa
     for script in (tmp_path / "gpurun" / "nb.py", tmp_path / "gpurun" / "plain" / "nb.py"):
         script.write_text(FAKE_TRAINING)
     out = tmp_path / "scaling.json"
-    subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "run", "--script", str(tmp_path / "gpurun" / "nb.py"),
-                    "--configs", "dataparallel,plain-torchrun,two-singles", "--pairs", "1", "--skip", "2", "--run-estimate", "1",
-                    "--work", str(tmp_path / "w"), "--out", str(out), "--timeout", "200"], check=True, capture_output=True)
+    subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "run",
+                    "--script", str(tmp_path / "gpurun" / "nb.py"),
+                    "--configs", "dataparallel,plain-torchrun,two-singles",
+                    "--pairs", "1", "--skip", "2", "--run-estimate", "1", "--work", str(tmp_path / "w"),
+                    "--out", str(out), "--timeout", "200"], check=True, capture_output=True)
     row = json.load(open(out))["rounds"][0]
     assert {name: run.get("samples_per_step") for name, run in row.items()} == {
         "single": 8, "dataparallel": 16, "plain-torchrun": 16, "two-singles": None}

@@ -76,7 +76,7 @@ def _patch_callbacks(module):
             _EVENTS.append(_event(torch))  # no wait: the host runs on as it would without the probe
         _COUNTS.setdefault("step_end_times", []).append(round(time.perf_counter() - _T0P, 4))
         step = len(_COUNTS["step_end_times"])
-        _host_step(step)
+        _host_step()
         if cuda and _SYNC_DEBUG and step in (_SYNC_DEBUG, _SYNC_DEBUG + 1):
             _sync_debug(torch, on=step == _SYNC_DEBUG)
         if cuda:
@@ -121,7 +121,7 @@ def _patch_loader(module):
     module.send_to_device = send_to_device
 
 
-def _host_step(step):
+def _host_step():
     """The training thread's side of each step: its CPU seconds so far, involuntary context switches so far (the
     kernel took the CPU away), and the CPU it last ran on. Whether a slower step did more host work, waited, or was
     crowded off its CPU."""
