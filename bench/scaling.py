@@ -31,6 +31,16 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run_notebooks as rn  # noqa: E402
 
+def _lever(name, env):
+    """A lever under test, each against its own 1-GPU run: ddp-NAME under torchrun, single-NAME on GPU 0."""
+    return {f"ddp-{name}": {"env": env}, f"single-{name}": {"env": env, "launch": "one-process", "gpus": "0"}}
+
+
+def _base(name):
+    """A configuration's name without the tag that merge adds (ddp[c2] -> ddp)."""
+    return name.split("[")[0]
+
+
 # 2-GPU configurations: name -> environment added to the launch (NCCL_NVLS_ENABLE stays 0 in every one), which
 # script (the nbddp-converted one, or the notebook as a plain script: bench/plain_script.py) and how it starts
 CONFIGS = {
@@ -50,26 +60,18 @@ CONFIGS = {
     "ddp-by-length": {"env": {"NBDDP_BENCH_ARGS": "train_sampling_strategy=group_by_length"}},  # changes order
     "ddp-expandable": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},  # reserved memory
     "ddp-drawn": {"env": {"NBDDP_BALANCE_LENGTHS": "0"}},  # without length-balanced ranks (on by default)
-    # gradient checkpointing kept on the GPU (Unsloth's "unsloth" mode offloads activations to host memory) or off;
-    # each against its own 1-GPU run
-    "ddp-gc-gpu": {"env": {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=True"}},
-    "single-gc-gpu": {"env": {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=True"}, "launch": "one-process",
-                      "gpus": "0"},
-    "ddp-gc-off": {"env": {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=False"}},
-    "single-gc-off": {"env": {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=False"}, "launch": "one-process",
-                      "gpus": "0"},
+    # gradient checkpointing kept on the GPU (Unsloth's "unsloth" mode offloads activations to host memory) or off
+    **_lever("gc-gpu", {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=True"}),
+    **_lever("gc-off", {"NBDDP_BENCH_PEFT": "use_gradient_checkpointing=False"}),
     # host synchronisations per step: the Trainer's loss/grad-norm log every 10 steps instead of every step
     # (the notebooks log every step), and Unsloth's gathered token count left rank-local (changes the loss's
     # divisor when ranks' label tokens differ: a diagnostic of what the count's gather and read-back cost)
-    "ddp-log10": {"env": {"NBDDP_BENCH_ARGS": "logging_steps=10"}},
-    "single-log10": {"env": {"NBDDP_BENCH_ARGS": "logging_steps=10"}, "launch": "one-process", "gpus": "0"},
+    **_lever("log10", {"NBDDP_BENCH_ARGS": "logging_steps=10"}),
     "ddp-local-count": {"env": {"NBDDP_BENCH_ARGS": "average_tokens_across_devices=False"}},
     "ddp-excl": {"env": {}, "torchrun": ["--numa-binding=exclusive"]},  # each rank its own half of the cores
     # the probe's timing before the sixth session: CUDA synchronised at every step end
-    "ddp-stepsync": {"env": {"NBDDP_BENCH_STEP_SYNC": "1"}},
-    "single-stepsync": {"env": {"NBDDP_BENCH_STEP_SYNC": "1"}, "launch": "one-process", "gpus": "0"},
-    "ddp-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}},  # padded batches + Unsloth's block compile
-    "single-padded": {"env": {"UNSLOTH_PADDING_CHOICE": "padded"}, "launch": "one-process", "gpus": "0"},
+    **_lever("stepsync", {"NBDDP_BENCH_STEP_SYNC": "1"}),
+    **_lever("padded", {"UNSLOTH_PADDING_CHOICE": "padded"}),  # padded batches + Unsloth's block compile
     # one independent 1-GPU process per GPU, both at once, no communication: what the machine gives two host-bound
     # trainings side by side; its rate is the sum of the two
     "two-singles": {"env": {}, "launch": "concurrent"},
@@ -115,12 +117,12 @@ def steady_rate(run, skip):
 
 def launch_rate(r, skip):
     """steady_rate of one launch; of concurrent launches, their samples and label tokens per second summed, each
-    GPU's peak memory under its index. None if any launch gave no rate."""
+    GPU's peak memory under its index. A launch without a rate gives what it left instead (_failure)."""
     if "concurrent" not in r:
-        return steady_rate(r, skip)
+        return steady_rate(r, skip) or _failure(r)
     parts = [steady_rate(x, skip) for x in r["concurrent"]]
     if not all(parts):
-        return None
+        return _failure(r["concurrent"][parts.index(None)])
     tokens = [p["label_tokens_per_s"] for p in parts]
     return {"samples_per_s": round(sum(p["samples_per_s"] for p in parts), 3),
             "label_tokens_per_s": round(sum(tokens), 1) if all(tokens) else None,
@@ -132,9 +134,8 @@ def launch_rate(r, skip):
             "returncode": max(p["returncode"] or 0 for p in parts), "wall_s": max(p["wall_s"] or 0 for p in parts)}
 
 
-def _failure(r, skip):
-    """What a launch without a rate left: of concurrent launches, the first without one."""
-    r = next((x for x in r.get("concurrent", []) if not steady_rate(x, skip)), r)
+def _failure(r):
+    """What a launch without a rate left."""
     return {"returncode": r["returncode"], "errors": r["errors"][-2:], "wall_s": r.get("wall_s"),
             "steps_seen": {k: len(v or []) for k, v in (r.get("step_end_times") or {}).items()}}
 
@@ -224,17 +225,16 @@ def run(args):
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
             before = host_cpu_times()
             r = one(name, scripts, work, env, args.timeout, args.nproc)
-            pair[name] = launch_rate(r, args.skip) or _failure(r, args.skip)
+            pair[name] = launch_rate(r, args.skip)
             pair[name]["host_cpu"] = host_cpu_share(before, host_cpu_times())
             write(args, pairs + [pair], notes)  # a call cut off mid-round keeps the launches it finished
-        pairs.append(pair)
+        pairs.append(pair)  # already written with the round's last launch
         print(f"round {i}: {json.dumps(pair)}", flush=True)
-        write(args, pairs, notes)
     write(args, pairs, notes)
-    if args.artifacts:  # the probe's optional profiler tables and allocator histories, and every launch's log
+    if args.artifacts:  # the probe's optional tables, traces, sync stacks and allocator histories, every launch's log
         with tarfile.open(args.artifacts, "w:gz") as tar:
             for f in sorted(glob.glob(os.path.join(args.work, "pair*", "**", "*"), recursive=True)):
-                if f.endswith((".txt", ".pickle.gz", ".log", ".json")):
+                if f.endswith((".txt", ".pickle.gz", ".json.gz", ".log", ".json")):  # .json.gz: traces
                     tar.add(f, arcname=os.path.relpath(f, args.work))
     return 0
 
@@ -251,7 +251,7 @@ def summary(pairs, name):
     to_two = []  # against the round's two independent 1-GPU processes (two-singles): the cost of DDP itself
     for p in pairs:
         single, ddp = p.get("single", {}), p.get(name, {})
-        two = next((run for key, run in p.items() if key.split("[")[0] == "two-singles"), {})  # merge tags names
+        two = next((run for key, run in p.items() if _base(key) == "two-singles"), {})
         if ddp.get("samples_per_s") and two.get("samples_per_s") and ddp is not two:
             to_two.append(ddp["samples_per_s"] / two["samples_per_s"])
         if ddp.get("samples_per_s") and single.get("samples_per_s"):
@@ -303,7 +303,7 @@ def merge(args):
             rows.append({(name if name == "single" or not tag else f"{name}[{tag}]"): run for name, run in row.items()})
     names = list(dict.fromkeys(n for row in rows for n in row if n != "single"))
     pooled = [{"single": row["single"], "ddp": run, "config": name} for row in rows
-              for name, run in row.items() if name == "ddp" or name.startswith("ddp[")]
+              for name, run in row.items() if _base(name) == "ddp"]
     ratios = [p["ddp"]["samples_per_s"] / p["single"]["samples_per_s"] for p in pooled
               if p["ddp"].get("samples_per_s") and p["single"].get("samples_per_s")]
     out = {"device": args.machine or first.get("device"), "model": first.get("model"),

@@ -294,3 +294,12 @@ def test_sync_table_names_the_innermost_caller_outside_torch():
             '  File "/tmp/site/unsloth_zoo/loss_utils.py", line 703, in _unsloth_get_batch_samples\n')
     assert sync_table.callers(text) == ["transformers/trainer.py:2175 _maybe_log_save_evaluate",
                                         "unsloth_zoo/loss_utils.py:703 _unsloth_get_batch_samples"]
+
+
+def test_launch_rate_of_a_failed_launch_reports_what_it_left():
+    import scaling
+
+    failed = {"returncode": 1, "errors": ["a", "b", "OOM"], "wall_s": 9.0, "step_end_times": {"0": [1.0, 2.0]}}
+    assert scaling.launch_rate(failed, 10) == {"returncode": 1, "errors": ["b", "OOM"], "wall_s": 9.0,
+                                               "steps_seen": {"0": 2}}
+    assert scaling.launch_rate({"concurrent": [dict(failed, returncode=0), failed]}, 10)["returncode"] == 0  # the first

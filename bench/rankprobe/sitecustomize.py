@@ -62,14 +62,14 @@ def _patch_callbacks(module):
         torch = sys.modules.get("torch")
         if _HISTORY_UNTIL and torch is not None and torch.cuda.is_available():
             torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
-        if not _STEP_SYNC and torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if not _STEP_SYNC and _cuda_torch():
             torch.cuda.synchronize()  # once: the clock's origin, an event and its host time together
             _EVENTS[:] = [(_event(torch), time.perf_counter() - _T0P)]
         return orig_begin(self, args, state, control)
 
     def on_step_end(self, args, state, control):
-        torch = sys.modules.get("torch")
-        cuda = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+        torch = _cuda_torch()
+        cuda = torch is not None
         if cuda and (_STEP_SYNC or not _EVENTS):
             torch.cuda.synchronize()
         elif cuda:
@@ -137,6 +137,17 @@ def _host_step():
         _COUNTS.setdefault(key, []).append(value)
 
 
+def _rank_file(kind, ext):
+    """This rank's file of one kind in the probe's folder, e.g. profile-rank1.txt."""
+    return os.path.join(_DIR, f"{kind}-rank{os.environ.get('RANK', '0')}.{ext}")
+
+
+def _cuda_torch():
+    """torch, where this process has started CUDA; otherwise None."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
 def _event(torch):
     ev = torch.cuda.Event(enable_timing=True)
     ev.record()
@@ -165,7 +176,7 @@ def _sync_debug(torch, on):
         warnings.showwarning = _SYNC_LOG.pop("showwarning", warnings.showwarning)
         warnings.filters[:] = _SYNC_LOG.pop("filters", warnings.filters)
         return
-    path = os.path.join(_DIR, f"syncs-rank{os.environ.get('RANK', '0')}.txt")
+    path = _rank_file("syncs", "txt")
     orig = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
@@ -188,7 +199,7 @@ def _diagnose_step(torch, step):
     if _PROFILE:
         _profile_step(torch, step)
     if _HISTORY_UNTIL and step == _HISTORY_UNTIL:
-        with gzip.open(os.path.join(_DIR, f"memory-rank{os.environ.get('RANK', '0')}.pickle.gz"), "wb") as fh:
+        with gzip.open(_rank_file("memory", "pickle.gz"), "wb") as fh:
             pickle.dump(torch.cuda.memory._snapshot(), fh)
         torch.cuda.memory._record_memory_history(enabled=None)
 
@@ -205,12 +216,12 @@ def _profile_step(torch, step):
         prof.__exit__(None, None, None)
         avg = prof.key_averages()
         if os.environ.get("NBDDP_BENCH_TRACE") == "1":
-            trace = os.path.join(_DIR, f"trace-rank{os.environ.get('RANK', '0')}.json")
+            trace = _rank_file("trace", "json")
             prof.export_chrome_trace(trace)
             with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
                 dst.write(src.read())
             os.remove(trace)
-        with open(os.path.join(_DIR, f"profile-rank{os.environ.get('RANK', '0')}.txt"), "w") as fh:
+        with open(_rank_file("profile", "txt"), "w") as fh:
             fh.write(f"optimizer steps {start + 1}..{stop} (1-based), {stop - start} steps\n")
             for key in ("self_device_time_total", "self_cpu_time_total", "cpu_time_total"):
                 try:
@@ -357,9 +368,9 @@ def _dump():
     if "RANK" not in os.environ and (argv0.endswith("torch/distributed/run.py") or argv0.endswith("/torchrun")):
         return  # the torchrun launcher itself
     rank = os.environ.get("RANK", "0")
-    torch = sys.modules.get("torch")
+    torch = _cuda_torch()
     try:
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch:
             _step_times_from_events(torch)  # before the record below is taken from _COUNTS
     except Exception as exc:
         _COUNTS["probe_error"] = repr(exc)
@@ -367,7 +378,7 @@ def _dump():
                 world_size=int(os.environ.get("WORLD_SIZE", "1")),
                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), seconds=round(time.time() - _T0, 1))
     try:
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch:
             dev = torch.cuda.current_device()
             props = torch.cuda.get_device_properties(dev)
             info.update(cuda_device=dev, gpu_name=props.name, gpu_uuid=str(getattr(props, "uuid", "")),
