@@ -14,6 +14,9 @@ from importlib.metadata import version
 for name in ("torch", "transformers", "peft", "accelerate", "trl", "datasets", "unsloth", "unsloth_zoo", "bitsandbytes"):
     print(name, version(name))
 PY
+# the CPUs as the guest sees them: sockets, cores, hyperthread siblings (two busy processes on siblings share a core)
+{ lscpu | grep -E "^(Model name|Socket|Core|Thread|CPU\(s\)|CPU max MHz|NUMA node)"
+  echo "thread siblings: $(cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | sort -uV | paste -sd' ')"; } >> "$OUT/machine.txt"
 if [ ! -f /tmp/hf/offline_hub.json ]; then
     python3 bench/offline_hub.py --home /tmp/hf "$@" > "$OUT/hub.log" 2>&1 || { tail -40 "$OUT/hub.log"; return 1; }
 fi
