@@ -81,6 +81,11 @@ CONFIGS = {
 }
 
 
+# configurations every other one is also compared with, round by round (ratios_to_<name>): two GPUs with no
+# communication at all (the cost of DDP itself), and Unsloth's documented torchrun path (what nbddp adds to it)
+REFERENCES = ("two-singles", "plain-torchrun")
+
+
 def steady_rate(run, skip):
     """samples/s over optimizer steps after `skip`, from rank 0's step-end times."""
     times = (run.get("step_end_times") or {}).get("0") or []
@@ -142,13 +147,16 @@ def _failure(r):
 
 def _host_per_step(probe, skip):
     """Over the timed steps of one rank: the training thread's median CPU seconds and involuntary context switches
-    per step, and the CPUs it ran on at step ends."""
+    per step, the CPUs it ran on at step ends, and the whole process's two medians (probes since the seventh
+    session's runs; None before)."""
     def median_step(key):
         values = (probe.get(key) or [])[skip:]
         return _stat(statistics.median, [b - a for a, b in zip(values, values[1:])], 4)
     return {"thread_cpu_s": median_step("step_thread_cpu_s"),
             "involuntary_switches": median_step("step_involuntary_switches"),
-            "cpus": sorted({c for c in (probe.get("step_cpu") or [])[skip:] if c is not None})}
+            "cpus": sorted({c for c in (probe.get("step_cpu") or [])[skip:] if c is not None}),
+            "process_cpu_s": median_step("step_process_cpu_s"),
+            "process_involuntary_switches": median_step("step_process_involuntary_switches")}
 
 
 def _peak_step(memory):
@@ -248,12 +256,13 @@ def summary(pairs, name):
     """Ratios of one DDP configuration to the single run of the same round (samples/s, label tokens/s), and peak
     memory growth per rank (allocated, reserved)."""
     ratios, token_ratios, growth = [], [], {"peak_allocated_gib": [], "peak_reserved_gib": []}
-    to_two = []  # against the round's two independent 1-GPU processes (two-singles): the cost of DDP itself
+    to_ref = {ref: [] for ref in REFERENCES}
     for p in pairs:
         single, ddp = p.get("single", {}), p.get(name, {})
-        two = next((run for key, run in p.items() if _base(key) == "two-singles"), {})
-        if ddp.get("samples_per_s") and two.get("samples_per_s") and ddp is not two:
-            to_two.append(ddp["samples_per_s"] / two["samples_per_s"])
+        for ref, found in to_ref.items():
+            other = next((run for key, run in p.items() if _base(key) == ref), {})
+            if ddp.get("samples_per_s") and other.get("samples_per_s") and ddp is not other:
+                found.append(ddp["samples_per_s"] / other["samples_per_s"])
         if ddp.get("samples_per_s") and single.get("samples_per_s"):
             ratios.append(ddp["samples_per_s"] / single["samples_per_s"])
             if ddp.get("label_tokens_per_s") and single.get("label_tokens_per_s"):
@@ -266,7 +275,8 @@ def summary(pairs, name):
             "median_token_ratio": _stat(statistics.median, token_ratios),
             "max_peak_allocated_growth": _stat(max, growth["peak_allocated_gib"], 4),
             "max_peak_reserved_growth": _stat(max, growth["peak_reserved_gib"], 4),
-            **({"ratios_to_two_singles": [round(r, 3) for r in to_two]} if to_two else {})}
+            **{f"ratios_to_{ref.replace('-', '_')}": [round(r, 3) for r in found]
+               for ref, found in to_ref.items() if found}}
 
 
 def write(args, pairs, notes):

@@ -93,6 +93,10 @@ def test_scaling_summary_pairs_each_configuration_with_its_own_round():
     rounds[1]["two-singles[c2]"] = {"samples_per_s": 80.0}  # as merge names it
     assert scaling.summary(rounds, "ddp")["ratios_to_two_singles"] == [0.975]
     assert "ratios_to_two_singles" not in scaling.summary(rounds, "two-singles[c2]")
+    rounds[0]["plain-torchrun"] = {"samples_per_s": 76.0}  # Unsloth's documented path, the other reference
+    ddp = scaling.summary(rounds, "ddp")
+    assert ddp["ratios_to_plain_torchrun"] == [1.25] and ddp["ratios_to_two_singles"] == [0.975]
+    assert "ratios_to_plain_torchrun" not in scaling.summary(rounds, "plain-torchrun")
 
 
 def test_plot_scaling_writes_a_png(tmp_path):
@@ -276,9 +280,13 @@ print('syncs during training', len(synced))
     cpu = record["step_thread_cpu_s"]  # the training thread's host side of each step
     assert len(cpu) == len(record["step_involuntary_switches"]) == len(record["step_cpu"]) == 3
     assert cpu == sorted(cpu) and all(isinstance(c, int) for c in record["step_cpu"])
+    process = record["step_process_cpu_s"]  # every thread of the process, the backward pass's included
+    assert len(process) == len(record["step_process_involuntary_switches"]) == 3
+    assert process == sorted(process) and all(p >= c for p, c in zip(process, cpu))
     import scaling
     host = scaling._host_per_step(record, 0)
     assert host["thread_cpu_s"] >= 0 and host["cpus"] == sorted(set(record["step_cpu"]))
+    assert host["process_cpu_s"] >= 0 and host["process_involuntary_switches"] >= 0
 
 
 def test_sync_table_names_the_innermost_caller_outside_torch():
@@ -303,3 +311,18 @@ def test_launch_rate_of_a_failed_launch_reports_what_it_left():
     assert scaling.launch_rate(failed, 10) == {"returncode": 1, "errors": ["b", "OOM"], "wall_s": 9.0,
                                                "steps_seen": {"0": 2}}
     assert scaling.launch_rate({"concurrent": [dict(failed, returncode=0), failed]}, 10)["returncode"] == 0  # the first
+
+
+def test_host_table_rows_per_rank_and_per_concurrent_process():
+    import host_table
+
+    host = {"thread_cpu_s": 0.2, "involuntary_switches": 1, "cpus": [3], "process_cpu_s": 0.5,
+            "process_involuntary_switches": 4}
+    result = {"rounds": [{"single": {"median_step_s": 0.4, "host_per_step": {"0": host}},
+                          "two-singles": {"median_step_s": [0.5, 0.25], "per_process": [
+                              {"median_step_s": 0.5, "host_per_step": {"0": host}},
+                              {"median_step_s": 0.25, "host_per_step": {"0": dict(host, thread_cpu_s=0.1)}}]},
+                          "ddp": {"returncode": 1, "errors": ["boom"]}}]}  # a failed launch has no host fields
+    assert host_table.rows(result) == [(0, "single", "rank0", 0.4, 0.2, 0.5, 1, 0.5, 4),
+                                       (0, "two-singles", "gpu0", 0.5, 0.2, 0.4, 1, 0.5, 4),
+                                       (0, "two-singles", "gpu1", 0.25, 0.1, 0.4, 1, 0.5, 4)]

@@ -1,6 +1,7 @@
 """Loaded by every Python process of a benchmark run (PYTHONPATH): records, per rank, which GPU the process
 used, its peak memory, each optimizer step's end time and label tokens, the training thread's CPU time,
-involuntary context switches and CPU at each step end, and how often it called
+involuntary context switches and CPU at each step end (CPU time and switches of the whole process too), and how
+often it called
 generate() and save_pretrained(); written at exit to $NBDDP_BENCH_PROBE_DIR/rank<RANK>.json. The generated
 script itself stays as nbddp wrote it.
 
@@ -123,9 +124,11 @@ def _patch_loader(module):
 
 def _host_step():
     """The training thread's side of each step: its CPU seconds so far, involuntary context switches so far (the
-    kernel took the CPU away), and the CPU it last ran on. Whether a slower step did more host work, waited, or was
-    crowded off its CPU."""
+    kernel took the CPU away), and the CPU it last ran on; and the same two counts for the whole process, whose
+    other threads include the autograd engine's, which runs each backward pass while the training thread waits.
+    Whether a slower step did more host work, waited, or was crowded off its CPU."""
     usage = resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
+    process = resource.getrusage(resource.RUSAGE_SELF)  # summed over the process's threads
     cpu = None
     try:
         with open("/proc/thread-self/stat") as fh:
@@ -133,7 +136,9 @@ def _host_step():
     except (OSError, ValueError, IndexError):
         pass
     for key, value in (("step_thread_cpu_s", round(time.thread_time(), 4)),
-                       ("step_involuntary_switches", usage.ru_nivcsw), ("step_cpu", cpu)):
+                       ("step_involuntary_switches", usage.ru_nivcsw), ("step_cpu", cpu),
+                       ("step_process_cpu_s", round(time.process_time(), 4)),
+                       ("step_process_involuntary_switches", process.ru_nivcsw)):
         _COUNTS.setdefault(key, []).append(value)
 
 
