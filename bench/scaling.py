@@ -29,6 +29,7 @@ import tarfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_clocks  # noqa: E402
 import run_notebooks as rn  # noqa: E402
 
 def _lever(name, env):
@@ -117,6 +118,7 @@ def steady_rate(run, skip):
                                    for d in p.get("ddp_constructed", [])] for r, p in ranks.items()},
             "levers_set": {k: v for k, v in levers.items() if v},
             "host_per_step": {r: _host_per_step(p, skip) for r, p in ranks.items() if p.get("step_thread_cpu_s")},
+            "gpu_clocks": _gpu_clocks(run, window),
             "returncode": run.get("returncode"), "wall_s": run.get("wall_s")}
 
 
@@ -132,7 +134,7 @@ def launch_rate(r, skip):
     return {"samples_per_s": round(sum(p["samples_per_s"] for p in parts), 3),
             "label_tokens_per_s": round(sum(tokens), 1) if all(tokens) else None,
             "median_step_s": [p["median_step_s"] for p in parts],
-            "per_process": [{k: p[k] for k in ("samples_per_s", "median_step_s", "step_s", "host_per_step")}
+            "per_process": [{k: p[k] for k in ("samples_per_s", "median_step_s", "step_s", "host_per_step", "gpu_clocks")}
                             for p in parts],
             "peak_allocated_gib": {str(i): p["peak_allocated_gib"].get("0") for i, p in enumerate(parts)},
             "peak_reserved_gib": {str(i): p["peak_reserved_gib"].get("0") for i, p in enumerate(parts)},
@@ -143,6 +145,15 @@ def _failure(r):
     """What a launch without a rate left."""
     return {"returncode": r["returncode"], "errors": r["errors"][-2:], "wall_s": r.get("wall_s"),
             "steps_seen": {k: len(v or []) for k, v in (r.get("step_end_times") or {}).items()}}
+
+
+def _gpu_clocks(run, window):
+    """The GPU samples taken during the launch (gpu_clocks.Sampler), over its timed steps: rank 0's step-end times
+    are on a clock whose zero the probe recorded as wall time."""
+    origin = ((run.get("ranks") or {}).get("0") or {}).get("clock_origin_epoch")
+    if origin is None or not run.get("gpu_samples"):
+        return None
+    return gpu_clocks.summary(run["gpu_samples"], origin + window[0], origin + window[-1])
 
 
 def _host_per_step(probe, skip):
@@ -187,7 +198,19 @@ def host_cpu_share(before, after):
 
 
 def one(name, scripts, work, env, limit, nproc):
-    """One launch: `single` (the converted script on GPU 0), or a 2-GPU configuration."""
+    """One launch: `single` (the converted script on GPU 0), or a 2-GPU configuration; the GPUs sampled while it
+    runs (gpu_clocks: each launch's own CSV beside its log, the samples handed to steady_rate)."""
+    os.makedirs(work, exist_ok=True)
+    samples = os.path.join(work, f"{os.path.basename(work)}-{name}-gpus.csv")
+    with gpu_clocks.Sampler(samples):
+        r = _launch(name, scripts, work, env, limit, nproc)
+    rows = gpu_clocks.read(samples)
+    for part in r.get("concurrent", [r]):
+        part["gpu_samples"] = rows
+    return r
+
+
+def _launch(name, scripts, work, env, limit, nproc):
     workdir = os.path.join(work, name)
     subprocess.run(["rm", "-rf", workdir])
     log = os.path.join(work, f"{os.path.basename(work)}-{name}.log")
@@ -242,7 +265,7 @@ def run(args):
     if args.artifacts:  # the probe's optional tables, traces, sync stacks and allocator histories, every launch's log
         with tarfile.open(args.artifacts, "w:gz") as tar:
             for f in sorted(glob.glob(os.path.join(args.work, "pair*", "**", "*"), recursive=True)):
-                if f.endswith((".txt", ".pickle.gz", ".json.gz", ".log", ".json")):  # .json.gz: traces
+                if f.endswith((".txt", ".pickle.gz", ".json.gz", ".log", ".json", ".csv")):  # .json.gz: traces
                     tar.add(f, arcname=os.path.relpath(f, args.work))
     return 0
 

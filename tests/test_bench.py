@@ -157,8 +157,18 @@ gpus = len(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(","))
 args = types.SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=4, world_size=world,
                              train_batch_size=2 * (gpus if world == 1 else 1))  # as TrainingArguments has it
 for _ in range(8):
-    time.sleep(0.02)
+    time.sleep(0.05)
     handler.on_step_end(args, TrainerState(), TrainerControl())
+'''
+
+# nvidia-smi as the GPU sampler calls it: one CSV row per GPU every 10 ms until terminated
+FAKE_NVIDIA_SMI = '''#!/usr/bin/env python3
+import datetime, sys, time
+while True:
+    now = datetime.datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+    for index in (0, 1):
+        print(f"{now}, {index}, {1980 - 200 * index}, 300.5, 41, 87, 0x0000000000000004", flush=True)
+    time.sleep(0.01)
 '''
 
 
@@ -167,13 +177,22 @@ def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_pa
     (tmp_path / "gpurun" / "plain").mkdir(parents=True)
     for script in (tmp_path / "gpurun" / "nb.py", tmp_path / "gpurun" / "plain" / "nb.py"):
         script.write_text(FAKE_TRAINING)
+    (tmp_path / "bin").mkdir()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_text(FAKE_NVIDIA_SMI.replace("#!/usr/bin/env python3", f"#!{sys.executable}"))
+    smi.chmod(0o755)
     out = tmp_path / "scaling.json"
+    env = dict(os.environ, PATH=os.pathsep.join([str(tmp_path / "bin"), os.environ.get("PATH", "")]))
     subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "run",
                     "--script", str(tmp_path / "gpurun" / "nb.py"),
                     "--configs", "dataparallel,plain-torchrun,two-singles",
                     "--pairs", "1", "--skip", "2", "--run-estimate", "1", "--work", str(tmp_path / "w"),
-                    "--out", str(out), "--timeout", "200"], check=True, capture_output=True)
+                    "--out", str(out), "--timeout", "200"], check=True, capture_output=True, env=env)
     row = json.load(open(out))["rounds"][0]
+    clocks = row["single"]["gpu_clocks"]  # the sampler's rows inside the timed steps, per GPU
+    assert clocks["1"]["sm_mhz_median"] == 1780 and clocks["0"]["event_reasons"] == ["0x4"]
+    assert clocks["0"]["samples"] >= 5
+    assert all(p["gpu_clocks"]["0"]["sm_mhz_min"] == 1980 for p in row["two-singles"]["per_process"])
     assert {name: run.get("samples_per_step") for name, run in row.items()} == {
         "single": 8, "dataparallel": 16, "plain-torchrun": 16, "two-singles": None}
     assert row["two-singles"]["samples_per_s"] == pytest.approx(
@@ -326,3 +345,22 @@ def test_host_table_rows_per_rank_and_per_concurrent_process():
     assert host_table.rows(result) == [(0, "single", "rank0", 0.4, 0.2, 0.5, 1, 0.5, 4),
                                        (0, "two-singles", "gpu0", 0.5, 0.2, 0.4, 1, 0.5, 4),
                                        (0, "two-singles", "gpu1", 0.25, 0.1, 0.4, 1, 0.5, 4)]
+
+
+def test_gpu_clock_samples_summarised_over_a_window(tmp_path):
+    import gpu_clocks
+
+    csv = tmp_path / "gpus.csv"
+    csv.write_text("2026/11/26 14:00:00.000, 0, 1980, 310.2, 40, 90, 0x0000000000000000\n"
+                   "2026/11/26 14:00:00.250, 0, 1410, [N/A], 44, 95, 0x0000000000000004\n"
+                   "2026/11/26 14:00:00.250, 1, 345, 70.0, 30, 0, 0x0000000000000001\n"
+                   "2026/11/26 14:00:09.000, 0, 100, 1.0, 99, 0, 0x0000000000000008\n"  # after the window
+                   "Failed to query something\n")
+    rows = gpu_clocks.read(str(csv))
+    assert len(rows) == 4 and rows[1][3] is None  # power not available in that sample
+    start = rows[0][0]
+    summary = gpu_clocks.summary(rows, start, start + 1)
+    assert summary["0"] == {"samples": 2, "sm_mhz_median": 1695.0, "sm_mhz_min": 1410.0, "power_w_median": 310.2,
+                            "temperature_c_max": 44.0, "busy_pct_median": 92.5, "event_reasons": ["0x4"]}
+    assert summary["1"]["event_reasons"] == []  # idle (0x1) is not a slowdown
+    assert gpu_clocks.read(str(tmp_path / "none.csv")) == []

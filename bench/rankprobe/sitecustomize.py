@@ -324,6 +324,7 @@ def _patch_dist(module):
 
 
 _T0P = time.perf_counter()
+_COUNTS["clock_origin_epoch"] = round(time.time(), 3)  # wall clock at step_end_times' zero (for GPU clock samples)
 _PROFILE = tuple(int(x) for x in os.environ["NBDDP_BENCH_PROFILE"].split(":")) if os.environ.get("NBDDP_BENCH_PROFILE") else None
 _HISTORY_UNTIL = int(os.environ.get("NBDDP_BENCH_MEMORY_HISTORY") or 0)
 _STEP_SYNC = os.environ.get("NBDDP_BENCH_STEP_SYNC") == "1"
