@@ -134,8 +134,8 @@ def launch_rate(r, skip):
     return {"samples_per_s": round(sum(p["samples_per_s"] for p in parts), 3),
             "label_tokens_per_s": round(sum(tokens), 1) if all(tokens) else None,
             "median_step_s": [p["median_step_s"] for p in parts],
-            "per_process": [{k: p[k] for k in ("samples_per_s", "median_step_s", "step_s", "host_per_step", "gpu_clocks")}
-                            for p in parts],
+            "per_process": [{k: p[k] for k in ("samples_per_s", "median_step_s", "step_s", "host_per_step",
+                                                "gpu_clocks")} for p in parts],
             "peak_allocated_gib": {str(i): p["peak_allocated_gib"].get("0") for i, p in enumerate(parts)},
             "peak_reserved_gib": {str(i): p["peak_reserved_gib"].get("0") for i, p in enumerate(parts)},
             "returncode": max(p["returncode"] or 0 for p in parts), "wall_s": max(p["wall_s"] or 0 for p in parts)}
