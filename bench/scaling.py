@@ -58,6 +58,7 @@ CONFIGS = {
     "ddp-bucket-view": {"env": {"NBDDP_BENCH_DDP": "gradient_as_bucket_view=True"}},
     "ddp-bucket5": {"env": {"NBDDP_BENCH_ARGS": "ddp_bucket_cap_mb=5"}},  # smaller buckets: earlier all-reduces
     "ddp-workers2": {"env": {"NBDDP_BENCH_ARGS": "dataloader_num_workers=2"}},
+    "ddp-nopin": {"env": {"NBDDP_BENCH_ARGS": "dataloader_pin_memory=False"}},  # the Trainer pins by default
     "ddp-by-length": {"env": {"NBDDP_BENCH_ARGS": "train_sampling_strategy=group_by_length"}},  # changes order
     "ddp-expandable": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},  # reserved memory
     "ddp-drawn": {"env": {"NBDDP_BALANCE_LENGTHS": "0"}},  # without length-balanced ranks (on by default)
