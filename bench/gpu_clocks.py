@@ -63,9 +63,10 @@ def read(path):
             continue
         try:  # nvidia-smi writes local time, as time.time() reads it here
             when = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-            index, reasons = int(parts[1]), int(parts[6], 16)
+            index = int(parts[1])
         except ValueError:
             continue
+        reasons = int(parts[6], 16) if parts[6].startswith("0x") else None  # a bit mask, or "[N/A]"
         rows.append((when, index, *(_number(p) for p in parts[2:6]), reasons))
     return rows
 
@@ -88,5 +89,5 @@ def summary(rows, start, end):
             "power_w_median": round(statistics.median(power), 1) if power else None,
             "temperature_c_max": max(temp) if temp else None,
             "busy_pct_median": statistics.median(busy) if busy else None,
-            "event_reasons": sorted({hex(r[6]) for r in mine if r[6] not in (0, 1)})}
+            "event_reasons": sorted({hex(r[6]) for r in mine if r[6] not in (None, 0, 1)})}
     return out

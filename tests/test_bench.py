@@ -354,10 +354,11 @@ def test_gpu_clock_samples_summarised_over_a_window(tmp_path):
     csv.write_text("2026/11/26 14:00:00.000, 0, 1980, 310.2, 40, 90, 0x0000000000000000\n"
                    "2026/11/26 14:00:00.250, 0, 1410, [N/A], 44, 95, 0x0000000000000004\n"
                    "2026/11/26 14:00:00.250, 1, 345, 70.0, 30, 0, 0x0000000000000001\n"
+                   "2026/11/26 14:00:00.500, 1, 345, 70.0, 30, 0, [N/A]\n"
                    "2026/11/26 14:00:09.000, 0, 100, 1.0, 99, 0, 0x0000000000000008\n"  # after the window
                    "Failed to query something\n")
     rows = gpu_clocks.read(str(csv))
-    assert len(rows) == 4 and rows[1][3] is None  # power not available in that sample
+    assert len(rows) == 5 and rows[1][3] is None and rows[3][6] is None  # power, reasons not available there
     start = rows[0][0]
     summary = gpu_clocks.summary(rows, start, start + 1)
     assert summary["0"] == {"samples": 2, "sm_mhz_median": 1695.0, "sm_mhz_min": 1410.0, "power_w_median": 310.2,
