@@ -71,6 +71,11 @@ def read(path):
     return rows
 
 
+def _over(fn, values, digits=None):
+    """fn(values) (rounded when digits is given), or None where no sample had the value."""
+    return (round(fn(values), digits) if digits is not None else fn(values)) if values else None
+
+
 def summary(rows, start, end):
     """Per GPU index, over the samples in [start, end]: median and lowest SM clock, median power, highest
     temperature, median busy share, and every clock-event reason mask seen other than none (0x0) or idle (0x1)."""
@@ -79,15 +84,10 @@ def summary(rows, start, end):
         mine = [r for r in rows if r[1] == index and start <= r[0] <= end]
         if not mine:
             continue
-        def values(i):
-            return [r[i] for r in mine if r[i] is not None]
-        clocks, power, temp, busy = values(2), values(3), values(4), values(5)
+        clocks, power, temp, busy = ([r[i] for r in mine if r[i] is not None] for i in (2, 3, 4, 5))
         out[str(index)] = {
-            "samples": len(mine),
-            "sm_mhz_median": statistics.median(clocks) if clocks else None,
-            "sm_mhz_min": min(clocks) if clocks else None,
-            "power_w_median": round(statistics.median(power), 1) if power else None,
-            "temperature_c_max": max(temp) if temp else None,
-            "busy_pct_median": statistics.median(busy) if busy else None,
+            "samples": len(mine), "sm_mhz_median": _over(statistics.median, clocks), "sm_mhz_min": _over(min, clocks),
+            "power_w_median": _over(statistics.median, power, 1), "temperature_c_max": _over(max, temp),
+            "busy_pct_median": _over(statistics.median, busy),
             "event_reasons": sorted({hex(r[6]) for r in mine if r[6] not in (None, 0, 1)})}
     return out

@@ -36,7 +36,7 @@ import time
 
 _DIR = os.environ.get("NBDDP_BENCH_PROBE_DIR")
 _COUNTS = {"generate": 0, "save_pretrained": 0, "dist_initialized": False}
-_T0 = time.time()
+_T0, _T0P = time.time(), time.perf_counter()  # the process's start on the wall clock and on the step clock
 _ITEMS = []  # label tokens of the batches loaded since the last optimizer step
 _PROFILER = {}  # the running torch.profiler, between the window's first and last step
 _EVENTS = []  # (CUDA event at train begin, its perf_counter), then one event per optimizer-step end
@@ -322,8 +322,7 @@ def _patch_dist(module):
     module.init_process_group = init
 
 
-_T0P = time.perf_counter()
-_COUNTS["clock_origin_epoch"] = round(time.time(), 3)  # wall clock at step_end_times' zero (for GPU clock samples)
+_COUNTS["clock_origin_epoch"] = round(_T0, 3)  # wall clock at step_end_times' zero (for GPU clock samples)
 _PROFILE = tuple(int(x) for x in os.environ["NBDDP_BENCH_PROFILE"].split(":")) if os.environ.get("NBDDP_BENCH_PROFILE") else None
 _HISTORY_UNTIL = int(os.environ.get("NBDDP_BENCH_MEMORY_HISTORY") or 0)
 _STEP_SYNC = os.environ.get("NBDDP_BENCH_STEP_SYNC") == "1"
