@@ -198,6 +198,19 @@ def host_cpu_share(before, after):
             "steal_pct": round(100 * steal / total, 2), "cpus": os.cpu_count()} if total else None
 
 
+def host_loop_s(repeats=5, n=200_000):
+    """Seconds one core takes for a fixed pure-Python loop (the fastest of `repeats`): taken before and after each
+    launch, on a core the launch leaves idle, it tells whether the host's cores ran slower in one launch than in
+    another (the training loop is bound to one core; /proc/stat's steal share stayed at 0 while rates drifted)."""
+    best = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        sum(i * i for i in range(n))
+        took = time.perf_counter() - start
+        best = took if best is None else min(best, took)
+    return round(best, 5)
+
+
 def one(name, scripts, work, env, limit, nproc):
     """One launch: `single` (the converted script on GPU 0), or a 2-GPU configuration; the GPUs sampled while it
     runs (gpu_clocks: each launch's own CSV beside its log, the samples handed to steady_rate)."""
@@ -255,10 +268,11 @@ def run(args):
             break
         pair, work = {}, os.path.join(args.work, f"pair{i}")
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
-            before = host_cpu_times()
+            before, loop = host_cpu_times(), host_loop_s()
             r = one(name, scripts, work, env, args.timeout, args.nproc)
             pair[name] = launch_rate(r, args.skip)
             pair[name]["host_cpu"] = host_cpu_share(before, host_cpu_times())
+            pair[name]["host_loop_s"] = [loop, host_loop_s()]
             write(args, pairs + [pair], notes)  # a call cut off mid-round keeps the launches it finished
         pairs.append(pair)  # already written with the round's last launch
         print(f"round {i}: {json.dumps(pair)}", flush=True)

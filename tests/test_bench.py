@@ -193,6 +193,8 @@ def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_pa
     assert clocks["1"]["sm_mhz_median"] == 1780 and clocks["0"]["event_reasons"] == ["0x4"]
     assert clocks["0"]["samples"] >= 5
     assert all(p["gpu_clocks"]["0"]["sm_mhz_min"] == 1980 for p in row["two-singles"]["per_process"])
+    for run in row.values():  # the host's one-core speed before and after every launch
+        assert len(run["host_loop_s"]) == 2 and all(0 < s < 5 for s in run["host_loop_s"])
     assert {name: run.get("samples_per_step") for name, run in row.items()} == {
         "single": 8, "dataparallel": 16, "plain-torchrun": 16, "two-singles": None}
     assert row["two-singles"]["samples_per_s"] == pytest.approx(
@@ -337,14 +339,15 @@ def test_host_table_rows_per_rank_and_per_concurrent_process():
 
     host = {"thread_cpu_s": 0.2, "involuntary_switches": 1, "cpus": [3], "process_cpu_s": 0.5,
             "process_involuntary_switches": 4}
-    result = {"rounds": [{"single": {"median_step_s": 0.4, "host_per_step": {"0": host}},
-                          "two-singles": {"median_step_s": [0.5, 0.25], "per_process": [
+    gpus = {"0": {"busy_pct_median": 60.0, "sm_mhz_median": 1980.0}, "1": {"busy_pct_median": 40.0, "sm_mhz_median": 1965.0}}
+    result = {"rounds": [{"single": {"median_step_s": 0.4, "host_per_step": {"0": host}, "gpu_clocks": gpus},
+                          "two-singles": {"median_step_s": [0.5, 0.25], "gpu_clocks": gpus, "per_process": [
                               {"median_step_s": 0.5, "host_per_step": {"0": host}},
                               {"median_step_s": 0.25, "host_per_step": {"0": dict(host, thread_cpu_s=0.1)}}]},
                           "ddp": {"returncode": 1, "errors": ["boom"]}}]}  # a failed launch has no host fields
-    assert host_table.rows(result) == [(0, "single", "rank0", 0.4, 0.2, 0.5, 1, 0.5, 4),
-                                       (0, "two-singles", "gpu0", 0.5, 0.2, 0.4, 1, 0.5, 4),
-                                       (0, "two-singles", "gpu1", 0.25, 0.1, 0.4, 1, 0.5, 4)]
+    assert host_table.rows(result) == [(0, "single", "rank0", 0.4, 0.2, 0.5, 1, 0.5, 4, 60.0, 1980.0),
+                                       (0, "two-singles", "gpu0", 0.5, 0.2, 0.4, 1, 0.5, 4, 60.0, 1980.0),
+                                       (0, "two-singles", "gpu1", 0.25, 0.1, 0.4, 1, 0.5, 4, 40.0, 1965.0)]
 
 
 def test_gpu_clock_samples_summarised_over_a_window(tmp_path):
