@@ -1,6 +1,7 @@
 """The GPU harness's CPU-checkable parts: the GRPO stand-in's short completions and the runner's scheduling."""
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -368,3 +369,17 @@ def test_gpu_clock_samples_summarised_over_a_window(tmp_path):
                             "temperature_c_max": 44.0, "busy_pct_median": 92.5, "event_reasons": ["0x4"]}
     assert summary["1"]["event_reasons"] == []  # idle (0x1) is not a slowdown
     assert gpu_clocks.read(str(tmp_path / "none.csv")) == []
+
+
+def test_probe_writes_what_it_has_when_terminated(tmp_path):
+    code = ("import os, signal\n"
+            "child = os.fork()\n"
+            "if child == 0:\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"  # a forked worker stopped with the launch writes nothing
+            "os.waitpid(child, 0)\n"
+            "print('after child', os.path.exists(os.path.join(os.environ['NBDDP_BENCH_PROBE_DIR'], 'rank0.json')))\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(BENCH, "rankprobe"), NBDDP_BENCH_PROBE_DIR=str(tmp_path / "p"))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 128 + signal.SIGTERM and "after child False" in done.stdout, done.stderr
+    assert json.load(open(tmp_path / "p" / "rank0.json"))["terminated_by_signal"] == signal.SIGTERM

@@ -1,7 +1,8 @@
 """Loaded by every Python process of a benchmark run (PYTHONPATH): records, per rank, which GPU the process
 used, its peak memory, each optimizer step's end time and label tokens, the training thread's CPU time,
 involuntary context switches and CPU at each step end (CPU time and switches of the whole process too), and how
-often it called generate() and save_pretrained(); written at exit to $NBDDP_BENCH_PROBE_DIR/rank<RANK>.json.
+often it called generate() and save_pretrained(); written at exit to $NBDDP_BENCH_PROBE_DIR/rank<RANK>.json, also when the runner stops the launch at its time
+limit (SIGTERM; the file then has `terminated_by_signal`).
 The generated script itself stays as nbddp wrote it.
 
 Optional, by environment (benchmark diagnostics, never on in a timed run):
@@ -394,8 +395,21 @@ def _dump():
         json.dump(info, fh)
 
 
+_PID = os.getpid()  # a forked child (a dataloader worker) inherits this, and the handler below then writes nothing
+
+
+def _on_terminate(signum, frame):
+    """A launch stopped at its time limit (the runner sends SIGTERM) still leaves the steps it measured, marked."""
+    signal.signal(signum, signal.SIG_IGN)  # the launcher's own SIGTERM to its workers may follow the runner's
+    if os.getpid() == _PID:
+        _COUNTS["terminated_by_signal"] = signum
+        _dump()
+    os._exit(128 + signum)
+
+
 if _DIR:
     os.makedirs(_DIR, exist_ok=True)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGTERM, _on_terminate)  # torchrun's launcher sets its own later; the ranks keep this
     sys.meta_path.insert(0, _Finder())
     atexit.register(_dump)
