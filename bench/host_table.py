@@ -21,13 +21,13 @@ def rows(result):
     out = []
     for i, row in enumerate(result["rounds"]):
         for name, run in row.items():
-            parts = run.get("per_process") or [run]
-            for p, part in enumerate(parts):
+            concurrent = "per_process" in run
+            for p, part in enumerate(run["per_process"] if concurrent else [run]):
                 step = part.get("median_step_s")
                 for rank, host in (part.get("host_per_step") or {}).items():
-                    concurrent = "per_process" in run
-                    label = f"gpu{p}" if concurrent else f"rank{rank}"
-                    gpu = (run.get("gpu_clocks") or {}).get(str(p if concurrent else rank), {})
+                    gpu_index = str(p) if concurrent else rank
+                    label = f"gpu{gpu_index}" if concurrent else f"rank{rank}"
+                    gpu = (run.get("gpu_clocks") or {}).get(gpu_index, {})
                     cpu = host.get("thread_cpu_s")
                     share = round(cpu / step, 2) if cpu and step else None
                     out.append((i, name, label, step, cpu, share, host.get("involuntary_switches"),

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import timeit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_clocks  # noqa: E402
@@ -199,16 +200,10 @@ def host_cpu_share(before, after):
 
 
 def host_loop_s(repeats=5, n=200_000):
-    """Seconds one core takes for a fixed pure-Python loop (the fastest of `repeats`): taken before and after each
-    launch, on a core the launch leaves idle, it tells whether the host's cores ran slower in one launch than in
-    another (the training loop is bound to one core; /proc/stat's steal share stayed at 0 while rates drifted)."""
-    best = None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        sum(i * i for i in range(n))
-        took = time.perf_counter() - start
-        best = took if best is None else min(best, took)
-    return round(best, 5)
+    """Seconds one core takes for a fixed pure-Python loop, the fastest of `repeats`: taken before and after each
+    launch, it shows whether the host's cores ran slower around one launch than around another (the training
+    processes keep one core busy throughout, and /proc/stat's steal share stayed at 0 while rates drifted)."""
+    return round(min(timeit.repeat(lambda: sum(i * i for i in range(n)), number=1, repeat=repeats)), 5)
 
 
 def one(name, scripts, work, env, limit, nproc):

@@ -1,8 +1,8 @@
 """Loaded by every Python process of a benchmark run (PYTHONPATH): records, per rank, which GPU the process
 used, its peak memory, each optimizer step's end time and label tokens, the training thread's CPU time,
 involuntary context switches and CPU at each step end (CPU time and switches of the whole process too), and how
-often it called generate() and save_pretrained(); written at exit to $NBDDP_BENCH_PROBE_DIR/rank<RANK>.json, also when the runner stops the launch at its time
-limit (SIGTERM; the file then has `terminated_by_signal`).
+often it called generate() and save_pretrained(); written at exit to $NBDDP_BENCH_PROBE_DIR/rank<RANK>.json,
+also when the runner stops the launch at its time limit (SIGTERM; the file then has `terminated_by_signal`).
 The generated script itself stays as nbddp wrote it.
 
 Optional, by environment (benchmark diagnostics, never on in a timed run):
