@@ -78,7 +78,8 @@ def _over(fn, values, digits=None):
 
 def summary(rows, start, end):
     """Per GPU index, over the samples in [start, end]: median and lowest SM clock, median power, highest
-    temperature, median busy share, and every clock-event reason mask seen other than none (0x0) or idle (0x1)."""
+    temperature, median and mean busy share (the share of the time a kernel ran), and every clock-event reason
+    mask seen other than none (0x0) or idle (0x1)."""
     out = {}
     for index in sorted({r[1] for r in rows}):
         mine = [r for r in rows if r[1] == index and start <= r[0] <= end]
@@ -88,6 +89,6 @@ def summary(rows, start, end):
         out[str(index)] = {
             "samples": len(mine), "sm_mhz_median": _over(statistics.median, clocks), "sm_mhz_min": _over(min, clocks),
             "power_w_median": _over(statistics.median, power, 1), "temperature_c_max": _over(max, temp),
-            "busy_pct_median": _over(statistics.median, busy),
+            "busy_pct_median": _over(statistics.median, busy), "busy_pct_mean": _over(statistics.mean, busy),
             "event_reasons": sorted({hex(r[6]) for r in mine if r[6] not in (None, 0, 1)})}
     return out

@@ -151,11 +151,16 @@ def _failure(r):
 
 def _gpu_clocks(run, window):
     """The GPU samples taken during the launch (gpu_clocks.Sampler), over its timed steps: rank 0's step-end times
-    are on a clock whose zero the probe recorded as wall time."""
+    are on a clock whose zero the probe recorded as wall time. Each GPU's mean busy share times the mean step is
+    `busy_s_per_step`: the seconds of a step in which a kernel ran; the rest of the step the GPU waited."""
     origin = ((run.get("ranks") or {}).get("0") or {}).get("clock_origin_epoch")
     if origin is None or not run.get("gpu_samples"):
         return None
-    return gpu_clocks.summary(run["gpu_samples"], origin + window[0], origin + window[-1])
+    out = gpu_clocks.summary(run["gpu_samples"], origin + window[0], origin + window[-1])
+    step = (window[-1] - window[0]) / (len(window) - 1)
+    for gpu in out.values():
+        gpu["busy_s_per_step"] = None if gpu["busy_pct_mean"] is None else round(gpu["busy_pct_mean"] / 100 * step, 4)
+    return out
 
 
 def _host_per_step(probe, skip):

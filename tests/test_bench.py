@@ -193,6 +193,8 @@ def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_pa
     clocks = row["single"]["gpu_clocks"]  # the sampler's rows inside the timed steps, per GPU
     assert clocks["1"]["sm_mhz_median"] == 1780 and clocks["0"]["event_reasons"] == ["0x4"]
     assert clocks["0"]["samples"] >= 5
+    steps = row["single"]["step_s"]  # busy 87% of the mean step
+    assert clocks["0"]["busy_s_per_step"] == pytest.approx(0.87 * sum(steps) / len(steps), rel=0.01)
     assert all(p["gpu_clocks"]["0"]["sm_mhz_min"] == 1980 for p in row["two-singles"]["per_process"])
     for run in row.values():  # the host's one-core speed before and after every launch
         assert len(run["host_loop_s"]) == 2 and all(0 < s < 5 for s in run["host_loop_s"])
@@ -366,7 +368,8 @@ def test_gpu_clock_samples_summarised_over_a_window(tmp_path):
     start = rows[0][0]
     summary = gpu_clocks.summary(rows, start, start + 1)
     assert summary["0"] == {"samples": 2, "sm_mhz_median": 1695.0, "sm_mhz_min": 1410.0, "power_w_median": 310.2,
-                            "temperature_c_max": 44.0, "busy_pct_median": 92.5, "event_reasons": ["0x4"]}
+                            "temperature_c_max": 44.0, "busy_pct_median": 92.5, "busy_pct_mean": 92.5,
+                            "event_reasons": ["0x4"]}
     assert summary["1"]["event_reasons"] == []  # idle (0x1) is not a slowdown
     assert gpu_clocks.read(str(tmp_path / "none.csv")) == []
 
