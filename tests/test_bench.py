@@ -386,3 +386,18 @@ def test_probe_writes_what_it_has_when_terminated(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 128 + signal.SIGTERM and "after child False" in done.stdout, done.stderr
     assert json.load(open(tmp_path / "p" / "rank0.json"))["terminated_by_signal"] == signal.SIGTERM
+
+
+def test_launch_stopped_at_its_limit_keeps_its_ranks_steps(tmp_path):
+    pytest.importorskip("transformers")
+    import run_notebooks
+    import scaling
+
+    script = tmp_path / "nb.py"
+    script.write_text(FAKE_TRAINING + "time.sleep(600)\n")  # 8 steps, then a hang the runner's limit ends
+    r = run_notebooks.launch(str(script), str(tmp_path / "w"), str(tmp_path / "nb.log"),
+                             run_notebooks.child_env({}), 30, 2)
+    assert r["timed_out"] and r["returncode"] != 0
+    assert {rank: p.get("terminated_by_signal") for rank, p in r["ranks"].items()} == {"0": 15, "1": 15}
+    assert {rank: len(times) for rank, times in r["step_end_times"].items()} == {"0": 8, "1": 8}
+    assert scaling.steady_rate(r, 2)["steps_timed"] == 5
