@@ -71,9 +71,9 @@ def read(path):
     return rows
 
 
-def _over(fn, values, digits=None):
-    """fn(values) (rounded when digits is given), or None where no sample had the value."""
-    return (round(fn(values), digits) if digits is not None else fn(values)) if values else None
+def stat(fn, values, digits=3):
+    """fn(values) rounded, or None for no values (also scaling.py's, which imports this module)."""
+    return round(fn(values), digits) if values else None
 
 
 def summary(rows, start, end):
@@ -87,8 +87,8 @@ def summary(rows, start, end):
             continue
         clocks, power, temp, busy = ([r[i] for r in mine if r[i] is not None] for i in (2, 3, 4, 5))
         out[str(index)] = {
-            "samples": len(mine), "sm_mhz_median": _over(statistics.median, clocks), "sm_mhz_min": _over(min, clocks),
-            "power_w_median": _over(statistics.median, power, 1), "temperature_c_max": _over(max, temp),
-            "busy_pct_median": _over(statistics.median, busy), "busy_pct_mean": _over(statistics.mean, busy),
+            "samples": len(mine), "sm_mhz_median": stat(statistics.median, clocks), "sm_mhz_min": stat(min, clocks),
+            "power_w_median": stat(statistics.median, power, 1), "temperature_c_max": stat(max, temp),
+            "busy_pct_median": stat(statistics.median, busy), "busy_pct_mean": stat(statistics.mean, busy),
             "event_reasons": sorted({hex(r[6]) for r in mine if r[6] not in (None, 0, 1)})}
     return out

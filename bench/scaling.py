@@ -108,7 +108,8 @@ def steady_rate(run, skip):
     return {"samples_per_s": round(per_step * (len(window) - 1) / (window[-1] - window[0]), 3),
             "label_tokens_per_s": (round(sum(map(sum, tokens)) / (window[-1] - window[0]), 1)
                                    if tokens and all(len(t) == steps for t in tokens) else None),
-            "label_token_imbalance": _stat(statistics.mean, imbalance, 4),  # busiest rank / mean rank, per step
+            # busiest rank / mean rank, per step
+            "label_token_imbalance": gpu_clocks.stat(statistics.mean, imbalance, 4),
             "losses": run.get("losses"),
             "samples_per_step": per_step, "steps_timed": len(window) - 1,
             "median_step_s": round(statistics.median(b - a for a, b in zip(window, window[1:])), 4),
@@ -169,7 +170,7 @@ def _host_per_step(probe, skip):
     session's runs; None before)."""
     def median_step(key):
         values = (probe.get(key) or [])[skip:]
-        return _stat(statistics.median, [b - a for a, b in zip(values, values[1:])], 4)
+        return gpu_clocks.stat(statistics.median, [b - a for a, b in zip(values, values[1:])], 4)
     return {"thread_cpu_s": median_step("step_thread_cpu_s"),
             "involuntary_switches": median_step("step_involuntary_switches"),
             "cpus": sorted({c for c in (probe.get("step_cpu") or [])[skip:] if c is not None}),
@@ -285,11 +286,6 @@ def run(args):
     return 0
 
 
-def _stat(fn, values, digits=3):
-    """fn(values) rounded, or None for no values."""
-    return round(fn(values), digits) if values else None
-
-
 def summary(pairs, name):
     """Ratios of one DDP configuration to the single run of the same round (samples/s, label tokens/s), and peak
     memory growth per rank (allocated, reserved)."""
@@ -308,11 +304,11 @@ def summary(pairs, name):
             for key, grown in growth.items():
                 base = (single.get(key) or {}).get("0")
                 grown += [peak / base - 1 for peak in (ddp.get(key) or {}).values() if base and peak]
-    return {"ratios": [round(r, 3) for r in ratios], "median_ratio": _stat(statistics.median, ratios),
-            "min_ratio": _stat(min, ratios), "token_ratios": [round(r, 3) for r in token_ratios],
-            "median_token_ratio": _stat(statistics.median, token_ratios),
-            "max_peak_allocated_growth": _stat(max, growth["peak_allocated_gib"], 4),
-            "max_peak_reserved_growth": _stat(max, growth["peak_reserved_gib"], 4),
+    return {"ratios": [round(r, 3) for r in ratios], "median_ratio": gpu_clocks.stat(statistics.median, ratios),
+            "min_ratio": gpu_clocks.stat(min, ratios), "token_ratios": [round(r, 3) for r in token_ratios],
+            "median_token_ratio": gpu_clocks.stat(statistics.median, token_ratios),
+            "max_peak_allocated_growth": gpu_clocks.stat(max, growth["peak_allocated_gib"], 4),
+            "max_peak_reserved_growth": gpu_clocks.stat(max, growth["peak_reserved_gib"], 4),
             **{f"ratios_to_{ref.replace('-', '_')}": [round(r, 3) for r in found]
                for ref, found in to_ref.items() if found}}
 
@@ -356,7 +352,7 @@ def merge(args):
               if p["ddp"].get("samples_per_s") and p["single"].get("samples_per_s")]
     out = {"device": args.machine or first.get("device"), "model": first.get("model"),
            "world_size": first.get("world_size"), "paired_runs": pooled,
-           "median_ratio": _stat(statistics.median, ratios), "min_ratio": _stat(min, ratios),
+           "median_ratio": gpu_clocks.stat(statistics.median, ratios), "min_ratio": gpu_clocks.stat(min, ratios),
            "ratios": [round(r, 3) for r in ratios],
            "configs": {name: summary(rows, name) for name in names}, "rounds": rows, "sources": sources,
            "settings": first.get("settings")}

@@ -17,7 +17,7 @@ SKIP = ("site-packages/torch/", "rankprobe/", "/warnings.py")
 def callers(text):
     """One 'package/file.py:line function' per synchronisation recorded in a syncs file."""
     out = []
-    for block in text.split("\n-- ")[0:]:
+    for block in text.split("\n-- "):
         if "called a synchronizing" not in block.split("\n", 1)[0]:
             continue  # torch's notice that the debug mode is on
         frames = [m for m in FRAME.finditer(block) if not any(s in m["file"] for s in SKIP)]

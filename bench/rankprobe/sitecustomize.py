@@ -38,6 +38,7 @@ import time
 _DIR = os.environ.get("NBDDP_BENCH_PROBE_DIR")
 _COUNTS = {"generate": 0, "save_pretrained": 0, "dist_initialized": False}
 _T0, _T0P = time.time(), time.perf_counter()  # the process's start on the wall clock and on the step clock
+_PID = os.getpid()  # a forked child inherits it: _dump writes only from the process that loaded the probe
 _ITEMS = []  # label tokens of the batches loaded since the last optimizer step
 _PROFILER = {}  # the running torch.profiler, between the window's first and last step
 _EVENTS = []  # (CUDA event at train begin, its perf_counter), then one event per optimizer-step end
@@ -366,6 +367,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def _dump():
+    if os.getpid() != _PID:
+        return  # a forked child (a dataloader worker): the rank's argv and a stale copy of its counts
     script = os.environ.get("NBDDP_BENCH_SCRIPT")  # set by the runner: only the script's own processes write
     if script and os.path.abspath(sys.argv[0] if sys.argv else "") != script:
         return  # a helper process (compile workers, ...) that would overwrite the rank's file
@@ -395,15 +398,11 @@ def _dump():
         json.dump(info, fh)
 
 
-_PID = os.getpid()  # a forked child (a dataloader worker) inherits this, and the handler below then writes nothing
-
-
 def _on_terminate(signum, frame):
     """A launch stopped at its time limit (the runner sends SIGTERM) still leaves the steps it measured, marked."""
     signal.signal(signum, signal.SIG_IGN)  # the launcher's own SIGTERM to its workers may follow the runner's
-    if os.getpid() == _PID:
-        _COUNTS["terminated_by_signal"] = signum
-        _dump()
+    _COUNTS["terminated_by_signal"] = signum
+    _dump()
     os._exit(128 + signum)
 
 
