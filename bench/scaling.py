@@ -27,10 +27,10 @@ import subprocess
 import sys
 import tarfile
 import time
-import timeit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_clocks  # noqa: E402
+import hog  # noqa: E402
 import run_notebooks as rn  # noqa: E402
 
 def _lever(name, env):
@@ -78,6 +78,10 @@ CONFIGS = {
     # one independent 1-GPU process per GPU, both at once, no communication: what the machine gives two host-bound
     # trainings side by side; its rate is the sum of the two
     "two-singles": {"env": {}, "launch": "concurrent"},
+    # the 1-GPU run with one more busy core beside it (bench/hog.py, a pure-Python loop that touches no GPU and
+    # little memory): slowed like two-singles, the machine's cores slow each other; not slowed, the two trainings
+    # share something else (host memory traffic, PCIe)
+    "single-hog": {"env": {}, "launch": "one-process", "gpus": "0", "hogs": 1},
     # one process under torchrun (OMP_NUM_THREADS=1 as torchrun sets it for 2): Unsloth's distributed code
     # paths and the launcher without a second rank
     "torchrun-1proc": {"env": {"OMP_NUM_THREADS": "1"}, "nproc": 1},
@@ -121,7 +125,7 @@ def steady_rate(run, skip):
                                    for d in p.get("ddp_constructed", [])] for r, p in ranks.items()},
             "levers_set": {k: v for k, v in levers.items() if v},
             "host_per_step": {r: _host_per_step(p, skip) for r, p in ranks.items() if p.get("step_thread_cpu_s")},
-            "gpu_clocks": _gpu_clocks(run, window),
+            "gpu_clocks": _gpu_clocks(run, window), "hog": _hog(run, window),
             "returncode": run.get("returncode"), "wall_s": run.get("wall_s")}
 
 
@@ -151,17 +155,29 @@ def _failure(r):
 
 
 def _gpu_clocks(run, window):
-    """The GPU samples taken during the launch (gpu_clocks.Sampler), over its timed steps: rank 0's step-end times
-    are on a clock whose zero the probe recorded as wall time. Each GPU's mean busy share times the mean step is
+    """The GPU samples taken during the launch (gpu_clocks.Sampler), over its timed steps. Each GPU's mean busy share times the mean step is
     `busy_s_per_step`: the seconds of a step in which a kernel ran; the rest of the step the GPU waited."""
-    origin = ((run.get("ranks") or {}).get("0") or {}).get("clock_origin_epoch")
-    if origin is None or not run.get("gpu_samples"):
+    span = _wall_span(run, window)
+    if span is None or not run.get("gpu_samples"):
         return None
-    out = gpu_clocks.summary(run["gpu_samples"], origin + window[0], origin + window[-1])
+    out = gpu_clocks.summary(run["gpu_samples"], *span)
     step = (window[-1] - window[0]) / (len(window) - 1)
     for gpu in out.values():
         gpu["busy_s_per_step"] = None if gpu["busy_pct_mean"] is None else round(gpu["busy_pct_mean"] / 100 * step, 4)
     return out
+
+
+def _hog(run, window):
+    """The busy core's loop (bench/hog.py) beside the launch, over its timed steps (configurations with hogs)."""
+    span = _wall_span(run, window)
+    return hog.summary(run["hog_samples"], *span) if span and run.get("hog_samples") else None
+
+
+def _wall_span(run, window):
+    """The timed steps' first and last end as wall times: rank 0's step ends are on a clock whose zero the probe
+    recorded as wall time (None where it did not)."""
+    origin = ((run.get("ranks") or {}).get("0") or {}).get("clock_origin_epoch")
+    return None if origin is None else (origin + window[0], origin + window[-1])
 
 
 def _host_per_step(probe, skip):
@@ -209,7 +225,7 @@ def host_loop_s(repeats=5, n=200_000):
     """Seconds one core takes for a fixed pure-Python loop, the fastest of `repeats`: taken before and after each
     launch, it shows whether the host's cores ran slower around one launch than around another (the training
     processes keep one core busy throughout, and /proc/stat's steal share stayed at 0 while rates drifted)."""
-    return round(min(timeit.repeat(lambda: sum(i * i for i in range(n)), number=1, repeat=repeats)), 5)
+    return round(min(hog.loop_s(n) for _ in range(repeats)), 5)
 
 
 def one(name, scripts, work, env, limit, nproc):
@@ -217,9 +233,12 @@ def one(name, scripts, work, env, limit, nproc):
     runs (gpu_clocks: each launch's own CSV beside its log, the samples handed to steady_rate)."""
     os.makedirs(work, exist_ok=True)
     samples = os.path.join(work, f"{os.path.basename(work)}-{name}-gpus.csv")
-    with gpu_clocks.Sampler(samples):
+    with gpu_clocks.Sampler(samples), hog.running(CONFIGS.get(name, {}).get("hogs", 0)) as hog_times:
         r = _launch(name, scripts, work, env, limit, nproc)
     rows = gpu_clocks.read(samples)
+    for part in r.get("concurrent", [r]):
+        part["gpu_samples"] = rows
+        part["hog_samples"] = hog_times
     for part in r.get("concurrent", [r]):
         part["gpu_samples"] = rows
     return r
@@ -263,6 +282,8 @@ def run(args):
                                                                           os.path.basename(args.script)))}
     names = ["single"] + args.configs.split(",")
     pairs, notes = [], []
+    levels = [int(n) for n in args.host_load.split(",") if n]  # a core's speed with 1..16 busy, before and after
+    host_load = {"before": hog.load_curve(levels)} if levels else None
     for i in range(args.pairs):
         if time.time() - t0 + len(names) * args.run_estimate > args.deadline:
             notes.append(f"stopped after {i} rounds: time budget of the call")
@@ -274,10 +295,12 @@ def run(args):
             pair[name] = launch_rate(r, args.skip)
             pair[name]["host_cpu"] = host_cpu_share(before, host_cpu_times())
             pair[name]["host_loop_s"] = [loop, host_loop_s()]
-            write(args, pairs + [pair], notes)  # a call cut off mid-round keeps the launches it finished
+            write(args, pairs + [pair], notes, host_load)  # a call cut off mid-round keeps the launches it finished
         pairs.append(pair)  # already written with the round's last launch
         print(f"round {i}: {json.dumps(pair)}", flush=True)
-    write(args, pairs, notes)
+    if levels:
+        host_load["after"] = hog.load_curve(levels)
+    write(args, pairs, notes, host_load)
     if args.artifacts:  # the probe's optional tables, traces, sync stacks and allocator histories, every launch's log
         with tarfile.open(args.artifacts, "w:gz") as tar:
             for f in sorted(glob.glob(os.path.join(args.work, "pair*", "**", "*"), recursive=True)):
@@ -313,7 +336,7 @@ def summary(pairs, name):
                for ref, found in to_ref.items() if found}}
 
 
-def write(args, pairs, notes):
+def write(args, pairs, notes, host_load=None):
     configs = args.configs.split(",")
     by_config = {name: summary(pairs, name) for name in configs}
     first = by_config[configs[0]]
@@ -321,7 +344,7 @@ def write(args, pairs, notes):
            "world_size": args.nproc, "paired_runs": [{"single": p.get("single"), "ddp": p.get(configs[0])}
                                                       for p in pairs],
            "median_ratio": first["median_ratio"], "ratios": first["ratios"], "configs": by_config,
-           "rounds": pairs, "notes": notes,
+           "rounds": pairs, "notes": notes, "host_load_s": host_load,
            "settings": {"skip_steps": args.skip, "configs": {c: CONFIGS[c] for c in configs},
                         "env": rn.parse_env(args.env),
                         "timing": "rank 0's optimizer-step ends: CUDA events read after training (the probe's "
@@ -378,6 +401,8 @@ def main(argv=None):
     r.add_argument("--timeout", type=int, default=150)
     r.add_argument("--nproc", type=int, default=2)
     r.add_argument("--env", action="append")
+    r.add_argument("--host-load", default="1,2,4,8,16", help="before the first round and after the last: the "
+                   "one-core loop's time with this many copies busy at once (bench/hog.py; empty: not measured)")
     r.add_argument("--artifacts", default="", help="tar.gz of every launch's log and the probe's tables/histories")
     r.add_argument("--machine", default=os.environ.get("BENCH_MACHINE", ""))
     r.add_argument("--model", default="Llama-3.1-8B shape, 2 layers, random weights, 4-bit (offline_hub llama31)")

@@ -186,10 +186,11 @@ def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_pa
     env = dict(os.environ, PATH=os.pathsep.join([str(tmp_path / "bin"), os.environ.get("PATH", "")]))
     subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "run",
                     "--script", str(tmp_path / "gpurun" / "nb.py"),
-                    "--configs", "dataparallel,plain-torchrun,two-singles",
+                    "--configs", "dataparallel,plain-torchrun,two-singles,single-hog", "--host-load", "1,2",
                     "--pairs", "1", "--skip", "2", "--run-estimate", "1", "--work", str(tmp_path / "w"),
                     "--out", str(out), "--timeout", "200"], check=True, capture_output=True, env=env)
-    row = json.load(open(out))["rounds"][0]
+    result = json.load(open(out))
+    row = result["rounds"][0]
     clocks = row["single"]["gpu_clocks"]  # the sampler's rows inside the timed steps, per GPU
     assert clocks["1"]["sm_mhz_median"] == 1780 and clocks["0"]["event_reasons"] == ["0x4"]
     assert clocks["0"]["samples"] >= 5
@@ -199,11 +200,17 @@ def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_pa
     for run in row.values():  # the host's one-core speed before and after every launch
         assert len(run["host_loop_s"]) == 2 and all(0 < s < 5 for s in run["host_loop_s"])
     assert {name: run.get("samples_per_step") for name, run in row.items()} == {
-        "single": 8, "dataparallel": 16, "plain-torchrun": 16, "two-singles": None}
+        "single": 8, "dataparallel": 16, "plain-torchrun": 16, "two-singles": None, "single-hog": 8}
+    beside = row["single-hog"]["hog"]  # the busy core's loops that ended inside the timed steps
+    assert beside["loops"] >= 1 and 0 < beside["loop_s_median"] < 5 and row["single"]["hog"] is None
+    for when in ("before", "after"):  # the one-core loop with 1 and 2 copies busy at once
+        curve = result["host_load_s"][when]
+        assert [len(curve[n]["per_copy"]) for n in ("1", "2")] == [1, 2] and curve["2"]["loops"] == 120
     assert row["two-singles"]["samples_per_s"] == pytest.approx(
         sum(p["samples_per_s"] for p in row["two-singles"]["per_process"]), abs=0.002)
     logs = {name: (tmp_path / "w" / "pair0" / f"pair0-{name}.log").read_text() for name in row if name != "two-singles"}
     assert "script gpurun visible 0" in logs["single"]  # the converted script on one GPU
+    assert "script gpurun visible 0" in logs["single-hog"]
     assert "script plain visible 0,1" in logs["dataparallel"]  # one process seeing both GPUs, the plain script
     assert logs["plain-torchrun"].count("script plain visible None") == 2  # torchrun: 2 processes
     for gpu in (0, 1):  # two-singles: the converted script alone on each GPU
@@ -401,3 +408,18 @@ def test_launch_stopped_at_its_limit_keeps_its_ranks_steps(tmp_path):
     assert {rank: p.get("terminated_by_signal") for rank, p in r["ranks"].items()} == {"0": 15, "1": 15}
     assert {rank: len(times) for rank, times in r["step_end_times"].items()} == {"0": 8, "1": 8}
     assert scaling.steady_rate(r, 2)["steps_timed"] == 5
+
+
+def test_hog_times_its_loops_until_the_block_ends():
+    import time
+
+    import hog
+    with hog.running(1) as times:
+        time.sleep(1.0)
+    (loops,) = times
+    assert len(loops) >= 3 and all(0 < s < 1 for _, s in loops)
+    ends = [t for t, _ in loops]
+    assert ends == sorted(ends) and time.time() - 5 < ends[-1] <= time.time()
+    whole, tail = hog.summary(times), hog.summary(times, start=ends[-2])  # a window keeps the loops that ended in it
+    assert whole["loops"] == len(loops) and tail["loops"] == 2
+    assert hog.summary(times, end=ends[0] - 1) == {"loop_s_median": None, "per_copy": [], "loops": 0}
