@@ -59,6 +59,30 @@ def summary(times, start=float("-inf"), end=float("inf")):
             "per_copy": [round(m, 5) for m in medians], "loops": sum(map(len, times))}
 
 
+def cpu_speeds(repeats=5):
+    """The fixed loop's time on each CPU this process may use, the fastest of `repeats` with the process pinned
+    there (one CPU at a time, the others as they are): {cpu: seconds}. On a shared VM some vCPUs can run the same
+    loop much slower than others at the same moment."""
+    allowed = os.sched_getaffinity(0)
+    speeds = {}
+    try:
+        for cpu in sorted(allowed):
+            os.sched_setaffinity(0, {cpu})
+            speeds[cpu] = round(min(loop_s() for _ in range(repeats)), 5)
+    finally:
+        os.sched_setaffinity(0, allowed)
+    return speeds
+
+
+def fastest_groups(speeds, groups, size):
+    """`groups` disjoint sets of `size` CPUs, the fastest first: "a,b;c,d" as the probe's NBDDP_BENCH_CPUS takes
+    it (rank by local rank). With fewer CPUs than that, smaller groups (and shared ones below 1 CPU a group)."""
+    ranked = sorted(speeds, key=lambda cpu: (speeds[cpu], cpu))
+    size = max(1, min(size, len(ranked) // groups))
+    return ";".join(",".join(str(cpu) for cpu in sorted({ranked[(i * size + j) % len(ranked)] for j in range(size)}))
+                    for i in range(groups))
+
+
 def load_curve(levels=(1, 2, 4, 8, 16), count=60):
     """The fixed loop's median time per copy with 1, 2, 4, 8, 16 copies busy at once: a flat curve means a core's
     speed does not depend on how many others are busy."""

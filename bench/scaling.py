@@ -82,6 +82,10 @@ CONFIGS = {
     # little memory): slowed like two-singles, the machine's cores slow each other; not slowed, the two trainings
     # share something else (host memory traffic, PCIe)
     "single-hog": {"env": {}, "launch": "one-process", "gpus": "0", "hogs": 1},
+    # each process pinned to the 4 vCPUs that ran bench/hog.py's loop fastest just before the launch (the probe's
+    # NBDDP_BENCH_CPUS): whether a host-bound training runs at the speed of the vCPUs it lands on
+    "ddp-fast-cpus": {"env": {}, "pin": 4},
+    "single-fast-cpus": {"env": {}, "launch": "one-process", "gpus": "0", "pin": 4},
     # one process under torchrun (OMP_NUM_THREADS=1 as torchrun sets it for 2): Unsloth's distributed code
     # paths and the launcher without a second rank
     "torchrun-1proc": {"env": {"OMP_NUM_THREADS": "1"}, "nproc": 1},
@@ -239,8 +243,6 @@ def one(name, scripts, work, env, limit, nproc):
     for part in r.get("concurrent", [r]):
         part["gpu_samples"] = rows
         part["hog_samples"] = hog_times
-    for part in r.get("concurrent", [r]):
-        part["gpu_samples"] = rows
     return r
 
 
@@ -264,6 +266,15 @@ def _launch(name, scripts, work, env, limit, nproc):
         return rn.launch(script, workdir, log, env, limit, nproc, gpu=gpus)
     return rn.launch(script, workdir, log, env, limit, config.get("nproc", nproc),
                      torchrun_args=config.get("torchrun", ()))
+
+
+def _pinned(name, speeds, nproc):
+    """For a configuration that pins its processes: NBDDP_BENCH_CPUS, the fastest vCPUs of the map just taken."""
+    config = CONFIGS.get(name, {})
+    if not config.get("pin"):
+        return {}
+    groups = 1 if config.get("launch") == "one-process" else config.get("nproc", nproc)
+    return {"NBDDP_BENCH_CPUS": hog.fastest_groups(speeds, groups, config["pin"])}
 
 
 def _joined(env, extra):
@@ -290,11 +301,14 @@ def run(args):
             break
         pair, work = {}, os.path.join(args.work, f"pair{i}")
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
-            before, loop = host_cpu_times(), host_loop_s()
-            r = one(name, scripts, work, env, args.timeout, args.nproc)
+            before, loop, speeds = host_cpu_times(), host_loop_s(), hog.cpu_speeds()
+            pinned = _pinned(name, speeds, args.nproc)
+            r = one(name, scripts, work, dict(env, **pinned), args.timeout, args.nproc)
             pair[name] = launch_rate(r, args.skip)
             pair[name]["host_cpu"] = host_cpu_share(before, host_cpu_times())
             pair[name]["host_loop_s"] = [loop, host_loop_s()]
+            pair[name]["cpu_loop_s"] = {"before": speeds, "after": hog.cpu_speeds()}  # per vCPU, pinned there
+            pair[name].update(pinned)
             write(args, pairs + [pair], notes, host_load)  # a call cut off mid-round keeps the launches it finished
         pairs.append(pair)  # already written with the round's last launch
         print(f"round {i}: {json.dumps(pair)}", flush=True)

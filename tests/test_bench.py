@@ -151,7 +151,7 @@ def test_peak_step_is_the_first_step_that_reached_the_final_peak():
 FAKE_TRAINING = '''import os, time, types
 from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
 print("script", os.path.basename(os.path.dirname(os.path.abspath(__file__))),
-      "visible", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+      "visible", os.environ.get("CUDA_VISIBLE_DEVICES"), "cpus", sorted(os.sched_getaffinity(0)), flush=True)
 handler = CallbackHandler([], None, None, None, None)
 world = int(os.environ.get("WORLD_SIZE", "1"))
 gpus = len(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(","))
@@ -186,7 +186,8 @@ def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_pa
     env = dict(os.environ, PATH=os.pathsep.join([str(tmp_path / "bin"), os.environ.get("PATH", "")]))
     subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "run",
                     "--script", str(tmp_path / "gpurun" / "nb.py"),
-                    "--configs", "dataparallel,plain-torchrun,two-singles,single-hog", "--host-load", "1,2",
+                    "--configs", "dataparallel,plain-torchrun,two-singles,single-hog,single-fast-cpus",
+                    "--host-load", "1,2",
                     "--pairs", "1", "--skip", "2", "--run-estimate", "1", "--work", str(tmp_path / "w"),
                     "--out", str(out), "--timeout", "200"], check=True, capture_output=True, env=env)
     result = json.load(open(out))
@@ -197,10 +198,17 @@ def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_pa
     steps = row["single"]["step_s"]  # busy 87% of the mean step
     assert clocks["0"]["busy_s_per_step"] == pytest.approx(0.87 * sum(steps) / len(steps), rel=0.01)
     assert all(p["gpu_clocks"]["0"]["sm_mhz_min"] == 1980 for p in row["two-singles"]["per_process"])
-    for run in row.values():  # the host's one-core speed before and after every launch
+    allowed = sorted(os.sched_getaffinity(0))
+    for run in row.values():  # the host's one-core speed before and after every launch, unpinned and per vCPU
         assert len(run["host_loop_s"]) == 2 and all(0 < s < 5 for s in run["host_loop_s"])
+        assert [sorted(map(int, run["cpu_loop_s"][when])) for when in ("before", "after")] == [allowed, allowed]
+    speeds = row["single-fast-cpus"]["cpu_loop_s"]["before"]  # pinned to the fastest vCPUs of the map before it
+    fastest = sorted(sorted(speeds, key=lambda c: (speeds[c], int(c)))[:min(4, len(speeds))], key=int)
+    assert row["single-fast-cpus"]["NBDDP_BENCH_CPUS"] == ",".join(fastest)
+    assert "NBDDP_BENCH_CPUS" not in row["single"]
     assert {name: run.get("samples_per_step") for name, run in row.items()} == {
-        "single": 8, "dataparallel": 16, "plain-torchrun": 16, "two-singles": None, "single-hog": 8}
+        "single": 8, "dataparallel": 16, "plain-torchrun": 16, "two-singles": None, "single-hog": 8,
+        "single-fast-cpus": 8}
     beside = row["single-hog"]["hog"]  # the busy core's loops that ended inside the timed steps
     assert beside["loops"] >= 1 and 0 < beside["loop_s_median"] < 5 and row["single"]["hog"] is None
     for when in ("before", "after"):  # the one-core loop with 1 and 2 copies busy at once
@@ -211,6 +219,7 @@ def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_pa
     logs = {name: (tmp_path / "w" / "pair0" / f"pair0-{name}.log").read_text() for name in row if name != "two-singles"}
     assert "script gpurun visible 0" in logs["single"]  # the converted script on one GPU
     assert "script gpurun visible 0" in logs["single-hog"]
+    assert f"script gpurun visible 0 cpus [{', '.join(fastest)}]" in logs["single-fast-cpus"]
     assert "script plain visible 0,1" in logs["dataparallel"]  # one process seeing both GPUs, the plain script
     assert logs["plain-torchrun"].count("script plain visible None") == 2  # torchrun: 2 processes
     for gpu in (0, 1):  # two-singles: the converted script alone on each GPU
@@ -423,3 +432,21 @@ def test_hog_times_its_loops_until_the_block_ends():
     whole, tail = hog.summary(times), hog.summary(times, start=ends[-2])  # a window keeps the loops that ended in it
     assert whole["loops"] == len(loops) and tail["loops"] == 2
     assert hog.summary(times, end=ends[0] - 1) == {"loop_s_median": None, "per_copy": [], "loops": 0}
+
+
+def test_fastest_groups_and_the_probe_pins_each_local_rank(tmp_path):
+    import hog
+    speeds = {0: 0.3, 1: 0.1, 2: 0.2, 3: 0.05, 4: 0.5}
+    assert hog.fastest_groups(speeds, 2, 2) == "1,3;0,2"
+    assert hog.fastest_groups(speeds, 1, 9) == "0,1,2,3,4"  # no more than there are
+    assert hog.fastest_groups({0: 0.1}, 2, 4) == "0;0"  # fewer CPUs than groups: shared
+    cpus = sorted(os.sched_getaffinity(0))
+    groups = f"{cpus[0]};{cpus[-1]}"
+    show = "import os; print(sorted(os.sched_getaffinity(0)))"
+    for local_rank, want in ((None, cpus[0]), ("1", cpus[-1])):
+        env = dict(os.environ, PYTHONPATH=os.path.join(BENCH, "rankprobe"), NBDDP_BENCH_PROBE_DIR=str(tmp_path),
+                   NBDDP_BENCH_CPUS=groups)
+        env.pop("LOCAL_RANK", None)
+        env.update({"LOCAL_RANK": local_rank} if local_rank else {})
+        out = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == f"[{want}]"

@@ -17,6 +17,8 @@ Optional, by environment (benchmark diagnostics, never on in a timed run):
   NBDDP_BENCH_ARGS=k=v,...       set TrainingArguments fields (a lever under test, e.g. dataloader_num_workers=2)
   NBDDP_BENCH_DDP=k=v,...        add DistributedDataParallel keywords (e.g. gradient_as_bucket_view=True)
   NBDDP_BENCH_PEFT=k=v,...       override Unsloth get_peft_model keywords (e.g. use_gradient_checkpointing=True)
+  NBDDP_BENCH_CPUS=a,b;c,d       pin each process at start to the CPU group of its LOCAL_RANK (0 without one);
+                                 threads it starts later inherit the set
 SIGUSR1 prints every thread's stack (the runner sends it before killing a run that passed its limit)."""
 import ast
 import atexit
@@ -406,7 +408,16 @@ def _on_terminate(signum, frame):
     os._exit(128 + signum)
 
 
+def _pin():
+    groups = os.environ.get("NBDDP_BENCH_CPUS")
+    if groups:
+        cpus = {int(c) for c in groups.split(";")[int(os.environ.get("LOCAL_RANK", "0"))].split(",")}
+        os.sched_setaffinity(0, cpus)
+        _COUNTS["pinned_cpus"] = sorted(cpus)
+
+
 if _DIR:
+    _pin()
     os.makedirs(_DIR, exist_ok=True)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGTERM, _on_terminate)  # torchrun's launcher sets its own later; the ranks keep this
