@@ -27,7 +27,7 @@ def rows(result):
                 for rank, host in (part.get("host_per_step") or {}).items():
                     gpu_index = str(p) if concurrent else rank
                     label = f"gpu{gpu_index}" if concurrent else f"rank{rank}"
-                    gpu = (run.get("gpu_clocks") or {}).get(gpu_index, {})
+                    gpu = (part.get("gpu_clocks") or {}).get(gpu_index, {})
                     cpu = host.get("thread_cpu_s")
                     share = round(cpu / step, 2) if cpu and step else None
                     out.append((i, name, label, step, cpu, share, host.get("involuntary_switches"),

@@ -360,9 +360,11 @@ def test_host_table_rows_per_rank_and_per_concurrent_process():
             "process_involuntary_switches": 4}
     gpus = {"0": {"busy_pct_median": 60.0, "sm_mhz_median": 1980.0}, "1": {"busy_pct_median": 40.0, "sm_mhz_median": 1965.0}}
     result = {"rounds": [{"single": {"median_step_s": 0.4, "host_per_step": {"0": host}, "gpu_clocks": gpus},
-                          "two-singles": {"median_step_s": [0.5, 0.25], "gpu_clocks": gpus, "per_process": [
-                              {"median_step_s": 0.5, "host_per_step": {"0": host}},
-                              {"median_step_s": 0.25, "host_per_step": {"0": dict(host, thread_cpu_s=0.1)}}]},
+                          # launch_rate keeps a concurrent launch's GPU samples per process (each its own window)
+                          "two-singles": {"median_step_s": [0.5, 0.25], "per_process": [
+                              {"median_step_s": 0.5, "host_per_step": {"0": host}, "gpu_clocks": gpus},
+                              {"median_step_s": 0.25, "host_per_step": {"0": dict(host, thread_cpu_s=0.1)},
+                               "gpu_clocks": gpus}]},
                           "ddp": {"returncode": 1, "errors": ["boom"]}}]}  # a failed launch has no host fields
     assert host_table.rows(result) == [(0, "single", "rank0", 0.4, 0.2, 0.5, 1, 0.5, 4, 60.0, 1980.0),
                                        (0, "two-singles", "gpu0", 0.5, 0.2, 0.4, 1, 0.5, 4, 60.0, 1980.0),
@@ -450,3 +452,28 @@ def test_fastest_groups_and_the_probe_pins_each_local_rank(tmp_path):
         env.update({"LOCAL_RANK": local_rank} if local_rank else {})
         out = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == f"[{want}]"
+
+
+def test_cpu_table_counts_slow_vcpus_and_follows_them_across_launches():
+    import cpu_table
+
+    fast, slow = 0.009, 0.016  # seconds for hog.py's loop: slow is more than 1.25x the fastest
+    def speeds(*slow_cpus):
+        return {str(c): (slow if c in slow_cpus else fast) for c in range(4)}
+    result = {"rounds": [{
+        "single": {"samples_per_s": 20.0, "host_per_step": {"0": {"cpus": [3]}},
+                   "cpu_loop_s": {"before": speeds(2, 3), "after": speeds(3)}},
+        "ddp-fast-cpus": {"samples_per_s": 41.0, "NBDDP_BENCH_CPUS": "0;1",
+                          "host_per_step": {"0": {"cpus": [0]}, "1": {"cpus": [1]}},
+                          "cpu_loop_s": {"before": speeds(2), "after": speeds(0, 1)}},
+        "ddp": {"returncode": 1}}]}  # a failed launch without maps is left out
+    launches, between = cpu_table.rows(result)
+    assert [(i, name) for i, name, _ in launches] == [(0, "single"), (0, "ddp-fast-cpus")]
+    single, pinned = launches[0][2], launches[1][2]
+    assert (single["slow_before"], single["slow_after"], single["kept_across_launch"]) == (2, 1, 0.5)
+    assert (single["fast_ms"], single["slow_ms"]) == (9.0, 16.0)
+    assert single["threads"] == {"rank0": ["3:16.0->16.0"]} and single["pinned_ms"] is None
+    assert pinned["threads"] == {"rank0": ["0:9.0->16.0"], "rank1": ["1:9.0->16.0"]}
+    assert pinned["pinned_ms"] == [9.0, 16.0] and pinned["kept_across_launch"] == 0.0
+    assert between == [0.0]  # vCPU 3, slow after the first launch, was fast before the next
+    assert cpu_table.slow({"0": fast, "1": fast * 1.2}) == set()  # within 1.25x of the fastest
