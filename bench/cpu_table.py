@@ -2,8 +2,9 @@
 """Per-vCPU speed around each launch of a scaling result (`cpu_loop_s`: bench/hog.py's loop pinned to each vCPU,
 before and after the launch; runs from the ninth session on). A vCPU counts as slow when its loop took more than
 1.25x the map's fastest. Per launch: samples/s, how many vCPUs were slow before and after, the median fast and
-slow loop, the share of the vCPUs slow before that were still slow after (across the launch), the vCPU each
-training thread ran on at step ends and its loop before -> after, and for a pinned launch the mean loop of its set.
+slow loop and their ratio, the share of the vCPUs slow before that were still slow after (across the launch),
+the vCPU each training thread ran on at step ends and its loop before -> after, and for a pinned launch the mean
+loop of its set.
 Then, between consecutive launches, the share still slow from one launch's after-map to the next's before-map
 (seconds apart).
 
@@ -55,6 +56,8 @@ def launch_row(run):
         pinned_ms = [round(1000 * statistics.mean(m[c] for c in cpus), 1) for m in (before, after)]
     return {"samples_per_s": run.get("samples_per_s"), "slow_before": len(s), "slow_after": len(slow(after)),
             "fast_ms": _ms([v for c, v in before.items() if c not in s]), "slow_ms": _ms([before[c] for c in s]),
+            "slow_over_fast": (round(statistics.median([before[c] for c in s])
+                                     / statistics.median([v for c, v in before.items() if c not in s]), 2) if s else None),
             "kept_across_launch": kept(before, after), "threads": threads, "pinned_ms": pinned_ms}
 
 
@@ -80,10 +83,11 @@ def main(paths):
             print(f"{path}: no per-vCPU maps (runs before the ninth session's second call)")
             continue
         print(f"{path}\nround  configuration     samples_per_s  slow_before  slow_after  fast_ms  slow_ms  "
-              "kept_across_launch  thread vCPU:ms before->after  pinned_set_ms before,after")
+              "slow_over_fast  kept_across_launch  thread vCPU:ms before->after  pinned_set_ms before,after")
         for i, name, c in launches:
             print(f"{i:5d}  {name:16s}  " + "  ".join(str(c[k]) for k in (
-                "samples_per_s", "slow_before", "slow_after", "fast_ms", "slow_ms", "kept_across_launch"))
+                "samples_per_s", "slow_before", "slow_after", "fast_ms", "slow_ms", "slow_over_fast",
+                "kept_across_launch"))
                   + f"  {json.dumps(c['threads'])}  {c['pinned_ms']}")
         print(f"kept from one launch's after-map to the next launch's before-map: {between}")
     return 0

@@ -471,7 +471,7 @@ def test_cpu_table_counts_slow_vcpus_and_follows_them_across_launches():
     assert [(i, name) for i, name, _ in launches] == [(0, "single"), (0, "ddp-fast-cpus")]
     single, pinned = launches[0][2], launches[1][2]
     assert (single["slow_before"], single["slow_after"], single["kept_across_launch"]) == (2, 1, 0.5)
-    assert (single["fast_ms"], single["slow_ms"]) == (9.0, 16.0)
+    assert (single["fast_ms"], single["slow_ms"], single["slow_over_fast"]) == (9.0, 16.0, 1.78)
     assert single["threads"] == {"rank0": ["3:16.0->16.0"]} and single["pinned_ms"] is None
     assert pinned["threads"] == {"rank0": ["0:9.0->16.0"], "rank1": ["1:9.0->16.0"]}
     assert pinned["pinned_ms"] == [9.0, 16.0] and pinned["kept_across_launch"] == 0.0

@@ -56,3 +56,16 @@ for shape, s9 in (("8b", ["scaling-2026-11-26-s9-call3-8b.json"]),
            for k, v in load(f)["configs"].items() if k.split("[")[0] == "ddp" for x in v["ratios"]]
     print(f"{shape}: {got} median {statistics.median(got):.3f}, {sum(x >= 1.8 for x in got)} of {len(got)} >= 1.8, "
           f"{sum(x >= 1.9 for x in got)} >= 1.9")
+print("## 7. seconds per timed step in which a kernel ran on each GPU (busy_s_per_step) and the rest (the GPU waited), per launch")
+for call, (f, tag) in CALLS.items():
+    for name, v in load(f)["rounds"][0].items():
+        if "per_process" in v:
+            continue
+        step = sum(v["step_s"]) / len(v["step_s"])
+        cells = [f"gpu{g} kernels {c['busy_s_per_step']:.3f} waiting {step - c['busy_s_per_step']:.3f}"
+                 for g, c in v["gpu_clocks"].items() if c["busy_pct_mean"]]
+        print(f"call {call} {tag} {name:16s} mean step {step:.3f}: " + "; ".join(cells))
+print("## 8. the unpinned one-core loop (host_loop_s, ms) before and after each launch: range over the session")
+loops = [1000 * s for f, _ in CALLS.values() for v in load(f)["rounds"][0].values() for s in v["host_loop_s"]]
+print(f"{min(loops):.2f}-{max(loops):.2f} ms over {len(loops)} timings; steal over each launch "
+      f"{sorted({v['host_cpu']['steal_pct'] for f, _ in CALLS.values() for v in load(f)['rounds'][0].values()})} %")
