@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""A busy core that times itself (issue 6: is a host-bound training slowed by another busy core?).
+"""A busy core that times itself (issue 6: how fast is the host's core under a host-bound training?).
 
     python bench/hog.py FILE [COUNT]
 times a fixed pure-Python loop over and over, one line per loop appended to FILE (the wall time at its end, its
-seconds), until COUNT loops (0: until stopped). scaling.py runs it beside a launch (`single-hog`) and, before the
-first round and after the last, as 1, 2, 4, 8 and 16 copies at once (`host_load_s`): whether a core runs the same
-loop slower while other cores are busy.
+seconds), until COUNT loops (0: until stopped). scaling.py runs it beside a launch (`single-hog`: is a training
+slowed by another busy core?), as 1, 2, 4, 8 and 16 copies at once before the first round and after the last
+(`host_load_s`: does a core run the loop slower while others are busy?), and in its own process pinned to each
+vCPU in turn before and after every launch (`cpu_speeds`: do some vCPUs run it slower than others?).
 """
 from __future__ import annotations
 

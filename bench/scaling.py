@@ -159,8 +159,9 @@ def _failure(r):
 
 
 def _gpu_clocks(run, window):
-    """The GPU samples taken during the launch (gpu_clocks.Sampler), over its timed steps. Each GPU's mean busy share times the mean step is
-    `busy_s_per_step`: the seconds of a step in which a kernel ran; the rest of the step the GPU waited."""
+    """The GPU samples taken during the launch (gpu_clocks.Sampler), over its timed steps. Each GPU's mean busy
+    share times the mean step is `busy_s_per_step`: the seconds of a step in which a kernel ran; the rest of the
+    step the GPU waited."""
     span = _wall_span(run, window)
     if span is None or not run.get("gpu_samples"):
         return None
@@ -225,11 +226,11 @@ def host_cpu_share(before, after):
             "steal_pct": round(100 * steal / total, 2), "cpus": os.cpu_count()} if total else None
 
 
-def host_loop_s(repeats=5, n=200_000):
+def host_loop_s(repeats=5):
     """Seconds one core takes for a fixed pure-Python loop, the fastest of `repeats`: taken before and after each
     launch, it shows whether the host's cores ran slower around one launch than around another (the training
     processes keep one core busy throughout, and /proc/stat's steal share stayed at 0 while rates drifted)."""
-    return round(min(hog.loop_s(n) for _ in range(repeats)), 5)
+    return round(min(hog.loop_s() for _ in range(repeats)), 5)
 
 
 def one(name, scripts, work, env, limit, nproc):
