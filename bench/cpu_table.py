@@ -13,8 +13,12 @@ Then, between consecutive launches, the share still slow from one launch's after
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_table  # noqa: E402
 
 SLOW = 1.25  # x the map's fastest vCPU
 
@@ -31,10 +35,6 @@ def kept(first, second):
     return round(len(a & slow(second)) / len(a), 2) if a else None
 
 
-def _ms(values):
-    return round(1000 * statistics.median(values), 1) if values else None
-
-
 def launch_row(run):
     """One launch's columns, or None when it has no per-vCPU maps."""
     maps = run.get("cpu_loop_s")
@@ -42,22 +42,19 @@ def launch_row(run):
         return None
     before, after = maps["before"], maps["after"]
     s = slow(before)
-    threads = {}
-    for label, part in ([(f"gpu{p}", x) for p, x in enumerate(run["per_process"])] if "per_process" in run
-                        else [("", run)]):
-        for rank, host in (part.get("host_per_step") or {}).items():
-            threads[label or f"rank{rank}"] = [
-                f"{cpu}:{round(1000 * before[str(cpu)], 1)}->{round(1000 * after[str(cpu)], 1)}"
-                for cpu in host.get("cpus") or []]
+    fast_s = statistics.median(v for c, v in before.items() if c not in s)  # the fastest vCPU is never slow
+    slow_s = statistics.median(before[c] for c in s) if s else None
+    threads = {label: [f"{cpu}:{round(1000 * before[str(cpu)], 1)}->{round(1000 * after[str(cpu)], 1)}"
+                       for cpu in host.get("cpus") or []]
+               for label, _, _, _, host in host_table.processes(run)}
     pinned = run.get("NBDDP_BENCH_CPUS")
     pinned_ms = None
     if pinned:
         cpus = [c for group in pinned.split(";") for c in group.split(",")]
         pinned_ms = [round(1000 * statistics.mean(m[c] for c in cpus), 1) for m in (before, after)]
     return {"samples_per_s": run.get("samples_per_s"), "slow_before": len(s), "slow_after": len(slow(after)),
-            "fast_ms": _ms([v for c, v in before.items() if c not in s]), "slow_ms": _ms([before[c] for c in s]),
-            "slow_over_fast": (round(statistics.median([before[c] for c in s])
-                                     / statistics.median([v for c, v in before.items() if c not in s]), 2) if s else None),
+            "fast_ms": round(1000 * fast_s, 1), "slow_ms": slow_s and round(1000 * slow_s, 1),
+            "slow_over_fast": slow_s and round(slow_s / fast_s, 2),
             "kept_across_launch": kept(before, after), "threads": threads, "pinned_ms": pinned_ms}
 
 

@@ -72,7 +72,7 @@ def read(path):
 
 
 def stat(fn, values, digits=3):
-    """fn(values) rounded, or None for no values (also scaling.py's, which imports this module)."""
+    """fn(values) rounded, or None for no values (scaling.py and hog.py round with it too)."""
     return round(fn(values), digits) if values else None
 
 

@@ -20,12 +20,19 @@ import tempfile
 import time
 import timeit
 
+import gpu_clocks
+
 N = 200_000
 
 
 def loop_s(n=N):
     """Seconds for one run of the fixed loop on this core."""
     return timeit.timeit(lambda: sum(i * i for i in range(n)), number=1)
+
+
+def best_loop_s(repeats=5):
+    """The fastest of `repeats` loops, rounded: the core's speed, with as little noise from the moment as may be."""
+    return round(min(loop_s() for _ in range(repeats)), 5)
 
 
 @contextlib.contextmanager
@@ -56,7 +63,7 @@ def summary(times, start=float("-inf"), end=float("inf")):
     copies the median of those, and how many loops counted."""
     times = [[s for t, s in copy if start <= t <= end] for copy in times]
     medians = [statistics.median(t) for t in times if t]
-    return {"loop_s_median": round(statistics.median(medians), 5) if medians else None,
+    return {"loop_s_median": gpu_clocks.stat(statistics.median, medians, 5),
             "per_copy": [round(m, 5) for m in medians], "loops": sum(map(len, times))}
 
 
@@ -69,7 +76,7 @@ def cpu_speeds(repeats=5):
     try:
         for cpu in sorted(allowed):
             os.sched_setaffinity(0, {cpu})
-            speeds[cpu] = round(min(loop_s() for _ in range(repeats)), 5)
+            speeds[cpu] = best_loop_s(repeats)
     finally:
         os.sched_setaffinity(0, allowed)
     return speeds

@@ -14,6 +14,16 @@ import json
 import sys
 
 
+def processes(run):
+    """(label, GPU index, the part of the result it is in, rank, its host_per_step) per rank of a launch, and per
+    process of a concurrent launch (rank r and process p use GPU r and GPU p)."""
+    concurrent = "per_process" in run
+    for p, part in enumerate(run["per_process"] if concurrent else [run]):
+        for rank, host in (part.get("host_per_step") or {}).items():
+            gpu_index = str(p) if concurrent else rank
+            yield (f"gpu{gpu_index}" if concurrent else f"rank{rank}"), gpu_index, part, rank, host
+
+
 def rows(result):
     """(round, configuration, process, median step s, thread CPU s, its share of the step, involuntary switches,
     process CPU s, process involuntary switches, GPU busy %, GPU SM MHz) per rank, and per process of a concurrent
@@ -21,18 +31,14 @@ def rows(result):
     out = []
     for i, row in enumerate(result["rounds"]):
         for name, run in row.items():
-            concurrent = "per_process" in run
-            for p, part in enumerate(run["per_process"] if concurrent else [run]):
+            for label, gpu_index, part, _, host in processes(run):
                 step = part.get("median_step_s")
-                for rank, host in (part.get("host_per_step") or {}).items():
-                    gpu_index = str(p) if concurrent else rank
-                    label = f"gpu{gpu_index}" if concurrent else f"rank{rank}"
-                    gpu = (part.get("gpu_clocks") or {}).get(gpu_index, {})
-                    cpu = host.get("thread_cpu_s")
-                    share = round(cpu / step, 2) if cpu and step else None
-                    out.append((i, name, label, step, cpu, share, host.get("involuntary_switches"),
-                                host.get("process_cpu_s"), host.get("process_involuntary_switches"),
-                                gpu.get("busy_pct_median"), gpu.get("sm_mhz_median")))
+                gpu = (part.get("gpu_clocks") or {}).get(gpu_index, {})
+                cpu = host.get("thread_cpu_s")
+                share = round(cpu / step, 2) if cpu and step else None
+                out.append((i, name, label, step, cpu, share, host.get("involuntary_switches"),
+                            host.get("process_cpu_s"), host.get("process_involuntary_switches"),
+                            gpu.get("busy_pct_median"), gpu.get("sm_mhz_median")))
     return out
 
 

@@ -226,13 +226,6 @@ def host_cpu_share(before, after):
             "steal_pct": round(100 * steal / total, 2), "cpus": os.cpu_count()} if total else None
 
 
-def host_loop_s(repeats=5):
-    """Seconds one core takes for a fixed pure-Python loop, the fastest of `repeats`: taken before and after each
-    launch, it shows whether the host's cores ran slower around one launch than around another (the training
-    processes keep one core busy throughout, and /proc/stat's steal share stayed at 0 while rates drifted)."""
-    return round(min(hog.loop_s() for _ in range(repeats)), 5)
-
-
 def one(name, scripts, work, env, limit, nproc):
     """One launch: `single` (the converted script on GPU 0), or a 2-GPU configuration; the GPUs sampled while it
     runs (gpu_clocks: each launch's own CSV beside its log, the samples handed to steady_rate)."""
@@ -302,13 +295,14 @@ def run(args):
             break
         pair, work = {}, os.path.join(args.work, f"pair{i}")
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
-            before, loop, speeds = host_cpu_times(), host_loop_s(), hog.cpu_speeds()
+            # the host's one-core speed around each launch, unpinned (host_loop_s) and on each vCPU (cpu_loop_s)
+            before, loop, speeds = host_cpu_times(), hog.best_loop_s(), hog.cpu_speeds()
             pinned = _pinned(name, speeds, args.nproc)
             r = one(name, scripts, work, dict(env, **pinned), args.timeout, args.nproc)
             pair[name] = launch_rate(r, args.skip)
             pair[name]["host_cpu"] = host_cpu_share(before, host_cpu_times())
-            pair[name]["host_loop_s"] = [loop, host_loop_s()]
-            pair[name]["cpu_loop_s"] = {"before": speeds, "after": hog.cpu_speeds()}  # per vCPU, pinned there
+            pair[name]["host_loop_s"] = [loop, hog.best_loop_s()]
+            pair[name]["cpu_loop_s"] = {"before": speeds, "after": hog.cpu_speeds()}
             pair[name].update(pinned)
             write(args, pairs + [pair], notes, host_load)  # a call cut off mid-round keeps the launches it finished
         pairs.append(pair)  # already written with the round's last launch

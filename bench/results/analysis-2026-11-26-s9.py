@@ -69,3 +69,8 @@ print("## 8. the unpinned one-core loop (host_loop_s, ms) before and after each 
 loops = [1000 * s for f, _ in CALLS.values() for v in load(f)["rounds"][0].values() for s in v["host_loop_s"]]
 print(f"{min(loops):.2f}-{max(loops):.2f} ms over {len(loops)} timings; steal over each launch "
       f"{sorted({v['host_cpu']['steal_pct'] for f, _ in CALLS.values() for v in load(f)['rounds'][0].values()})} %")
+print("## 9. figures from earlier sessions that the ninth session's account cites")
+pooled = [x for shape in ("8b", "3b") for x in load(f"scaling-2026-11-26-s7-{shape}.json")["configs"]["ddp"]["ratios_to_plain_torchrun"]]
+print(f"seventh session, nbddp's DDP / Unsloth's plain torchrun path, same round: {pooled} median {statistics.median(pooled):.3f}")
+gc_off = load("scaling-2026-11-26-s8-3b.json")["configs"]["ddp-gc-off[c3]"]["max_peak_allocated_growth"]
+print(f"eighth session, ddp-gc-off peak allocated per rank against the 1-GPU run (checkpointing on): {gc_off:+.4f}")
