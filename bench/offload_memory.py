@@ -6,7 +6,7 @@ On a CUDA machine (one GPU, no network, no hub: the model is built from a config
     python bench/offload_memory.py --seq 4096 --steps 6 --out $OUT/offload_memory.json
 Prints one JSON object (and writes it to --out if given): per mode, torch.cuda.max_memory_allocated /
 max_memory_reserved over the timed steps and the median step time (CUDA synchronised), after --warmup steps.
-The checkpoint function is the one a generated script carries (rendered from templates/runtime.py.j2).
+The checkpoint function is the one a generated script carries (nbddp/runtime/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "runtime_cases"))
+sys.path.insert(0, ROOT)  # nbddp.runtime from the checkout: the GPU machines need not install nbddp
 
 
 def build(args):
@@ -42,20 +42,24 @@ def build(args):
     return model
 
 
-def set_mode(model, layer, mode):
+def set_mode(model, mode):
     from torch.utils.checkpoint import checkpoint
 
-    func = layer.nbddp_offload_checkpoint if mode == "offload" else functools.partial(checkpoint, use_reentrant=False)
+    from nbddp.runtime.checkpoint import nbddp_offload_checkpoint
+
+    func = nbddp_offload_checkpoint if mode == "offload" else functools.partial(checkpoint, use_reentrant=False)
     for module in model.modules():
         if hasattr(module, "_gradient_checkpointing_func"):
             module._gradient_checkpointing_func = func
 
 
-def measure(model, layer, mode, args):
+def measure(model, mode, args):
     import torch
 
-    set_mode(model, layer, mode)
-    assert layer.nbddp_checkpointing_mode(model) == "non-reentrant"
+    from nbddp.runtime.strategy import nbddp_checkpointing_mode
+
+    set_mode(model, mode)
+    assert nbddp_checkpointing_mode(model) == "non-reentrant"
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     ids = torch.randint(0, 128256, (args.batch, args.seq), device="cuda")
     times = []
@@ -98,15 +102,12 @@ def main(argv=None):
 
     if not torch.cuda.is_available():
         raise SystemExit("bench/offload_memory.py measures GPU memory: run it on a CUDA machine")
-    from _layer import load_layer
-
-    layer = load_layer()
     model = build(args)
     report = {"model": "Llama-3.2-1B shape, random bf16 weights, LoRA r=16 on all linear layers",
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "seq": args.seq,
               "batch": args.batch, "warmup": args.warmup, "steps": args.steps, "modes": {}}
     for mode in args.modes.split(","):
-        report["modes"][mode] = measure(model, layer, mode, args)
+        report["modes"][mode] = measure(model, mode, args)
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

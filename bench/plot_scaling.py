@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Plot a scaling result (bench/scaling.py's JSON): samples/s per round and configuration, and each DDP
-configuration's ratio to the single-GPU run of the same round, with the median and the 1.9x goal.
+"""Plot a scaling result (bench/scaling.py's JSON): samples/s per round and configuration, and each
+configuration's ratio to the single-GPU run of the same round, with the median and the 1.9x goal. A merged file's
+tags are dropped (ddp[c2] is plotted as ddp); --configs keeps only the named configurations.
 
-    python bench/plot_scaling.py bench/results/scaling-2026-11-26.json -o docs/scaling-2026-11-26.png
+    python bench/plot_scaling.py bench/results/scaling-2026-11-26-8b.json --configs ddp,two-singles \
+        -o docs/scaling-2026-11-26-8b.png
 """
 from __future__ import annotations
 
@@ -13,19 +15,21 @@ import sys
 import textwrap
 
 
-def rounds(result):
-    """[{name: samples/s}] per round; older files have only paired_runs (single, ddp)."""
+def rounds(result, configs=None):
+    """[{name: samples/s}] per round, names without merge's tags; older files have only paired_runs (single, ddp)."""
     rows = result.get("rounds") or result["paired_runs"]
-    return [{name: run["samples_per_s"] for name, run in row.items() if run and run.get("samples_per_s")}
+    keep = None if configs is None else {"single", *configs}
+    return [{name.split("[")[0]: run["samples_per_s"] for name, run in row.items()
+             if run and run.get("samples_per_s") and (keep is None or name.split("[")[0] in keep)}
             for row in rows]
 
 
-def plot(result, out):
+def plot(result, out, configs=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = rounds(result)
+    rows = rounds(result, configs)
     names = ["single"] + [n for n in dict.fromkeys(k for row in rows for k in row) if n != "single"]
     fig, (rate_ax, ratio_ax) = plt.subplots(1, 2, figsize=(10, 4.4))
     for n, name in enumerate(names):
@@ -54,8 +58,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("result")
     ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--configs", help="comma-separated configurations to plot beside single (default: all)")
     args = ap.parse_args(argv)
-    plot(json.load(open(args.result)), args.out)
+    plot(json.load(open(args.result)), args.out, args.configs.split(",") if args.configs else None)
     return 0
 
 

@@ -130,23 +130,23 @@ def child_env(extra):
     return env
 
 
-def launch_argv(script, nproc, gpu=None, torchrun_args=()):
-    """(argv, world size, mode): `torchrun --standalone --nproc_per_node=nproc [torchrun_args] script`, or with
-    `gpu` (a GPU index, or several as "0,1") one plain process."""
+def launch_argv(script, nproc, gpu=None):
+    """(argv, world size, mode): `torchrun --standalone --nproc_per_node=nproc script`, or with `gpu` (a GPU
+    index, or several as "0,1") one plain process."""
     if gpu is None:
-        return ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                 *torchrun_args, script], nproc, "ddp")
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                script], nproc, "ddp"
     return [sys.executable, script], 1, "single"
 
 
-def launch(script, workdir, log_path, env, limit, nproc, gpu=None, torchrun_args=()):
+def launch(script, workdir, log_path, env, limit, nproc, gpu=None):
     """One launch of a converted notebook in workdir: `torchrun --nproc_per_node=nproc`, or with `gpu` one
     process seeing that GPU (or those, "0,1"). Returns its summary."""
     os.makedirs(workdir, exist_ok=True)
     env = dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"), NBDDP_BENCH_SCRIPT=os.path.abspath(script))
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    argv, world, mode = launch_argv(script, nproc, gpu, torchrun_args)
+    argv, world, mode = launch_argv(script, nproc, gpu)
     rc, timed_out, wall = _run(argv, env, workdir, log_path, limit)
     r = summarize(mode, rc, timed_out, wall, log_path, workdir, world)
     if gpu is not None:

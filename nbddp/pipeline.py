@@ -17,6 +17,7 @@ from .transforms.global_batch import GlobalBatch
 from .transforms.magics import Magics
 from .transforms.placement import Placement
 from .transforms.rank_guards import RankGuards
+from .transforms.runtime_needs import RuntimeNeeds
 from .transforms.scratch import Scratch
 from .transforms.trainer_args import TrainerArgs
 
@@ -41,7 +42,8 @@ class CodeCells(Transform):
 
 
 def steps() -> list[Transform]:
-    return [CodeCells(), Magics(), Autocast(), Placement(), Scratch(), TrainerArgs(), DataPrep(), GlobalBatch(), RankGuards()]
+    return [CodeCells(), Magics(), Autocast(), Placement(), Scratch(), TrainerArgs(), DataPrep(), GlobalBatch(), RankGuards(),
+            RuntimeNeeds()]
 
 
 def run_pipeline(nb, ctx: Context):
@@ -63,6 +65,7 @@ class Conversion:
     report: Report
     launch: list
     cells: list = field(default_factory=list, repr=False)  # the converted code cells, as the script holds them
+    runtime: object = None  # nbddp.inline.Choice: the runtime modules the script carries, and why
 
 
 def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", nproc=2,
@@ -78,9 +81,9 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
     launch = launch_lines(script_name, nproc)
     script = render_script(
         nb.cells, title=f"DDP training script for {source_name}", version=__version__, source=source_name,
-        launch=launch, installs=ctx.report.installs, script_name=script_name,
+        launch=launch, installs=ctx.report.installs, script_name=script_name, runtime=ctx.runtime,
     )
-    return Conversion(script=script, report=ctx.report, launch=launch, cells=nb.cells)
+    return Conversion(script=script, report=ctx.report, launch=launch, cells=nb.cells, runtime=ctx.runtime)
 
 
 def convert(notebook, **kwargs) -> str:

@@ -52,5 +52,9 @@ def environment():
     return env
 
 
-def render_script(cells, **context) -> str:
-    return environment().get_template("ddp_script.py.j2").render(body=body_block(cells), **context)
+def render_script(cells, runtime, **context) -> str:
+    """The script: `runtime` (module -> why) picks the nbddp/runtime modules it carries, inlined."""
+    from .inline import render
+
+    return environment().get_template("ddp_script.py.j2").render(body=body_block(cells), runtime=render(runtime),
+                                                                  **context)

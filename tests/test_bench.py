@@ -108,6 +108,9 @@ def test_plot_scaling_writes_a_png(tmp_path):
         {"single": {"samples_per_s": 50.0}, "ddp": {"samples_per_s": 95.0}},
         {"single": {"samples_per_s": 40.0}, "ddp": {"samples_per_s": 78.0}}]}
     assert plot_scaling.rounds(result) == [{"single": 50.0, "ddp": 95.0}, {"single": 40.0, "ddp": 78.0}]
+    result["rounds"][1] = {"single": {"samples_per_s": 40.0}, "ddp[c2]": {"samples_per_s": 78.0},
+                           "two-singles[c2]": {"samples_per_s": 80.0}}  # a merged file's tags are dropped
+    assert plot_scaling.rounds(result, ["ddp"])[1] == {"single": 40.0, "ddp": 78.0}
     plot_scaling.plot(result, tmp_path / "s.png")
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -138,20 +141,14 @@ def test_scaling_merge_tags_configurations_and_pools_nvlink_pairs(tmp_path):
     merged = json.loads(out.read_text())
     assert list(merged["configs"]) == ["ddp[before]", "ddp", "ddp-pcie"]
     assert merged["ratios"] == [1.8, 2.0] and merged["median_ratio"] == 1.9  # PCIe is reported, not pooled
+    assert merged["ddp_pooled"]["ratios"] == [1.8, 2.0] and merged["configs"]["ddp"]["ratios"] == [2.0]
     assert [s["commit"] for s in merged["sources"]] == ["old", "new"]
-
-
-def test_peak_step_is_the_first_step_that_reached_the_final_peak():
-    import scaling
-
-    assert scaling._peak_step([(2.0, 2.3), (2.0, 3.2), (2.1, 3.2)]) == 2
-    assert scaling._peak_step(None) is None
 
 
 FAKE_TRAINING = '''import os, time, types
 from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
 print("script", os.path.basename(os.path.dirname(os.path.abspath(__file__))),
-      "visible", os.environ.get("CUDA_VISIBLE_DEVICES"), "cpus", sorted(os.sched_getaffinity(0)), flush=True)
+      "visible", os.environ.get("CUDA_VISIBLE_DEVICES"), "extra", os.environ.get("EXTRA"), flush=True)
 handler = CallbackHandler([], None, None, None, None)
 world = int(os.environ.get("WORLD_SIZE", "1"))
 gpus = len(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(","))
@@ -162,66 +159,34 @@ for _ in range(8):
     handler.on_step_end(args, TrainerState(), TrainerControl())
 '''
 
-# nvidia-smi as the GPU sampler calls it: one CSV row per GPU every 10 ms until terminated
-FAKE_NVIDIA_SMI = '''#!/usr/bin/env python3
-import datetime, sys, time
-while True:
-    now = datetime.datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
-    for index in (0, 1):
-        print(f"{now}, {index}, {1980 - 200 * index}, 300.5, 41, 87, 0x0000000000000004", flush=True)
-    time.sleep(0.01)
-'''
-
-
 def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_path):
     pytest.importorskip("transformers")
     (tmp_path / "gpurun" / "plain").mkdir(parents=True)
     for script in (tmp_path / "gpurun" / "nb.py", tmp_path / "gpurun" / "plain" / "nb.py"):
         script.write_text(FAKE_TRAINING)
-    (tmp_path / "bin").mkdir()
-    smi = tmp_path / "bin" / "nvidia-smi"
-    smi.write_text(FAKE_NVIDIA_SMI.replace("#!/usr/bin/env python3", f"#!{sys.executable}"))
-    smi.chmod(0o755)
     out = tmp_path / "scaling.json"
-    env = dict(os.environ, PATH=os.pathsep.join([str(tmp_path / "bin"), os.environ.get("PATH", "")]))
     subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "run",
                     "--script", str(tmp_path / "gpurun" / "nb.py"),
-                    "--configs", "dataparallel,plain-torchrun,two-singles,single-hog,single-fast-cpus",
-                    "--host-load", "1,2",
-                    "--pairs", "1", "--skip", "2", "--run-estimate", "1", "--work", str(tmp_path / "w"),
-                    "--out", str(out), "--timeout", "200"], check=True, capture_output=True, env=env)
+                    "--configs", "ddp,dataparallel,plain-torchrun,two-singles", "--env", "EXTRA=1",
+                    "--pairs", "2", "--skip", "2", "--run-estimate", "1", "--work", str(tmp_path / "w"),
+                    "--out", str(out), "--timeout", "200"], check=True, capture_output=True)
     result = json.load(open(out))
-    row = result["rounds"][0]
-    clocks = row["single"]["gpu_clocks"]  # the sampler's rows inside the timed steps, per GPU
-    assert clocks["1"]["sm_mhz_median"] == 1780 and clocks["0"]["event_reasons"] == ["0x4"]
-    assert clocks["0"]["samples"] >= 5
-    steps = row["single"]["step_s"]  # busy 87% of the mean step
-    assert clocks["0"]["busy_s_per_step"] == pytest.approx(0.87 * sum(steps) / len(steps), rel=0.01)
-    assert all(p["gpu_clocks"]["0"]["sm_mhz_min"] == 1980 for p in row["two-singles"]["per_process"])
-    allowed = sorted(os.sched_getaffinity(0))
-    for run in row.values():  # the host's one-core speed before and after every launch, unpinned and per vCPU
-        assert len(run["host_loop_s"]) == 2 and all(0 < s < 5 for s in run["host_loop_s"])
-        assert [sorted(map(int, run["cpu_loop_s"][when])) for when in ("before", "after")] == [allowed, allowed]
-    speeds = row["single-fast-cpus"]["cpu_loop_s"]["before"]  # pinned to the fastest vCPUs of the map before it
-    fastest = sorted(sorted(speeds, key=lambda c: (speeds[c], int(c)))[:min(4, len(speeds))], key=int)
-    assert row["single-fast-cpus"]["NBDDP_BENCH_CPUS"] == ",".join(fastest)
-    assert "NBDDP_BENCH_CPUS" not in row["single"]
-    assert {name: run.get("samples_per_step") for name, run in row.items()} == {
-        "single": 8, "dataparallel": 16, "plain-torchrun": 16, "two-singles": None, "single-hog": 8,
-        "single-fast-cpus": 8}
-    beside = row["single-hog"]["hog"]  # the busy core's loops that ended inside the timed steps
-    assert beside["loops"] >= 1 and 0 < beside["loop_s_median"] < 5 and row["single"]["hog"] is None
-    for when in ("before", "after"):  # the one-core loop with 1 and 2 copies busy at once
-        curve = result["host_load_s"][when]
-        assert [len(curve[n]["per_copy"]) for n in ("1", "2")] == [1, 2] and curve["2"]["loops"] == 120
-    assert row["two-singles"]["samples_per_s"] == pytest.approx(
-        sum(p["samples_per_s"] for p in row["two-singles"]["per_process"]), abs=0.002)
-    logs = {name: (tmp_path / "w" / "pair0" / f"pair0-{name}.log").read_text() for name in row if name != "two-singles"}
-    assert "script gpurun visible 0" in logs["single"]  # the converted script on one GPU
-    assert "script gpurun visible 0" in logs["single-hog"]
-    assert f"script gpurun visible 0 cpus [{', '.join(fastest)}]" in logs["single-fast-cpus"]
+    first, second = result["rounds"]
+    assert list(first) == ["single", "ddp", "dataparallel", "plain-torchrun", "two-singles"]
+    assert list(second) == ["ddp", "dataparallel", "plain-torchrun", "two-singles", "single"]  # rotated
+    assert {name: run.get("samples_per_step") for name, run in first.items()} == {
+        "single": 8, "ddp": 16, "dataparallel": 16, "plain-torchrun": 16, "two-singles": None}
+    assert {rank: len(steps) for rank, steps in first["ddp"]["step_s"].items()} == {"0": 5, "1": 5}  # per rank
+    assert first["two-singles"]["samples_per_s"] == pytest.approx(
+        sum(p["samples_per_s"] for p in first["two-singles"]["per_process"]), abs=0.002)
+    ddp = result["configs"]["ddp"]
+    assert len(ddp["ratios"]) == 2 and len(ddp["ratios_to_two_singles"]) == len(ddp["ratios_to_plain_torchrun"]) == 2
+    assert result["settings"]["env"] == {"EXTRA": "1"}
+    logs = {name: (tmp_path / "w" / "pair0" / f"pair0-{name}.log").read_text() for name in first if name != "two-singles"}
+    assert "script gpurun visible 0 extra 1" in logs["single"]  # the converted script on one GPU, --env passed
+    assert logs["ddp"].count("script gpurun visible None") == 2  # torchrun: 2 processes
     assert "script plain visible 0,1" in logs["dataparallel"]  # one process seeing both GPUs, the plain script
-    assert logs["plain-torchrun"].count("script plain visible None") == 2  # torchrun: 2 processes
+    assert logs["plain-torchrun"].count("script plain visible None") == 2
     for gpu in (0, 1):  # two-singles: the converted script alone on each GPU
         assert f"script gpurun visible {gpu}" in (tmp_path / "w" / "pair0" / f"pair0-two-singles-gpu{gpu}.log").read_text()
 
@@ -241,12 +206,12 @@ def test_plain_script_is_the_notebook_without_ddp_changes():
     assert "trainer.train()" in text.replace("trainer_stats = ", "")
 
 
-def test_launch_argv_torchrun_with_extra_arguments_or_one_process():
+def test_launch_argv_torchrun_or_one_process():
     import run_notebooks
 
-    argv, world, mode = run_notebooks.launch_argv("s.py", 2, torchrun_args=["--numa-binding=node"])
-    assert argv[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--numa-binding=node",
-                        "s.py"] and (world, mode) == (2, "ddp")
+    argv, world, mode = run_notebooks.launch_argv("s.py", 2)
+    assert argv[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "s.py"]
+    assert (world, mode) == (2, "ddp")
     assert run_notebooks.launch_argv("s.py", 2, gpu="0,1")[1:] == (1, "single")
 
 
@@ -317,31 +282,6 @@ print('syncs during training', len(synced))
     assert record["step_timing"] == "cuda-events" and len(record["step_end_host_times"]) == 3
     ends = record["step_end_times"]
     assert [round(b - a, 3) for a, b in zip(ends, ends[1:])] == [0.25, 0.25]
-    cpu = record["step_thread_cpu_s"]  # the training thread's host side of each step
-    assert len(cpu) == len(record["step_involuntary_switches"]) == len(record["step_cpu"]) == 3
-    assert cpu == sorted(cpu) and all(isinstance(c, int) for c in record["step_cpu"])
-    process = record["step_process_cpu_s"]  # every thread of the process, the backward pass's included
-    assert len(process) == len(record["step_process_involuntary_switches"]) == 3
-    assert process == sorted(process) and all(p >= c for p, c in zip(process, cpu))
-    import scaling
-    host = scaling._host_per_step(record, 0)
-    assert host["thread_cpu_s"] >= 0 and host["cpus"] == sorted(set(record["step_cpu"]))
-    assert host["process_cpu_s"] >= 0 and host["process_involuntary_switches"] >= 0
-
-
-def test_sync_table_names_the_innermost_caller_outside_torch():
-    import sync_table
-
-    text = ("-- Synchronization debug mode is a prototype feature (Triggered internally)\n"
-            '  File "/x/site-packages/transformers/trainer.py", line 1882, in _run_epoch\n'
-            "-- called a synchronizing CUDA operation (Triggered internally)\n"
-            '  File "/x/site-packages/transformers/trainer.py", line 1883, in _run_epoch\n'
-            '  File "/x/site-packages/transformers/trainer.py", line 2175, in _maybe_log_save_evaluate\n'
-            '  File "/x/site-packages/torch/_tensor.py", line 9, in item\n'
-            "-- called a synchronizing CUDA operation (Triggered internally)\n"
-            '  File "/tmp/site/unsloth_zoo/loss_utils.py", line 703, in _unsloth_get_batch_samples\n')
-    assert sync_table.callers(text) == ["transformers/trainer.py:2175 _maybe_log_save_evaluate",
-                                        "unsloth_zoo/loss_utils.py:703 _unsloth_get_batch_samples"]
 
 
 def test_launch_rate_of_a_failed_launch_reports_what_it_left():
@@ -351,45 +291,6 @@ def test_launch_rate_of_a_failed_launch_reports_what_it_left():
     assert scaling.launch_rate(failed, 10) == {"returncode": 1, "errors": ["b", "OOM"], "wall_s": 9.0,
                                                "steps_seen": {"0": 2}}
     assert scaling.launch_rate({"concurrent": [dict(failed, returncode=0), failed]}, 10)["returncode"] == 0  # the first
-
-
-def test_host_table_rows_per_rank_and_per_concurrent_process():
-    import host_table
-
-    host = {"thread_cpu_s": 0.2, "involuntary_switches": 1, "cpus": [3], "process_cpu_s": 0.5,
-            "process_involuntary_switches": 4}
-    gpus = {"0": {"busy_pct_median": 60.0, "sm_mhz_median": 1980.0}, "1": {"busy_pct_median": 40.0, "sm_mhz_median": 1965.0}}
-    result = {"rounds": [{"single": {"median_step_s": 0.4, "host_per_step": {"0": host}, "gpu_clocks": gpus},
-                          # launch_rate keeps a concurrent launch's GPU samples per process (each its own window)
-                          "two-singles": {"median_step_s": [0.5, 0.25], "per_process": [
-                              {"median_step_s": 0.5, "host_per_step": {"0": host}, "gpu_clocks": gpus},
-                              {"median_step_s": 0.25, "host_per_step": {"0": dict(host, thread_cpu_s=0.1)},
-                               "gpu_clocks": gpus}]},
-                          "ddp": {"returncode": 1, "errors": ["boom"]}}]}  # a failed launch has no host fields
-    assert host_table.rows(result) == [(0, "single", "rank0", 0.4, 0.2, 0.5, 1, 0.5, 4, 60.0, 1980.0),
-                                       (0, "two-singles", "gpu0", 0.5, 0.2, 0.4, 1, 0.5, 4, 60.0, 1980.0),
-                                       (0, "two-singles", "gpu1", 0.25, 0.1, 0.4, 1, 0.5, 4, 40.0, 1965.0)]
-
-
-def test_gpu_clock_samples_summarised_over_a_window(tmp_path):
-    import gpu_clocks
-
-    csv = tmp_path / "gpus.csv"
-    csv.write_text("2026/11/26 14:00:00.000, 0, 1980, 310.2, 40, 90, 0x0000000000000000\n"
-                   "2026/11/26 14:00:00.250, 0, 1410, [N/A], 44, 95, 0x0000000000000004\n"
-                   "2026/11/26 14:00:00.250, 1, 345, 70.0, 30, 0, 0x0000000000000001\n"
-                   "2026/11/26 14:00:00.500, 1, 345, 70.0, 30, 0, [N/A]\n"
-                   "2026/11/26 14:00:09.000, 0, 100, 1.0, 99, 0, 0x0000000000000008\n"  # after the window
-                   "Failed to query something\n")
-    rows = gpu_clocks.read(str(csv))
-    assert len(rows) == 5 and rows[1][3] is None and rows[3][6] is None  # power, reasons not available there
-    start = rows[0][0]
-    summary = gpu_clocks.summary(rows, start, start + 1)
-    assert summary["0"] == {"samples": 2, "sm_mhz_median": 1695.0, "sm_mhz_min": 1410.0, "power_w_median": 310.2,
-                            "temperature_c_max": 44.0, "busy_pct_median": 92.5, "busy_pct_mean": 92.5,
-                            "event_reasons": ["0x4"]}
-    assert summary["1"]["event_reasons"] == []  # idle (0x1) is not a slowdown
-    assert gpu_clocks.read(str(tmp_path / "none.csv")) == []
 
 
 def test_probe_writes_what_it_has_when_terminated(tmp_path):
@@ -421,59 +322,3 @@ def test_launch_stopped_at_its_limit_keeps_its_ranks_steps(tmp_path):
     assert scaling.steady_rate(r, 2)["steps_timed"] == 5
 
 
-def test_hog_times_its_loops_until_the_block_ends():
-    import time
-
-    import hog
-    with hog.running(1) as times:
-        time.sleep(1.0)
-    (loops,) = times
-    assert len(loops) >= 3 and all(0 < s < 1 for _, s in loops)
-    ends = [t for t, _ in loops]
-    assert ends == sorted(ends) and time.time() - 5 < ends[-1] <= time.time()
-    whole, tail = hog.summary(times), hog.summary(times, start=ends[-2])  # a window keeps the loops that ended in it
-    assert whole["loops"] == len(loops) and tail["loops"] == 2
-    assert hog.summary(times, end=ends[0] - 1) == {"loop_s_median": None, "per_copy": [], "loops": 0}
-
-
-def test_fastest_groups_and_the_probe_pins_each_local_rank(tmp_path):
-    import hog
-    speeds = {0: 0.3, 1: 0.1, 2: 0.2, 3: 0.05, 4: 0.5}
-    assert hog.fastest_groups(speeds, 2, 2) == "1,3;0,2"
-    assert hog.fastest_groups(speeds, 1, 9) == "0,1,2,3,4"  # no more than there are
-    assert hog.fastest_groups({0: 0.1}, 2, 4) == "0;0"  # fewer CPUs than groups: shared
-    cpus = sorted(os.sched_getaffinity(0))
-    groups = f"{cpus[0]};{cpus[-1]}"
-    show = "import os; print(sorted(os.sched_getaffinity(0)))"
-    for local_rank, want in ((None, cpus[0]), ("1", cpus[-1])):
-        env = dict(os.environ, PYTHONPATH=os.path.join(BENCH, "rankprobe"), NBDDP_BENCH_PROBE_DIR=str(tmp_path),
-                   NBDDP_BENCH_CPUS=groups)
-        env.pop("LOCAL_RANK", None)
-        env.update({"LOCAL_RANK": local_rank} if local_rank else {})
-        out = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == f"[{want}]"
-
-
-def test_cpu_table_counts_slow_vcpus_and_follows_them_across_launches():
-    import cpu_table
-
-    fast, slow = 0.009, 0.016  # seconds for hog.py's loop: slow is more than 1.25x the fastest
-    def speeds(*slow_cpus):
-        return {str(c): (slow if c in slow_cpus else fast) for c in range(4)}
-    result = {"rounds": [{
-        "single": {"samples_per_s": 20.0, "host_per_step": {"0": {"cpus": [3]}},
-                   "cpu_loop_s": {"before": speeds(2, 3), "after": speeds(3)}},
-        "ddp-fast-cpus": {"samples_per_s": 41.0, "NBDDP_BENCH_CPUS": "0;1",
-                          "host_per_step": {"0": {"cpus": [0]}, "1": {"cpus": [1]}},
-                          "cpu_loop_s": {"before": speeds(2), "after": speeds(0, 1)}},
-        "ddp": {"returncode": 1}}]}  # a failed launch without maps is left out
-    launches, between = cpu_table.rows(result)
-    assert [(i, name) for i, name, _ in launches] == [(0, "single"), (0, "ddp-fast-cpus")]
-    single, pinned = launches[0][2], launches[1][2]
-    assert (single["slow_before"], single["slow_after"], single["kept_across_launch"]) == (2, 1, 0.5)
-    assert (single["fast_ms"], single["slow_ms"], single["slow_over_fast"]) == (9.0, 16.0, 1.78)
-    assert single["threads"] == {"rank0": ["3:16.0->16.0"]} and single["pinned_ms"] is None
-    assert pinned["threads"] == {"rank0": ["0:9.0->16.0"], "rank1": ["1:9.0->16.0"]}
-    assert pinned["pinned_ms"] == [9.0, 16.0] and pinned["kept_across_launch"] == 0.0
-    assert between == [0.0]  # vCPU 3, slow after the first launch, was fast before the next
-    assert cpu_table.slow({"0": fast, "1": fast * 1.2}) == set()  # within 1.25x of the fastest

@@ -183,6 +183,28 @@ def test_corpus_notebook_converts_and_keeps_the_ddp_rules(path, converted):
     assert not problems, f"{path.name}:\n  " + "\n  ".join(problems)
 
 
+@pytest.mark.parametrize("path", CORPUS_NOTEBOOKS, ids=corpus_ids())
+def test_corpus_script_defines_every_runtime_name_it_uses(path, converted):
+    """The runtime is cut to what the script reads (nbddp.inline): no nbddp name may be left undefined."""
+    from pyflakes import api, reporter
+
+    class Collect(reporter.Reporter):
+        def __init__(self):
+            self.messages = []
+
+        def flake(self, message):
+            self.messages.append(str(message))
+
+        def syntaxError(self, *args):
+            self.messages.append(f"syntax error {args}")
+
+    collected = Collect()
+    api.check(converted(path).script, "train_ddp.py", collected)
+    undefined = [m for m in collected.messages if "syntax error" in m or ("undefined name" in m and any(
+        f"'{prefix}" in m for prefix in ("nbddp", "NBDDP", "_nbddp", "_NBDDP", "Nbddp", "_Nbddp")))]
+    assert not undefined, undefined
+
+
 BAD_SCRIPT = """\
 import transformers
 try:

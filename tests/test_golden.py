@@ -3,10 +3,9 @@
 Regenerate after an intended change (then READ the diff before committing it):
     NBDDP_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py
 
-The runtime helpers every script carries (templates/setup.py.j2 and the templates it includes: everything from
-the "# ---- nbddp: one process per GPU" line to the `try:` that opens the notebook's cells) are the same for every
-notebook: a notebook's golden file holds one line in their place, so it shows what the conversion did to that
-notebook, and the section itself has one golden file of its own (golden/_setup_section.py).
+The runtime a script carries (nbddp/runtime/ modules, inlined between the "# ---- nbddp runtime" and "# ---- end of
+nbddp runtime" lines) is kept in a golden file as its one-line comments, one per module: which modules the notebook
+got and why. Their code is the modules' own, tested in test_runtime_modules.py and test_runtime_needs.py.
 """
 from __future__ import annotations
 
@@ -20,17 +19,17 @@ from conftest import CORPUS
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("NBDDP_UPDATE_GOLDEN") == "1"
-SETUP_START = "# ---- nbddp: one process per GPU"
-SETUP_HIDDEN = "# ---- nbddp setup: templates/setup.py.j2 and its includes (not stored in golden files) ----\n"
+RUNTIME_START, RUNTIME_END = "# ---- nbddp runtime:", "# ---- end of nbddp runtime"
 
 
 def without_setup(script: str) -> str:
-    """The script with its setup section (the same for every notebook) replaced by one line."""
+    """The script with the runtime's code left out: its first and last lines and each module's comment stay."""
     lines = script.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.startswith(SETUP_START)]
-    assert len(starts) == 1, "the setup's first line is missing or repeated"
-    body = next(i for i in range(starts[0], len(lines)) if lines[i] == "try:\n")
-    return "".join(lines[:starts[0]] + [SETUP_HIDDEN, "\n"] + lines[body:])
+    starts = [i for i, line in enumerate(lines) if line.startswith(RUNTIME_START)]
+    assert len(starts) == 1, "the runtime's first line is missing or repeated"
+    end = next(i for i in range(starts[0], len(lines)) if lines[i].startswith(RUNTIME_END))
+    kept = [line for line in lines[starts[0]:end] if line.startswith(("# ---- ", "# -- "))]
+    return "".join(lines[:starts[0]] + kept + lines[end:])
 
 
 # Each one covers a shape of notebook the converter must get right.
@@ -63,30 +62,6 @@ def test_golden(name, converted):
                                             fromfile=f"golden/{name}.py", tofile="converted", n=2))
         pytest.fail(f"{name}: the conversion differs from its golden file "
                     f"(NBDDP_UPDATE_GOLDEN=1 regenerates it):\n{diff}", pytrace=False)
-
-
-def setup_section(script: str) -> str:
-    """What without_setup() hides: the helpers and runtime layer every script carries."""
-    lines = script.splitlines(keepends=True)
-    start = next(i for i, line in enumerate(lines) if line.startswith(SETUP_START))
-    end = next(i for i in range(start, len(lines)) if lines[i] == "try:\n")
-    return "".join(lines[start:end])
-
-
-def test_golden_setup_section(converted):
-    """The setup section, the same in every script, has one golden file of its own."""
-    scripts = [converted(CORPUS / f"{name}.ipynb").script for name in NOTEBOOKS[:2]]
-    section = setup_section(scripts[0])
-    assert section == setup_section(scripts[1]), "the setup section differs between notebooks"
-    golden = GOLDEN / "_setup_section.py"
-    if UPDATE:
-        golden.write_text(section, encoding="utf-8")
-    expected = golden.read_text(encoding="utf-8")
-    if section != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), section.splitlines(True),
-                                            fromfile="golden/_setup_section.py", tofile="converted", n=2))
-        pytest.fail(f"the setup section differs from its golden file (NBDDP_UPDATE_GOLDEN=1 regenerates it):\n{diff}",
-                    pytrace=False)
 
 
 def test_golden_is_the_public_api():

@@ -1,24 +1,15 @@
 """Loaded by every Python process of a benchmark run (PYTHONPATH): records, per rank, which GPU the process
-used, its peak memory, each optimizer step's end time and label tokens, the training thread's CPU time,
-involuntary context switches and CPU at each step end (CPU time and switches of the whole process too), and how
-often it called generate() and save_pretrained(); written at exit to $NBDDP_BENCH_PROBE_DIR/rank<RANK>.json,
-also when the runner stops the launch at its time limit (SIGTERM; the file then has `terminated_by_signal`).
-The generated script itself stays as nbddp wrote it.
+used, its peak memory, each optimizer step's end time (a CUDA event at each step end, read once after train(), so
+the probe adds no synchronisation) and label tokens, each DistributedDataParallel construction, when the process
+group started, and how often it called generate() and save_pretrained(); written at exit to
+$NBDDP_BENCH_PROBE_DIR/rank<RANK>.json, also when the runner stops the launch at its time limit (SIGTERM; the file
+then has `terminated_by_signal`). The generated script itself stays as nbddp wrote it.
 
-Optional, by environment (benchmark diagnostics, never on in a timed run):
-  NBDDP_BENCH_PROFILE=A:B        torch.profiler over optimizer steps A..B-1; per-rank tables, profile-rank<R>.txt
-  NBDDP_BENCH_TRACE=1            with PROFILE: also the window's timeline, trace-rank<R>.json.gz (chrome://tracing)
-  NBDDP_BENCH_SYNC_DEBUG=A       every host<-GPU synchronisation during optimizer step A+1, with the Python
-                                 stack that asked for it (torch.cuda.set_sync_debug_mode), syncs-rank<R>.txt
-  NBDDP_BENCH_STEP_SYNC=1        time steps by synchronising CUDA at each step end (the probe before the sixth
-                                 session); by default a CUDA event marks each step end, read once after train()
-  NBDDP_BENCH_MEMORY_HISTORY=N   CUDA allocator history from train start to step N, memory-rank<R>.pickle.gz
+By environment:
   NBDDP_BENCH_EXIT_AFTER_TRAIN=1 end the process (probe written, exit 0) when the first train() ends
   NBDDP_BENCH_ARGS=k=v,...       set TrainingArguments fields (a lever under test, e.g. dataloader_num_workers=2)
   NBDDP_BENCH_DDP=k=v,...        add DistributedDataParallel keywords (e.g. gradient_as_bucket_view=True)
   NBDDP_BENCH_PEFT=k=v,...       override Unsloth get_peft_model keywords (e.g. use_gradient_checkpointing=True)
-  NBDDP_BENCH_CPUS=a,b;c,d       pin each process at start to the CPU group of its LOCAL_RANK (0 without one);
-                                 threads it starts later inherit the set
 SIGUSR1 prints every thread's stack (the runner sends it before killing a run that passed its limit)."""
 import ast
 import atexit
@@ -26,13 +17,10 @@ import collections.abc
 import dataclasses
 import faulthandler
 import functools
-import gzip
 import importlib.abc
 import importlib.util
 import json
 import os
-import pickle
-import resource
 import signal
 import sys
 import time
@@ -42,7 +30,6 @@ _COUNTS = {"generate": 0, "save_pretrained": 0, "dist_initialized": False}
 _T0, _T0P = time.time(), time.perf_counter()  # the process's start on the wall clock and on the step clock
 _PID = os.getpid()  # a forked child inherits it: _dump writes only from the process that loaded the probe
 _ITEMS = []  # label tokens of the batches loaded since the last optimizer step
-_PROFILER = {}  # the running torch.profiler, between the window's first and last step
 _EVENTS = []  # (CUDA event at train begin, its perf_counter), then one event per optimizer-step end
 
 
@@ -58,36 +45,22 @@ def _count(name, fn):
 
 def _patch_callbacks(module):
     handler = module.CallbackHandler
-    orig = handler.on_step_end
-
-    orig_begin = handler.on_train_begin
+    orig_begin, orig_step, orig_end = handler.on_train_begin, handler.on_step_end, handler.on_train_end
 
     def on_train_begin(self, args, state, control):
-        torch = sys.modules.get("torch")
-        if _HISTORY_UNTIL and torch is not None and torch.cuda.is_available():
-            torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
-        if not _STEP_SYNC and _cuda_torch():
+        torch = _cuda_torch()
+        if torch is not None:
             torch.cuda.synchronize()  # once: the clock's origin, an event and its host time together
             _EVENTS[:] = [(_event(torch), time.perf_counter() - _T0P)]
         return orig_begin(self, args, state, control)
 
     def on_step_end(self, args, state, control):
         torch = _cuda_torch()
-        cuda = torch is not None
-        if cuda and (_STEP_SYNC or not _EVENTS):
-            torch.cuda.synchronize()
-        elif cuda:
+        if torch is not None and _EVENTS:
             _EVENTS.append(_event(torch))  # no wait: the host runs on as it would without the probe
+        elif torch is not None:
+            torch.cuda.synchronize()  # CUDA started after train() began: no event origin, so host times, synced
         _COUNTS.setdefault("step_end_times", []).append(round(time.perf_counter() - _T0P, 4))
-        step = len(_COUNTS["step_end_times"])
-        _host_step()
-        if cuda and _SYNC_DEBUG and step in (_SYNC_DEBUG, _SYNC_DEBUG + 1):
-            _sync_debug(torch, on=step == _SYNC_DEBUG)
-        if cuda:
-            try:
-                _diagnose_step(torch, step)
-            except Exception as exc:  # the probe must never break the run
-                print(f"rankprobe: step {step}: {exc!r}", file=sys.stderr)
         if _ITEMS:  # this rank's label tokens of the step
             _COUNTS.setdefault("step_tokens", []).append(sum(_ITEMS))
             _ITEMS.clear()
@@ -95,8 +68,7 @@ def _patch_callbacks(module):
                             "train_batch_size": getattr(args, "train_batch_size", None),  # x GPUs of DataParallel
                             "gradient_accumulation_steps": getattr(args, "gradient_accumulation_steps", None),
                             "world_size": getattr(args, "world_size", None)}
-        return orig(self, args, state, control)
-    orig_end = handler.on_train_end
+        return orig_step(self, args, state, control)
 
     def on_train_end(self, args, state, control):
         out = orig_end(self, args, state, control)
@@ -106,9 +78,7 @@ def _patch_callbacks(module):
             sys.stderr.flush()
             os._exit(0)
         return out
-    handler.on_step_end = on_step_end
-    handler.on_train_begin = on_train_begin
-    handler.on_train_end = on_train_end
+    handler.on_train_begin, handler.on_step_end, handler.on_train_end = on_train_begin, on_step_end, on_train_end
 
 
 def _patch_loader(module):
@@ -123,31 +93,6 @@ def _patch_loader(module):
             _ITEMS.append(int((labels != -100).sum()))
         return orig(batch, *a, **k)
     module.send_to_device = send_to_device
-
-
-def _host_step():
-    """The training thread's side of each step: its CPU seconds so far, involuntary context switches so far (the
-    kernel took the CPU away), and the CPU it last ran on; and the same two counts for the whole process, whose
-    other threads include the autograd engine's, which runs each backward pass while the training thread waits.
-    Whether a slower step did more host work, waited, or was crowded off its CPU."""
-    usage = resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
-    process = resource.getrusage(resource.RUSAGE_SELF)  # summed over the process's threads
-    cpu = None
-    try:
-        with open("/proc/thread-self/stat") as fh:
-            cpu = int(fh.read().rsplit(")", 1)[1].split()[36])  # field 39, 'processor'
-    except (OSError, ValueError, IndexError):
-        pass
-    for key, value in (("step_thread_cpu_s", round(time.thread_time(), 4)),
-                       ("step_involuntary_switches", usage.ru_nivcsw), ("step_cpu", cpu),
-                       ("step_process_cpu_s", round(time.process_time(), 4)),
-                       ("step_process_involuntary_switches", process.ru_nivcsw)):
-        _COUNTS.setdefault(key, []).append(value)
-
-
-def _rank_file(kind, ext):
-    """This rank's file of one kind in the probe's folder, e.g. profile-rank1.txt."""
-    return os.path.join(_DIR, f"{kind}-rank{os.environ.get('RANK', '0')}.{ext}")
 
 
 def _cuda_torch():
@@ -175,71 +120,9 @@ def _step_times_from_events(torch):
     _EVENTS.clear()
 
 
-def _sync_debug(torch, on):
-    """Each synchronising CUDA call of one step, with the Python frames that made it (torch warns for each)."""
-    import traceback
-    import warnings
-    if not on:
-        torch.cuda.set_sync_debug_mode(0)
-        warnings.showwarning = _SYNC_LOG.pop("showwarning", warnings.showwarning)
-        warnings.filters[:] = _SYNC_LOG.pop("filters", warnings.filters)
-        return
-    path = _rank_file("syncs", "txt")
-    orig = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" not in str(message):
-            return orig(message, category, filename, lineno, file, line)
-        frames = [f for f in traceback.extract_stack()[:-1] if "warnings.py" not in f.filename][-8:]
-        with open(path, "a") as fh:
-            fh.write(f"-- {message}\n" + "".join(traceback.format_list(frames)))
-    _SYNC_LOG.update(showwarning=orig, filters=list(warnings.filters))
-    warnings.showwarning = show
-    warnings.simplefilter("always")
-    torch.cuda.set_sync_debug_mode("warn")
-
-
-def _diagnose_step(torch, step):
-    """Memory held after the step and the running peak (which step set it); the optional profiler window and
-    allocator history."""
-    _COUNTS.setdefault("step_memory_gib", []).append(
-        (round(torch.cuda.memory_allocated() / 2**30, 3), round(torch.cuda.max_memory_allocated() / 2**30, 3)))
-    if _PROFILE:
-        _profile_step(torch, step)
-    if _HISTORY_UNTIL and step == _HISTORY_UNTIL:
-        with gzip.open(_rank_file("memory", "pickle.gz"), "wb") as fh:
-            pickle.dump(torch.cuda.memory._snapshot(), fh)
-        torch.cuda.memory._record_memory_history(enabled=None)
-
-
-def _profile_step(torch, step):
-    """Start torch.profiler after step A ends, stop after step B ends; write the tables of that window."""
-    start, stop = _PROFILE
-    if step == start:
-        _PROFILER["on"] = prof = torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
-        prof.__enter__()
-    elif step == stop and "on" in _PROFILER:
-        prof = _PROFILER.pop("on")
-        prof.__exit__(None, None, None)
-        avg = prof.key_averages()
-        if os.environ.get("NBDDP_BENCH_TRACE") == "1":
-            trace = _rank_file("trace", "json")
-            prof.export_chrome_trace(trace)
-            with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
-                dst.write(src.read())
-            os.remove(trace)
-        with open(_rank_file("profile", "txt"), "w") as fh:
-            fh.write(f"optimizer steps {start + 1}..{stop} (1-based), {stop - start} steps\n")
-            for key in ("self_device_time_total", "self_cpu_time_total", "cpu_time_total"):
-                try:
-                    fh.write(f"\n== sorted by {key}\n" + avg.table(sort_by=key, row_limit=40, max_name_column_width=70))
-                except Exception as exc:  # the key's name differs between torch versions
-                    fh.write(f"\n== {key}: {exc!r}\n")
-
-
 def _settings(name):
-    """NBDDP_BENCH_ARGS / NBDDP_BENCH_DDP: k=v pairs, values read as Python literals where they are one."""
+    """NBDDP_BENCH_ARGS / NBDDP_BENCH_DDP / NBDDP_BENCH_PEFT: k=v pairs, values read as Python literals where they
+    are one."""
     out = {}
     for item in filter(None, os.environ.get(name, "").split(",")):
         key, _, value = item.partition("=")
@@ -270,7 +153,8 @@ def _patch_training_args(module):
 
 def _patch_ddp(module):
     """At each DistributedDataParallel construction: where the wrapped module's buffers live (DDP broadcasts
-    them from rank 0 at construction and, with broadcast_buffers, before every forward)."""
+    them from rank 0 at construction and, with broadcast_buffers, before every forward), the settings it got,
+    and memory (allocated, running peak) before and after it."""
     cls = module.DistributedDataParallel
     orig = cls.__init__
 
@@ -290,7 +174,7 @@ def _patch_ddp(module):
         k.update(extra)
         record["bench_ddp"] = extra
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            record["memory_before_gib"] = gib()  # (allocated, running peak)
+            record["memory_before_gib"] = gib()
         _COUNTS.setdefault("ddp_constructed", []).append(record)
         out = orig(self, mod, *a, **k)
         if "memory_before_gib" in record:
@@ -326,12 +210,6 @@ def _patch_dist(module):
     module.init_process_group = init
 
 
-_COUNTS["clock_origin_epoch"] = round(_T0, 3)  # wall clock at step_end_times' zero (for GPU clock samples)
-_PROFILE = tuple(int(x) for x in os.environ["NBDDP_BENCH_PROFILE"].split(":")) if os.environ.get("NBDDP_BENCH_PROFILE") else None
-_HISTORY_UNTIL = int(os.environ.get("NBDDP_BENCH_MEMORY_HISTORY") or 0)
-_STEP_SYNC = os.environ.get("NBDDP_BENCH_STEP_SYNC") == "1"
-_SYNC_DEBUG = int(os.environ.get("NBDDP_BENCH_SYNC_DEBUG") or 0)
-_SYNC_LOG = {}
 _PATCH = {
     "torch.distributed": _patch_dist,
     "torch.nn.parallel.distributed": _patch_ddp,
@@ -408,16 +286,7 @@ def _on_terminate(signum, frame):
     os._exit(128 + signum)
 
 
-def _pin():
-    groups = os.environ.get("NBDDP_BENCH_CPUS")
-    if groups:
-        cpus = {int(c) for c in groups.split(";")[int(os.environ.get("LOCAL_RANK", "0"))].split(",")}
-        os.sched_setaffinity(0, cpus)
-        _COUNTS["pinned_cpus"] = sorted(cpus)
-
-
 if _DIR:
-    _pin()
     os.makedirs(_DIR, exist_ok=True)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGTERM, _on_terminate)  # torchrun's launcher sets its own later; the ranks keep this

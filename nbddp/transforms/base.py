@@ -19,6 +19,7 @@ class Options:
 class Context:
     report: Report = field(default_factory=Report)
     options: Options = field(default_factory=Options)
+    runtime: object = None  # nbddp.inline.Choice: the runtime modules the script carries, set by the last step
 
 
 def cell_number(cell) -> int:

@@ -23,7 +23,15 @@ listed, and {name} parts stand for the notebook's own variables):
 Each notebook cell starts at a "# %% cell N" line; N counts every cell of the notebook, markdown included.
 """
 
-# ---- nbddp setup: templates/setup.py.j2 and its includes (not stored in golden files) ----
+# ---- nbddp runtime: the parts of nbddp/runtime/ this notebook needs (no notebook code above this line) ----
+# -- group: every script: ranks from torchrun's environment, this rank's device, the process group
+# -- files: the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
+# -- hooks: needed by lean_sync, peft_shim, balance
+# -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
+# -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
+# -- balance: the notebook trains with a Trainer: each step's samples dealt to the ranks by length
+# ---- end of nbddp runtime ----
+
 
 try:
     # %% cell 5

@@ -1,19 +1,13 @@
-"""Load the runtime layer exactly as a generated script carries it (setup.py.j2 + runtime.py.j2, rendered)."""
+"""Load the whole runtime exactly as a generated script carries it (nbddp/runtime/ inlined by nbddp.inline), and
+start it as the script does."""
 import types
 
 
 def load_layer(name="nbddp_layer"):
-    import os
+    from nbddp.inline import everything, render
 
-    if os.environ.get("NBDDP_LAYER_FILE"):  # pre-rendered, for machines without the converter's dependencies
-        with open(os.environ["NBDDP_LAYER_FILE"], encoding="utf-8") as fh:
-            code = fh.read()
-    else:
-        from nbddp.render import environment
-
-        env = environment()
-        code = env.get_template("setup.py.j2").render() + env.get_template("runtime.py.j2").render()
+    code = render(everything())
     module = types.ModuleType(name)
     module.__file__ = f"<{name}>"
-    exec(compile(code, module.__file__, "exec"), module.__dict__)
+    exec(compile(code + "\nnbddp_start()\n", module.__file__, "exec"), module.__dict__)
     return module

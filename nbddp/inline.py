@@ -1,0 +1,187 @@
+"""The runtime a script carries: the source of the `nbddp/runtime/` modules a notebook needs, as one block.
+
+The modules are read as files (never imported: the converter does not import torch). Inlining drops each module's
+docstrings and its `from .x import y` lines (every module lands in the script's one namespace), hoists the other
+imports into one block at the top, and puts one comment line before each module saying why it is there.
+Dependencies come from the relative imports, so a module never arrives without what it uses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import libcst as cst
+
+from .runtime import MODULES
+
+RUNTIME = Path(__file__).resolve().parent / "runtime"
+SKELETON = frozenset({"nbddp_start", "nbddp_teardown"})  # what templates/ddp_script.py.j2 calls
+
+
+@dataclass(frozen=True)
+class Part:
+    """One top-level statement of a runtime module."""
+    code: str
+    defines: frozenset  # names it binds (an attribute set on a function belongs to the function)
+    reads: frozenset  # names it reads anywhere, function bodies included
+    simple: bool  # one line of statements, no def/class/block
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    requires: tuple  # runtime modules it imports from
+    imports: tuple  # its other top-level imports, as Parts
+    parts: tuple  # its code without docstrings and imports, as Parts
+
+
+def _is_docstring(stmt) -> bool:
+    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr)
+            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+
+
+class _DropDocstrings(cst.CSTTransformer):
+    """Function and class docstrings go (a body that is only a docstring keeps it); what follows moves up."""
+
+    def _strip(self, updated):
+        body = updated.body
+        if isinstance(body, cst.IndentedBlock) and len(body.body) > 1 and _is_docstring(body.body[0]):
+            rest = list(body.body[1:])
+            rest[0] = rest[0].with_changes(leading_lines=[line for line in rest[0].leading_lines if line.comment])
+            return updated.with_changes(body=body.with_changes(body=rest))
+        return updated
+
+    def leave_FunctionDef(self, original, updated):
+        return self._strip(updated)
+
+    def leave_ClassDef(self, original, updated):
+        return self._strip(updated)
+
+
+def _binds(stmt) -> set:
+    """Top-level names a statement binds: def/class names, assigned names, imported names; `f.attr = …` binds f."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return {stmt.name.value}
+    found = set()
+    for small in getattr(stmt, "body", ()):
+        if isinstance(small, cst.Assign):
+            for target in small.targets:
+                node = target.target
+                while isinstance(node, cst.Attribute):
+                    node = node.value
+                if isinstance(node, cst.Name):
+                    found.add(node.value)
+        elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+            for alias in small.names:
+                name = alias.asname.name if alias.asname else alias.name
+                while isinstance(name, cst.Attribute):
+                    name = name.value
+                found.add(name.value)
+    return found
+
+
+def _part(stmt) -> Part:
+    reads = set()
+
+    class _Reads(cst.CSTVisitor):
+        def visit_Name(self, node):
+            reads.add(node.value)
+
+    stmt.visit(_Reads())
+    code = cst.Module([stmt.with_changes(leading_lines=[line for line in stmt.leading_lines if line.comment])]).code
+    return Part(code, frozenset(_binds(stmt)), frozenset(reads), isinstance(stmt, cst.SimpleStatementLine))
+
+
+@lru_cache(maxsize=None)
+def load(name: str) -> Module:
+    tree = cst.parse_module((RUNTIME / f"{name}.py").read_text(encoding="utf-8")).visit(_DropDocstrings())
+    requires, imports, parts = [], [], []
+    for i, stmt in enumerate(tree.body):
+        if i == 0 and _is_docstring(stmt):
+            continue
+        small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.ImportFrom) and small.relative:
+            if not isinstance(small.module, cst.Name) or len(small.relative) != 1:
+                raise ValueError(f"runtime/{name}.py: write `from .module import name` (inlining drops it)")
+            requires.append(small.module.value)
+        elif isinstance(small, (cst.Import, cst.ImportFrom)):
+            imports.append(_part(stmt))
+        else:
+            parts.append(_part(stmt))
+    return Module(name, tuple(requires), tuple(imports), tuple(parts))
+
+
+def closure(names) -> list[str]:
+    """The modules `names` need, with all they import from, in inlining order (what a module uses comes first)."""
+    order: list[str] = []
+
+    def add(name):
+        if name not in order:
+            for dep in load(name).requires:
+                add(dep)
+            order.append(name)
+
+    for name in sorted(names, key=MODULES.index):
+        add(name)
+    return order
+
+
+def _import_key(part: Part):
+    words = part.code.split()
+    return (words[1].split(".")[0] == "torch", words[0] == "from", words[1])
+
+
+def _needed(parts, roots) -> list:
+    """The parts that run something at import (no binding), and those that define what is read, transitively."""
+    wanted, keep = set(roots), set()
+    changed = True
+    while changed:
+        changed = False
+        for part in parts:
+            if part not in keep and (not part.defines or part.defines & wanted):
+                keep.add(part)
+                wanted |= part.reads
+                changed = True
+    return [part for part in parts if part in keep]
+
+
+def _join(parts) -> str:
+    """One blank line around each def or class; simple statements stay together."""
+    out = parts[0].code
+    for before, part in zip(parts, parts[1:]):
+        out += ("" if before.simple and part.simple else "\n") + part.code
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a notebook needs of the runtime: module -> why, and the names its code reads (None: keep every part)."""
+    reasons: dict
+    uses: frozenset | None = frozenset()
+
+
+def everything() -> Choice:
+    """The whole runtime, every part kept (what the tests load to exercise all of it)."""
+    return Choice({name: "all of the runtime" for name in MODULES}, None)
+
+
+def render(choice: Choice) -> str:
+    """The runtime block: the chosen modules and what they import from, each cut to what runs at import and what
+    the script reads, transitively."""
+    reasons, uses = choice.reasons, choice.uses
+    names = closure(reasons)
+    every = [part for name in names for part in load(name).parts]
+    kept = set(every if uses is None else _needed(every, set(uses) | SKELETON))
+    parts = {name: [part for part in load(name).parts if part in kept] for name in names}
+    reads = set().union(*(part.reads for part in kept))
+    imports = sorted({part for name in names for part in load(name).imports if part.defines & reads},
+                     key=_import_key)
+    stdlib = "".join(part.code for part in imports if not _import_key(part)[0])
+    blocks = [stdlib + ("\n" if stdlib else "") + "".join(part.code for part in imports if _import_key(part)[0])]
+    for name in names:
+        if parts[name]:
+            used_by = [n for n in names if name in load(n).requires and parts[n]]
+            why = reasons.get(name) or "needed by " + ", ".join(used_by)
+            blocks.append(f"# -- {name}: {why}\n" + _join(parts[name]))
+    return "\n\n".join(block.rstrip("\n") for block in blocks)

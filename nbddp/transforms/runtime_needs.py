@@ -1,0 +1,142 @@
+"""Step: which modules of `nbddp/runtime/` the converted notebook needs, and why (the script carries only those).
+
+Read from the converted cells: the helpers the other steps wrote (`nbddp_shell`, `nbddp_main_process_first`, …),
+what the notebook imports (Unsloth, a Trainer from transformers/trl/unsloth, xformers), and what it asks for
+(gradient checkpointing, a quantized load, Unsloth's TiledMLP, its own DDP settings). Where a value cannot be read
+(a variable, `**kwargs`), the module is carried.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from ..cst import callee_tail, is_if_false, keyword, parse
+from ..inline import Choice
+from .base import Transform, cell_number
+from .placement import OURS, is_model_loader
+from .trainer_args import is_training_arguments
+
+TRAINER_HOMES = frozenset({"transformers", "trl", "unsloth"})
+FILE_HELPERS = frozenset({"nbddp_main_process_first", "nbddp_shell", "nbddp_getoutput", "nbddp_write_file"})
+CHECKPOINTING = frozenset({"gradient_checkpointing", "use_gradient_checkpointing", "activation_checkpointing"})
+QUANTIZED = frozenset({"load_in_4bit", "load_in_8bit", "quantization_config"})
+
+
+def _off(value) -> bool:
+    """A keyword value that certainly turns the feature off: False, None, 0."""
+    return (isinstance(value, cst.Name) and value.value in ("False", "None")) or \
+        (isinstance(value, cst.Integer) and value.value == "0")
+
+
+class _Facts(cst.CSTVisitor):
+    def __init__(self):
+        self.modules: set[str] = set()  # top-level packages imported
+        self.aliases: dict[str, str] = {}  # local name of an imported module -> its top-level package
+        self.names: set[str] = set()
+        self.trainer = self.checkpointing = self.quantized = self.weight_tying = self.tiled_mlp = False
+        self.own_ddp = []  # why the DDP settings the converter wrote may not hold
+        self.split_model = False  # a model load whose device_map the converter left to the notebook
+
+    def visit_If(self, node):
+        return not is_if_false(node)  # dead code asks for nothing
+
+    def visit_Import(self, node):
+        for alias in node.names:
+            root = cst.Module([]).code_for_node(alias.name).split(".")[0]
+            self.modules.add(root)
+            self.aliases[alias.asname.name.value if alias.asname else root] = root
+
+    def visit_ImportFrom(self, node):
+        if node.relative or node.module is None:
+            return
+        root = cst.Module([]).code_for_node(node.module).split(".")[0]
+        self.modules.add(root)
+        if root in TRAINER_HOMES:
+            names = node.names if isinstance(node.names, (list, tuple)) else ()
+            if isinstance(node.names, cst.ImportStar) or any(a.name.value.endswith("Trainer") for a in names):
+                self.trainer = True
+
+    def visit_Call(self, node):
+        name = callee_tail(node) or ""
+        if is_training_arguments(node):
+            unused, static = keyword(node, "ddp_find_unused_parameters"), keyword(node, "ddp_static_graph")
+            if any(arg.star == "**" for arg in node.args):
+                self.own_ddp.append(f"{name}(**kwargs)")
+            elif unused is None or not _off(unused.value):
+                self.own_ddp.append(f"{name}(ddp_find_unused_parameters=...)")
+            if static is not None and not _off(static.value):
+                self.own_ddp.append(f"{name}(ddp_static_graph=...)")
+        elif name.endswith("Trainer") and node.args and keyword(node, "args") is None \
+                and sum(arg.keyword is None and not arg.star for arg in node.args) < 2:
+            self.own_ddp.append(f"{name}() without args")
+        elif is_model_loader(node):
+            device_map = keyword(node, "device_map")
+            if device_map is None or not (isinstance(device_map.value, cst.Call)
+                                          and callee_tail(device_map.value) == OURS):
+                self.split_model = True
+
+    def visit_Attribute(self, node):  # transformers.Trainer(...), trl.SFTTrainer
+        if node.attr.value.endswith("Trainer") and isinstance(node.value, cst.Name) \
+                and self.aliases.get(node.value.value) in TRAINER_HOMES:
+            self.trainer = True
+        if node.attr.value == "gradient_checkpointing_enable":
+            self.checkpointing = True
+
+    def visit_Name(self, node):
+        self.names.add(node.value)
+        if node.value == "BitsAndBytesConfig":
+            self.quantized = True
+
+    def visit_Arg(self, node):
+        key = node.keyword.value if node.keyword is not None else None
+        if key in CHECKPOINTING and not _off(node.value):
+            self.checkpointing = True
+        elif key in QUANTIZED and not _off(node.value):
+            self.quantized = True
+        elif key == "ensure_weight_tying":
+            self.weight_tying = True
+        elif key == "unsloth_tiled_mlp" and not _off(node.value):
+            self.tiled_mlp = True
+
+    def visit_SimpleString(self, node):  # os.environ["UNSLOTH_TILED_MLP"] = ...
+        if node.evaluated_value == "UNSLOTH_TILED_MLP":
+            self.tiled_mlp = True
+
+
+def needs(facts: _Facts) -> dict[str, str]:
+    """Runtime module -> why this notebook needs it."""
+    why = {"group": "every script: ranks from torchrun's environment, this rank's device, the process group"}
+    used = sorted(facts.names & FILE_HELPERS)
+    if used:
+        why["files"] = f"the notebook calls {', '.join(used)}: once per machine, the other ranks wait"
+    unsloth = bool(facts.modules & {"unsloth", "unsloth_zoo"})
+    if facts.trainer and (facts.checkpointing or unsloth) and facts.own_ddp:
+        why["strategy"] = (f"gradient checkpointing and {facts.own_ddp[0]}: DDP's graph settings chosen at run time "
+                           "from the checkpointing mode")
+    if facts.trainer and (facts.quantized or unsloth):
+        why["lean_sync"] = "a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight"
+    if unsloth and facts.tiled_mlp:
+        why["tiled_mlp"] = "the notebook turns on Unsloth's TiledMLP, whose chunked backward DDP cannot follow"
+    if facts.split_model and (unsloth or "xformers" in facts.modules):
+        why["xformers_shim"] = "a model load keeps the notebook's device_map, which may spread it over GPUs: " \
+                               "xformers' attention bias follows the query's device"
+    if unsloth or facts.weight_tying:
+        why["peft_shim"] = "LoraConfig(ensure_weight_tying=...) " + (
+            "from Unsloth's get_peft_model" if unsloth else "in the notebook") + " on any peft version"
+    if "nbddp_accumulation" in facts.names:
+        why["global_batch"] = "converted with --keep-global-batch: gradient accumulation divided by the processes"
+    if facts.trainer:
+        why["balance"] = "the notebook trains with a Trainer: each step's samples dealt to the ranks by length"
+    return why
+
+
+class RuntimeNeeds(Transform):
+    """Records in the context which runtime modules the script carries; the notebook is not changed."""
+
+    name = "runtime"
+
+    def preprocess(self, nb, ctx):
+        facts = _Facts()
+        for cell in nb.cells:
+            parse(cell.source, cell=cell_number(cell), step=self.name).visit(facts)
+        ctx.runtime = Choice(needs(facts), frozenset(facts.names))
+        return nb

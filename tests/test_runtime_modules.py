@@ -1,0 +1,477 @@
+"""Each module of nbddp/runtime/ imported and called directly, one process (the multi-process runs of the whole
+runtime, as scripts carry it, are in test_runtime_ddp.py)."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from nbddp.runtime import (balance, checkpoint, files, global_batch, group, hooks, lean_sync, peft_shim, strategy,
+                           tiled_mlp, xformers_shim)
+
+CASES = os.path.join(os.path.dirname(__file__), "runtime_cases")
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch):
+    """No NBDDP_*/UNSLOTH_* switch from outside, one process on rank 0, every message said anew."""
+    for name in list(os.environ):
+        if name.startswith(("NBDDP_", "UNSLOTH_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setattr(hooks, "NBDDP_IS_MAIN", True)
+    hooks._NBDDP_SAID.clear()
+
+
+def world(monkeypatch, size, *modules):
+    for module in modules:
+        monkeypatch.setattr(module, "NBDDP_WORLD_SIZE", size)
+
+
+def test_importing_the_runtime_imports_no_training_library():
+    code = ("import sys, nbddp.runtime.group, nbddp.runtime.hooks, nbddp.runtime.strategy, nbddp.runtime.balance, "
+            "nbddp.runtime.lean_sync, nbddp.runtime.tiled_mlp, nbddp.runtime.peft_shim, nbddp.runtime.xformers_shim; "
+            "print([m for m in ('transformers', 'trl', 'peft', 'unsloth', 'accelerate') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    bare = subprocess.run([sys.executable, "-c", "import sys, nbddp.runtime; print('torch' in sys.modules)"],
+                          capture_output=True, text=True, check=True).stdout
+    assert bare.strip() == "False"  # the package itself imports none of its modules
+
+
+def test_group_one_process_on_the_cpu(monkeypatch):
+    assert group.nbddp_device_map() == {"": group.NBDDP_DEVICE}
+    assert group.nbddp_dist() is False and group.NBDDP_IS_MAIN
+    group.nbddp_barrier()  # one process: nothing to wait for
+    group.nbddp_teardown()
+
+
+def test_group_start_says_how_the_job_runs(monkeypatch, capsys):
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    group.nbddp_start()
+    assert capsys.readouterr().out == "" and "ACCELERATE_USE_CPU" not in os.environ
+    monkeypatch.setattr(group, "NBDDP_WORLD_SIZE", 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    group.nbddp_start()
+    assert os.environ["ACCELERATE_USE_CPU"] == "true"  # else the Trainer ignores torchrun on a CPU machine
+    assert capsys.readouterr().out == "nbddp: 2 processes, this one is rank 0 on cpu\n"
+
+
+def test_group_ranks_come_from_torchruns_environment():
+    env = {**os.environ, "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}
+    code = ("from nbddp.runtime import group as g; "
+            "print(g.NBDDP_RANK, g.NBDDP_LOCAL_RANK, g.NBDDP_WORLD_SIZE, g.NBDDP_IS_MAIN, g.NBDDP_IS_LOCAL_MAIN)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == ["3", "1", "4", "False", "False"]
+
+
+def test_files_run_on_the_machines_first_rank_only(monkeypatch, tmp_path, capfd):
+    monkeypatch.chdir(tmp_path)
+    files.nbddp_write_file("a.txt", "one\n")
+    files.nbddp_write_file("a.txt", "two\n", append=True)
+    assert (tmp_path / "a.txt").read_text() == "one\ntwo\n"
+    files.nbddp_shell("echo from-shell; exit 3")
+    out, err = capfd.readouterr()
+    assert "from-shell" in out and "shell command exited with status 3" in err
+    assert files.nbddp_getoutput("echo a; echo b") == ["a", "b"]
+    with files.nbddp_main_process_first():
+        (tmp_path / "cache").write_text("filled")
+    monkeypatch.setattr(files, "NBDDP_IS_LOCAL_MAIN", False)  # another rank of the machine: writes nothing
+    files.nbddp_write_file("b.txt", "x")
+    files.nbddp_shell("touch c.txt")
+    assert not (tmp_path / "b.txt").exists() and not (tmp_path / "c.txt").exists()
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("on", True), ("0", False), ("off", False),
+                                             ("auto", None), ("", None), (None, None)])
+def test_hooks_switch_values(monkeypatch, value, expected):
+    if value is not None:
+        monkeypatch.setenv("NBDDP_PROBE", value)
+    assert hooks._nbddp_choice("NBDDP_PROBE") is expected
+    assert hooks._nbddp_flag("NBDDP_PROBE") is (expected is True)
+
+
+def test_hooks_say_once_on_rank_0(monkeypatch, capsys):
+    hooks.nbddp_say("k", "first")
+    hooks.nbddp_say("k", "again")
+    monkeypatch.setattr(hooks, "NBDDP_IS_MAIN", False)
+    hooks.nbddp_say("other", "not rank 0")
+    assert capsys.readouterr().out == "nbddp: first\n"
+
+
+def test_hooks_patch_on_first_import_and_survive_a_failing_patch(tmp_path, monkeypatch, capsys):
+    (tmp_path / "nbddp_probe_mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def broken(module):
+        raise ValueError("boom")
+
+    hooks.NBDDP_IMPORTS.watch("nbddp_probe_mod", lambda m: setattr(m, "VALUE", 2))
+    hooks.NBDDP_IMPORTS.watch("nbddp_probe_mod", broken)
+    try:
+        import nbddp_probe_mod
+        assert nbddp_probe_mod.VALUE == 2
+        assert "broken skipped (ValueError: boom)" in capsys.readouterr().out
+        hooks.NBDDP_IMPORTS.watch("nbddp_probe_mod", lambda m: setattr(m, "VALUE", 3))  # imported: runs at once
+        assert nbddp_probe_mod.VALUE == 3
+    finally:
+        sys.modules.pop("nbddp_probe_mod", None)
+
+
+@pytest.mark.parametrize("mode, all_used, expected", [
+    ("reentrant", True, (False, False, False)),  # find_unused=False is the cure; no static graph (docs/runtime.md)
+    ("unsloth", True, (False, False, False)),
+    ("non-reentrant", True, (False, False, False)),
+    ("none", True, (False, False, False)),
+    ("none", False, (False, True, False)),
+    ("reentrant", False, (False, True, True)),
+])
+def test_strategy(mode, all_used, expected):
+    assert strategy.nbddp_ddp_strategy(mode, all_used)[:3] == expected
+
+
+def test_overrides_and_unsloth_aliases(monkeypatch):
+    monkeypatch.setenv("UNSLOTH_DISABLE_DDP_STATIC_GRAPH_FOR_GRAD_CHECKPOINT", "1")
+    static, find_unused, _, why = strategy.nbddp_ddp_strategy("reentrant")
+    assert (static, find_unused) == (False, False) and "UNSLOTH_DISABLE_DDP_STATIC_GRAPH_FOR_GRAD_CHECKPOINT" in why
+    assert strategy.nbddp_ddp_strategy("none")[0] is False
+    monkeypatch.setenv("NBDDP_STATIC_GRAPH", "1")  # NBDDP_* wins over the aliases
+    assert strategy.nbddp_ddp_strategy("reentrant")[0] is True
+    monkeypatch.setenv("NBDDP_FIND_UNUSED", "1")
+    assert strategy.nbddp_ddp_strategy("none")[1] is True
+    monkeypatch.delenv("NBDDP_STATIC_GRAPH")
+    monkeypatch.setenv("UNSLOTH_DISABLE_DDP_STATIC_GRAPH", "1")
+    assert strategy.nbddp_ddp_strategy("reentrant")[0] is False
+
+
+def test_checkpointing_mode_detection(monkeypatch):
+    import functools
+
+    from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+    block = torch.nn.Linear(2, 2)
+    model = torch.nn.Sequential(block)
+    assert strategy.nbddp_checkpointing_mode(model) == "none"
+    monkeypatch.setenv("UNSLOTH_USE_GRADIENT_CHECKPOINTING", "1")
+    assert strategy.nbddp_checkpointing_mode(model) == "unsloth"
+    block.gradient_checkpointing = True
+    block._gradient_checkpointing_func = functools.partial(torch_checkpoint, use_reentrant=False)
+    assert strategy.nbddp_checkpointing_mode(model) == "non-reentrant"
+    block._gradient_checkpointing_func = functools.partial(torch_checkpoint, use_reentrant=True)
+    assert strategy.nbddp_checkpointing_mode(model) == "reentrant"
+    sys.path.insert(0, os.path.join(CASES, "fake_zoo"))
+    from unsloth_zoo.gradient_checkpointing import unsloth_offloaded_checkpoint
+    block._gradient_checkpointing_func = unsloth_offloaded_checkpoint
+    assert strategy.nbddp_checkpointing_mode(model) == "unsloth"
+    checkpoint.nbddp_use_non_reentrant(model, offload=True)
+    assert strategy.nbddp_checkpointing_mode(model) == "non-reentrant"
+    loop = torch.nn.Module()
+    loop.module = model
+    assert checkpoint.nbddp_find_module(loop, lambda m: m is block) is None  # blocks are not wrappers' children
+    assert checkpoint.nbddp_find_module(loop, lambda m: m is model) is model
+    model.module = loop  # a wrapping cycle: the search ends
+    assert checkpoint.nbddp_find_module(loop, lambda m: False) is None
+
+
+def test_offload_checkpoint_gradients():
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(3, 4, requires_grad=True)
+    checkpoint.nbddp_offload_checkpoint(lambda t: lin(t).tanh(), x).sum().backward()
+    got = [x.grad.clone(), lin.weight.grad.clone()]
+    x.grad = lin.weight.grad = None
+    lin(x).tanh().sum().backward()
+    torch.testing.assert_close(got, [x.grad, lin.weight.grad])
+
+
+def test_tiled_mlp_gradients_and_hooks_fire_once():
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    x = torch.randn(2, 6, 4, requires_grad=True)
+    fired = []
+    for p in mlp.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: fired.append(p))
+    tiled_mlp.nbddp_tiled_mlp(mlp, x, 3).pow(2).sum().backward()
+    assert len(fired) == 4  # one per parameter, not one per chunk
+    got = [x.grad.clone()] + [p.grad.clone() for p in mlp.parameters()]
+    x.grad = None
+    for p in mlp.parameters():
+        p.grad = None
+    mlp(x).pow(2).sum().backward()
+    torch.testing.assert_close(got, [x.grad] + [p.grad for p in mlp.parameters()])
+
+
+def test_tiled_mlp_patch_skips_unknown_api(capsys):
+    fake = types.ModuleType("fake_tiled")
+
+    class TiledMLP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, fn, x):
+            return x
+
+    fake.TiledMLP = TiledMLP
+    original = TiledMLP.apply
+    tiled_mlp._nbddp_patch_tiled_mlp(fake)
+    assert fake.TiledMLP.apply == original
+    assert "API nbddp does not know" in capsys.readouterr().out
+
+
+def test_peft_shim_is_a_no_op_where_peft_has_the_field():
+    import peft
+
+    before = peft.LoraConfig.__init__
+    peft_shim._nbddp_patch_peft(peft)
+    assert peft.LoraConfig.__init__ is before
+    assert peft.LoraConfig(r=4, ensure_weight_tying=True).ensure_weight_tying is True
+
+
+def test_peft_shim_drops_the_keyword_where_peft_lacks_it():
+    @dataclasses.dataclass
+    class LoraConfig:
+        r: int = 8
+
+    fake = types.SimpleNamespace(LoraConfig=LoraConfig)
+    with pytest.raises(TypeError):
+        LoraConfig(r=4, ensure_weight_tying=True)
+    peft_shim._nbddp_patch_peft(fake)
+    assert LoraConfig(r=4, ensure_weight_tying=True).r == 4
+
+
+def test_xformers_bias_follows_query_device():
+    seen = []
+    fake = types.SimpleNamespace(memory_efficient_attention=lambda q, k, v, attn_bias=None: seen.append(attn_bias))
+    xformers_shim._nbddp_patch_xformers(fake)
+    q = torch.zeros(1, device="meta")
+    fake.memory_efficient_attention(q, q, q, torch.zeros(1))
+    assert seen[0].device.type == "meta"
+    fake.memory_efficient_attention(q, q, q, None)
+    assert seen[1] is None
+
+
+def test_accumulation_divides_only_evenly(monkeypatch, capsys):
+    assert global_batch.nbddp_accumulation(4) == 4  # one process
+    world(monkeypatch, 2, global_batch)
+    assert global_batch.nbddp_accumulation(4) == 2
+    assert global_batch.nbddp_accumulation(global_batch.nbddp_accumulation(4)) == 2  # never divided twice
+    hooks._NBDDP_SAID.clear()
+    assert global_batch.nbddp_accumulation(3, batch=2) == 3
+    assert "effective global batch is 2 x 3 x 2" in capsys.readouterr().out
+
+
+def test_training_args_patch_only_when_asked(monkeypatch):
+    @dataclasses.dataclass
+    class TrainingArguments:
+        gradient_accumulation_steps: int = 4
+        per_device_train_batch_size: int = 2
+
+        def __post_init__(self):
+            pass
+
+    world(monkeypatch, 2, global_batch)
+    global_batch._nbddp_patch_training_args(types.SimpleNamespace(TrainingArguments=TrainingArguments))
+    assert TrainingArguments().gradient_accumulation_steps == 4  # NBDDP_KEEP_GLOBAL_BATCH unset: unchanged
+    monkeypatch.setenv("NBDDP_KEEP_GLOBAL_BATCH", "1")
+    global_batch._nbddp_patch_training_args(types.SimpleNamespace(TrainingArguments=TrainingArguments))
+    assert TrainingArguments().gradient_accumulation_steps == 2
+
+
+def _trainer_class(calls):
+    class Trainer:  # a transformers 4 Trainer: no _build_accelerator_args
+        args = types.SimpleNamespace(ddp_find_unused_parameters=None)
+
+        def training_step(self, model, inputs):
+            calls.append("step")
+            return 1.0
+
+    return Trainer
+
+
+def test_trainer_patch_sets_static_graph_at_first_step_without_accelerator_hook(monkeypatch):
+    calls = []
+    Trainer = _trainer_class(calls)
+    world(monkeypatch, 2, strategy)
+    monkeypatch.setattr(strategy, "nbddp_decide", lambda model, args: (True, False))
+    monkeypatch.setattr(strategy, "nbddp_apply_to_ddp", lambda model, static: calls.append(("apply", static)) or True)
+    strategy._nbddp_patch_trainer_ddp(types.SimpleNamespace(Trainer=Trainer))
+    trainer = Trainer()
+    trainer.training_step(object(), {})
+    trainer.training_step(object(), {})
+    assert calls == [("apply", True), "step", "step"]
+
+
+def test_trainer_patch_sets_accelerates_ddp_kwargs(monkeypatch):
+    calls = []
+    Trainer = _trainer_class(calls)
+    handler = types.SimpleNamespace(static_graph=None, find_unused_parameters=True)
+    Trainer._build_accelerator_args = lambda self: {"kwargs_handlers": [handler, object()]}
+    world(monkeypatch, 2, strategy)
+    monkeypatch.setattr(strategy, "nbddp_decide", lambda model, args: (False, False))
+    monkeypatch.setattr(strategy, "nbddp_apply_to_ddp", lambda model, static: calls.append("apply") or True)
+    strategy._nbddp_patch_trainer_ddp(types.SimpleNamespace(Trainer=Trainer))
+    trainer = Trainer()
+    trainer.model, trainer.args = object(), types.SimpleNamespace()
+    trainer._build_accelerator_args()
+    trainer.training_step(object(), {})
+    assert (handler.static_graph, handler.find_unused_parameters) == (False, False)
+    assert (trainer.args.ddp_static_graph, trainer.args.ddp_find_unused_parameters) == (False, False)
+    assert calls == ["step"]  # decided once, where the DDP kwargs are built
+
+
+def test_trainer_patch_never_stops_training(monkeypatch, capsys):
+    calls = []
+    Trainer = _trainer_class(calls)
+    world(monkeypatch, 2, strategy)
+
+    def broken(model, args):
+        raise KeyError("x")
+
+    monkeypatch.setattr(strategy, "nbddp_decide", broken)
+    strategy._nbddp_patch_trainer_ddp(types.SimpleNamespace(Trainer=Trainer))
+    Trainer().training_step(object(), {})
+    assert calls == ["step"] and "DDP strategy left to transformers (KeyError" in capsys.readouterr().out
+
+
+def test_decide_swaps_checkpointing_only_where_parameters_may_be_unused(capsys):
+    from torch.utils.checkpoint import checkpoint as torch_checkpoint
+    import functools
+
+    block = torch.nn.Linear(2, 2)
+    block.gradient_checkpointing, block._gradient_checkpointing_func = True, functools.partial(torch_checkpoint,
+                                                                                              use_reentrant=True)
+    model = torch.nn.Sequential(block)
+    assert strategy.nbddp_decide(model, types.SimpleNamespace(ddp_find_unused_parameters=False)) == (False, False)
+    assert strategy.nbddp_checkpointing_mode(model) == "reentrant"
+    hooks._NBDDP_SAID.clear()
+    assert strategy.nbddp_decide(model, types.SimpleNamespace(ddp_find_unused_parameters=True)) == (False, True)
+    assert strategy.nbddp_checkpointing_mode(model) == "non-reentrant"  # not offloaded: the original was not
+    assert "switched to non-reentrant checkpointing" in capsys.readouterr().out
+
+
+def test_apply_to_ddp_finds_the_ddp_module_inside_wrappers():
+    class DistributedDataParallel(torch.nn.Module):
+        static_graph = False
+
+        def _set_static_graph(self):
+            self.static_graph = True
+
+    ddp, outer = DistributedDataParallel(), torch.nn.Module()
+    outer.module = ddp
+    assert strategy.nbddp_apply_to_ddp(outer, static=True) and ddp.static_graph
+    assert strategy.nbddp_apply_to_ddp(torch.nn.Linear(1, 1), static=True) is False
+
+
+def test_lean_sync_steps_aside_where_ddp_has_no_init_sync(monkeypatch, capsys):
+    class DistributedDataParallel:
+        def __init__(self, module, process_group=None):
+            self.module = module
+
+    fake = types.SimpleNamespace(DistributedDataParallel=DistributedDataParallel)
+    world(monkeypatch, 2, lean_sync)
+    lean_sync._nbddp_patch_ddp(fake)
+    assert "_nbddp_patched" not in vars(DistributedDataParallel)
+    assert "start-up sync left to DDP" in capsys.readouterr().out
+
+
+def test_lean_sync_wraps_torchs_ddp_and_leaves_explicit_choices_alone(monkeypatch):
+    seen = []
+
+    class DistributedDataParallel:
+        def __init__(self, module, *args, init_sync=True, **kwargs):
+            seen.append(init_sync)
+            self.module = module
+
+    monkeypatch.setattr(lean_sync, "nbddp_sync_module_states", lambda ddp, buffers: seen.append(("synced", buffers)) or 0)
+    lean_sync._nbddp_patch_ddp(types.SimpleNamespace(DistributedDataParallel=DistributedDataParallel))
+    DistributedDataParallel(torch.nn.Linear(2, 2))
+    DistributedDataParallel(torch.nn.Linear(2, 2), init_sync=True)  # the caller's own choice
+    DistributedDataParallel(torch.nn.Linear(2, 2), broadcast_buffers=False)
+    assert seen == [False, ("synced", True), True, False, ("synced", False)]
+
+
+def test_balance_window_keeps_each_step_and_evens_the_ranks():
+    lengths = [5, 90, 7, 80, 6, 85, 9, 70]  # drawn: rank 0 gets the four long samples, rank 1 the short ones
+    drawn = [[0, 1], [2, 3], [4, 5], [6, 7]]  # batch i -> rank i % 2; two micro-batches per rank
+    dealt = balance.nbddp_balance_window(drawn, lengths.__getitem__, 2)
+    assert sorted(i for b in dealt for i in b) == list(range(8))
+    assert all(len(b) == 2 for b in dealt)
+
+    def padded(batches, rank):
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches[rank::2])
+
+    assert [padded(drawn, r) for r in (0, 1)] == [2 * 90 + 2 * 85, 2 * 80 + 2 * 70]
+    assert max(padded(dealt, r) for r in (0, 1)) < max(padded(drawn, r) for r in (0, 1))
+    assert balance.nbddp_balance_window(dealt, lengths.__getitem__, 2) == dealt  # dealing twice changes nothing
+    ragged = [[0, 1], [2]]  # the epoch's last, short batch: left as drawn
+    assert balance.nbddp_balance_window(ragged, lengths.__getitem__, 2) == ragged
+
+
+def test_balanced_batches_window_and_delegation():
+    class Inner:
+        batch_size, drop_last, sampler = 2, False, "the sampler"
+
+        def __iter__(self):
+            return iter([[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]])
+
+        def __len__(self):
+            return 5
+
+    lengths = [5, 90, 7, 80, 6, 85, 9, 70, 1, 2]
+    wrapped = balance.NbddpBalancedBatches(Inner(), lengths.__getitem__, world=2, accumulation=2)
+    assert (wrapped.batch_size, wrapped.drop_last, wrapped.sampler, len(wrapped)) == (2, False, "the sampler", 5)
+    out = list(wrapped)
+    assert sorted(i for b in out[:4] for i in b) == list(range(8)) and out[4] == [8, 9]
+    assert out[:4] != [[0, 1], [2, 3], [4, 5], [6, 7]]  # the full window was re-dealt, the partial one not
+
+
+def _loader_and_trainer(monkeypatch, **args):
+    class BatchSamplerShard:
+        split_batches, num_processes, batch_sampler = False, 2, [[0, 1]]
+
+    class Data:
+        column_names = ["input_ids"]
+
+        def select_columns(self, names):
+            return [{"input_ids": [1] * n} for n in (3, 1)]
+
+    loader = types.SimpleNamespace(batch_sampler=BatchSamplerShard(), dataset=Data())
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace(**{
+        "gradient_accumulation_steps": 2, "average_tokens_across_devices": True, "train_sampling_strategy": "random",
+        "length_column_name": "length", **args}), model_accepts_loss_kwargs=True, processing_class=None)
+    world(monkeypatch, 2, balance)
+    return loader, trainer
+
+
+@pytest.mark.parametrize("args, env, balanced, says", [
+    ({}, None, True, "length-balanced ranks: each optimizer step's 2 x 2 micro-batches"),  # on by default
+    ({}, "1", True, "length-balanced ranks: each optimizer step's 2 x 2 micro-batches"),
+    ({"average_tokens_across_devices": False}, None, False, "would change the gradient"),
+    ({"average_tokens_across_devices": False}, "force", True, "length-balanced ranks: each"),
+    ({}, "0", False, None),  # off: nothing said
+    ({"train_sampling_strategy": "group_by_length"}, "1", False, "length-aware sampling order of its own"),
+])
+def test_balance_loader_only_where_the_gradient_cannot_change(monkeypatch, capsys, args, env, balanced, says):
+    if env is not None:
+        monkeypatch.setenv("NBDDP_BALANCE_LENGTHS", env)
+    loader, trainer = _loader_and_trainer(monkeypatch, **args)
+    balance.nbddp_balance_loader(loader, trainer)
+    wrapped = loader.batch_sampler.batch_sampler
+    assert isinstance(wrapped, balance.NbddpBalancedBatches) is balanced
+    out = capsys.readouterr().out
+    assert (says in out) if says else "length-balanced" not in out
+    if balanced:
+        assert [wrapped.length(i) for i in (0, 1)] == [3, 1]
+        balance.nbddp_balance_loader(loader, trainer)  # a second call wraps nothing twice
+        assert loader.batch_sampler.batch_sampler is wrapped
+
+
+def test_balance_patch_wraps_the_trainers_loader_once(monkeypatch):
+    class Trainer:
+        def get_train_dataloader(self):
+            return "loader"
+
+    monkeypatch.setattr(balance, "nbddp_balance_loader", lambda loader, trainer: f"balanced {loader}")
+    module = types.SimpleNamespace(Trainer=Trainer)
+    balance._nbddp_patch_trainer_loader(module)
+    balance._nbddp_patch_trainer_loader(module)
+    assert Trainer().get_train_dataloader() == "balanced loader"

@@ -1,0 +1,153 @@
+"""Which runtime modules a script carries (the `runtime` step) and how they are inlined (nbddp.inline)."""
+import ast
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import CORPUS
+from nbddp import inline
+from nbddp.pipeline import convert_notebook
+from nbddp.runtime import MODULES
+from nbddp.transforms.base import Options
+
+RUNTIME = Path(inline.__file__).parent / "runtime"
+
+
+def _notebook(*cells):
+    return json.dumps({"cells": [{"cell_type": "code", "id": f"c{i}", "source": code, "metadata": {}, "outputs": [],
+                                  "execution_count": None} for i, code in enumerate(cells)],
+                       "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+
+def carried(*cells, **options):
+    return set(convert_notebook(_notebook(*cells), options=Options(**options)).runtime.reasons)
+
+
+UNSLOTH_SFT = (
+    "from unsloth import FastLanguageModel\n"
+    "model, tokenizer = FastLanguageModel.from_pretrained('m', load_in_4bit = True)\n"
+    "model = FastLanguageModel.get_peft_model(model, r = 16, use_gradient_checkpointing = 'unsloth')\n",
+    "from trl import SFTConfig, SFTTrainer\n"
+    "trainer = SFTTrainer(model = model, train_dataset = data, args = SFTConfig(per_device_train_batch_size = 2))\n"
+    "trainer.train()\n",
+)
+
+
+@pytest.mark.parametrize("cells, options, wanted, not_wanted", [
+    # plain torch, no Trainer: the rank facts and the process group only
+    (("import torch\nx = torch.ones(1)\nprint(x)\n",), {}, {"group"},
+     {"files", "balance", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch"}),
+    # a transformers Trainer, full precision, no checkpointing: length balancing only
+    (("from transformers import Trainer, TrainingArguments\n"
+      "trainer = Trainer(model = model, args = TrainingArguments(output_dir = 'o'), train_dataset = d)\n",),
+     {}, {"group", "balance"}, {"strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim"}),
+    # Unsloth's usual SFT notebook: the converter's ddp_find_unused_parameters=False holds, so no run-time strategy
+    (UNSLOTH_SFT, {}, {"group", "lean_sync", "peft_shim", "balance"}, {"strategy", "tiled_mlp", "xformers_shim"}),
+    # the notebook's own DDP settings with checkpointing: decided at run time
+    (("from transformers import Trainer, TrainingArguments\n"
+      "args = TrainingArguments(output_dir = 'o', gradient_checkpointing = True, ddp_find_unused_parameters = True)\n"
+      "trainer = Trainer(model = model, args = args)\n",), {}, {"strategy", "balance"}, {"lean_sync"}),
+    (("from transformers import Trainer, TrainingArguments\nmodel.gradient_checkpointing_enable()\n"
+      "trainer = Trainer(model, args = TrainingArguments(output_dir = 'o', **extra))\n",), {}, {"strategy"}, set()),
+    (("import transformers\nmodel.gradient_checkpointing_enable()\ntrainer = transformers.Trainer(model = model)\n",),
+     {}, {"strategy", "balance"}, set()),
+    # Unsloth's TiledMLP is asked for by keyword or by its environment variable
+    (UNSLOTH_SFT[:1] + ("model2 = FastLanguageModel.from_pretrained('m', unsloth_tiled_mlp = True)\n",), {},
+     {"tiled_mlp"}, set()),
+    (("import os\nos.environ['UNSLOTH_TILED_MLP'] = 'arctic'\nfrom unsloth import FastModel\n",), {},
+     {"tiled_mlp"}, set()),
+    (UNSLOTH_SFT[:1] + ("model2 = FastLanguageModel.from_pretrained('m', unsloth_tiled_mlp = False)\n",), {},
+     set(), {"tiled_mlp"}),
+    # a device_map the notebook computes may spread the model over GPUs in one process
+    (("from unsloth import FastLanguageModel\nmodel = FastLanguageModel.from_pretrained('m', device_map = dm)\n",),
+     {}, {"xformers_shim"}, set()),
+    # helpers the other steps wrote
+    (("!nvidia-smi\n", "%%writefile a.txt\nhello\n"), {}, {"files"}, set()),
+    (UNSLOTH_SFT, {"keep_global_batch": True}, set(), {"global_batch"}),
+    ((UNSLOTH_SFT[0], UNSLOTH_SFT[1].replace("batch_size = 2", "batch_size = 2, gradient_accumulation_steps = 4")),
+     {"keep_global_batch": True}, {"global_batch"}, set()),
+    # dead code asks for nothing; a function named like a trainer is not one
+    (("if False:\n    from unsloth import FastLanguageModel\n    from trl import SFTTrainer\n",), {}, {"group"},
+     {"balance", "peft_shim", "lean_sync"}),
+    (("from unsloth import PatchDPOTrainer\nPatchDPOTrainer()\n",), {}, set(), {"strategy"}),
+])
+def test_the_script_carries_what_the_notebook_needs(cells, options, wanted, not_wanted):
+    got = carried(*cells, **options)
+    assert wanted <= got and not (not_wanted & got), got
+
+
+def test_each_carried_module_says_why_in_one_line():
+    conversion = convert_notebook(_notebook(*UNSLOTH_SFT))
+    lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
+    assert [line.split(":")[0][5:] for line in lines] == ["group", "hooks", "lean_sync", "peft_shim", "balance"]
+    assert lines[1] == "# -- hooks: needed by lean_sync, peft_shim, balance"
+    assert "the notebook trains with a Trainer" in lines[-1]
+
+
+@pytest.mark.parametrize("notebook, most", [
+    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 250),
+    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 400),
+])
+def test_lines_before_the_first_notebook_cell(notebook, most):
+    lines = convert_notebook(str(notebook)).script.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith("# %% cell "))
+    assert first <= most, f"{notebook.name}: {first} lines before the first cell"
+
+
+def test_converter_keeps_global_batch():
+    code = "args = SFTConfig(per_device_train_batch_size = 2, gradient_accumulation_steps = 4)\n"
+    kept = convert_notebook(_notebook(code), options=Options(keep_global_batch=True))
+    assert "gradient_accumulation_steps = nbddp_accumulation(4)" in kept.script
+    assert "def nbddp_accumulation(" in kept.script
+    assert any("effective global batch 2 x 4 = 8" in n.text for n in kept.report.changes)
+    plain = convert_notebook(_notebook(code))
+    assert "nbddp_accumulation" not in plain.script
+    assert any("2 x 4 x N = 8N" in n.text for n in plain.report.changes)
+    unknown = convert_notebook(_notebook("args = SFTConfig(gradient_accumulation_steps = steps)\n"))
+    assert any("cannot tell" in n.text for n in unknown.report.changes)
+
+
+# ---- the inliner ----
+def test_every_runtime_module_is_listed_and_shares_names_through_relative_imports_only():
+    files = {p.stem for p in RUNTIME.glob("*.py")} - {"__init__"}
+    assert files == set(MODULES)
+    owner = {}
+    for name in MODULES:
+        tree = ast.parse((RUNTIME / f"{name}.py").read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.level == 1 and node.module in MODULES, f"{name}: {ast.unparse(node)}"
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):  # the script imports nothing the notebook must first
+                roots = {alias.name.split(".")[0] for alias in node.names} if isinstance(node, ast.Import) \
+                    else {node.module.split(".")[0]}
+                assert roots <= set(sys.stdlib_module_names) | {"torch"}, f"{name}: {ast.unparse(node)}"
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                assert owner.setdefault(node.name, name) == name, f"{node.name} in {owner[node.name]} and {name}"
+                assert node.name.lower().startswith(("nbddp", "_nbddp")), f"{name}.{node.name}: not prefixed"
+
+
+def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_imports():
+    code = inline.render(inline.everything())
+    tree = ast.parse(code)
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
+    documented = [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                  and ast.get_docstring(n) and len(n.body) > 1]
+    assert documented == []
+    assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
+        ["group", "files", "hooks", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim",
+         "global_batch", "balance"]
+
+
+def test_inlining_keeps_what_is_read_and_what_runs_at_import():
+    code = inline.render(inline.Choice({"group": "why"}, frozenset({"nbddp_device_map"})))
+    assert "def nbddp_device_map" in code and "def nbddp_start" in code and "def nbddp_teardown" in code
+    assert "NBDDP_IS_LOCAL_MAIN" not in code and "subprocess" not in code
+    code = inline.render(inline.Choice({"files": "why"}, frozenset({"nbddp_shell"})))
+    assert "def nbddp_shell" in code and "NBDDP_IS_LOCAL_MAIN =" in code and "import subprocess" in code
+    assert "def nbddp_write_file" not in code and "import contextlib" not in code
+    assert code.index("# -- group: needed by files") < code.index("# -- files: why")
+    code = inline.render(inline.Choice({"peft_shim": "why"}))  # runs at import: the watch line keeps its patch
+    assert 'NBDDP_IMPORTS.watch("peft", _nbddp_patch_peft)' in code and "def _nbddp_patch_peft" in code
+    assert "sys.meta_path.insert(0, NBDDP_IMPORTS)" in code
