@@ -42,7 +42,15 @@ def _is_docstring(stmt) -> bool:
 
 
 class _DropDocstrings(cst.CSTTransformer):
-    """Function and class docstrings go (a body that is only a docstring keeps it); what follows moves up."""
+    """Function and class docstrings go (a body that is only a docstring keeps it); what follows moves up. Inside a
+    body, blank lines stay only before a nested def or class."""
+
+    def leave_IndentedBlock(self, original, updated):
+        blocks = (cst.FunctionDef, cst.ClassDef)
+        body = [stmt if isinstance(stmt, blocks) or (i and isinstance(updated.body[i - 1], blocks)) else
+                stmt.with_changes(leading_lines=[line for line in stmt.leading_lines if line.comment])
+                for i, stmt in enumerate(updated.body)]
+        return updated.with_changes(body=body)
 
     def _strip(self, updated):
         body = updated.body
@@ -159,6 +167,12 @@ class Choice:
     """What a notebook needs of the runtime: module -> why, and the names its code reads (None: keep every part)."""
     reasons: dict
     uses: frozenset | None = frozenset()
+    models: tuple = ()  # (model id, weight bits) of the notebook's model loads, for runtime/fit.py
+
+    def start(self) -> str:
+        """The script's start call: the job's mode from the notebook's models where the script can size them."""
+        return f"nbddp_start(nbddp_fit({list(self.models)!r}))" if self.models and "fit" in self.reasons \
+            else "nbddp_start()"
 
 
 def everything() -> Choice:
@@ -172,7 +186,8 @@ def render(choice: Choice) -> str:
     reasons, uses = choice.reasons, choice.uses
     names = closure(reasons)
     every = [part for name in names for part in load(name).parts]
-    kept = set(every if uses is None else _needed(every, set(uses) | SKELETON))
+    roots = set(uses or ()) | SKELETON | ({"nbddp_fit"} if "nbddp_fit(" in choice.start() else set())
+    kept = set(every if uses is None else _needed(every, roots))
     parts = {name: [part for part in load(name).parts if part in kept] for name in names}
     reads = set().union(*(part.reads for part in kept))
     imports = sorted({part for name in names for part in load(name).imports if part.defines & reads},

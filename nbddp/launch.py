@@ -34,11 +34,12 @@ def accelerate_command(script, nproc=2) -> str:
 
 
 def launch_lines(script, nproc=2) -> list[str]:
-    command = torchrun_command(script, nproc)
+    """How to start a converted script: as it is (it starts one process per GPU itself), or under a launcher."""
     return [
-        command,
-        f'Kaggle Script "Command" field: {command}',
-        f"or with accelerate: {accelerate_command(script, nproc)}",
+        f"python {shlex.quote(str(script))}   (a Kaggle Script as it is: one process per GPU, started by the script; "
+        "NBDDP_NPROC=1: one)",
+        f"{torchrun_command(script, nproc)}   (a Kaggle Script's \"Command\" field, or several machines)",
+        accelerate_command(script, nproc),
     ]
 
 

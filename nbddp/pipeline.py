@@ -80,7 +80,7 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
     nb = run_pipeline(nb, ctx)
     launch = launch_lines(script_name, nproc)
     script = render_script(
-        nb.cells, title=f"DDP training script for {source_name}", version=__version__, source=source_name,
+        nb.cells, version=__version__, source=source_name,
         launch=launch, installs=ctx.report.installs, script_name=script_name, runtime=ctx.runtime,
     )
     return Conversion(script=script, report=ctx.report, launch=launch, cells=nb.cells, runtime=ctx.runtime)

@@ -57,4 +57,4 @@ def render_script(cells, runtime, **context) -> str:
     from .inline import render
 
     return environment().get_template("ddp_script.py.j2").render(body=body_block(cells), runtime=render(runtime),
-                                                                  **context)
+                                                                  start=runtime.start(), **context)

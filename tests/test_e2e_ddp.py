@@ -1,75 +1,17 @@
 """End to end on CPU: the example notebook, converted by nbddp, trains as one 2-process DDP job under torchrun
-(gloo) and also as one plain process. One job of each kind, shared by the tests below.
-
-What the example notebook (notebooks/tiny_llama_sft.ipynb) prints and these tests count:
-  "N seconds used for training on W process(es)."   trainer.args.world_size, printed by rank 0
-  {'loss': ..., 'epoch': ...}                        the Trainer's log, one line per step on the main process
-  "Generated: '...'"                                 the generation cell
-  "Saved the LoRA adapters ..."                      the save cell
-The notebook trains 6 steps of 2 examples per process on 16 rows: epoch 1.5 with 2 processes, 0.75 with one.
+(gloo) and also as one plain process. One job of each kind, shared by the tests below (what they count: e2e.py).
 """
 from __future__ import annotations
 
-import ast
-import math
-import os
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
+from e2e import SCRIPT, Job, assert_adapter_saved_once, assert_clean_exit, assert_trained, run_job
 from tinymodels import EXAMPLE_NOTEBOOK, save_tiny_llama
 
 pytestmark = pytest.mark.ddp
-
-MAX_STEPS, ROWS, PER_DEVICE = 6, 16, 2
-SCRIPT = "train_ddp.py"
-DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                   "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
-
-
-@dataclass
-class Job:
-    argv: list
-    cwd: Path
-    returncode: int
-    stdout: str
-    stderr: str
-    seconds: float
-
-    def explain(self) -> str:
-        return (f"{' '.join(self.argv)} in {self.cwd}: exit {self.returncode} after {self.seconds:.1f} s\n"
-                f"--- stdout (end) ---\n{self.stdout[-3000:]}\n--- stderr (end) ---\n{self.stderr[-6000:]}")
-
-    def count(self, text: str) -> int:
-        return sum(text in line for line in self.stdout.splitlines())
-
-    def trainer_logs(self) -> list[dict]:
-        """The Trainer's per-step log dicts (values may be printed as strings)."""
-        logs = []
-        for line in self.stdout.replace("\r", "\n").splitlines():
-            line = line.strip()
-            if line.startswith("{'loss'"):
-                logs.append({k: float(v) for k, v in ast.literal_eval(line).items()})
-        return logs
-
-
-def child_env(home: Path) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in DISTRIBUTED_ENV and not k.startswith(("ACCELERATE_", "NBDDP_"))}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
-               HF_HOME=str(home / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               CUDA_VISIBLE_DEVICES="")
-    return env
-
-
-def run_job(argv, cwd: Path, timeout: int = 300) -> Job:
-    start = time.monotonic()
-    done = subprocess.run(argv, cwd=cwd, env=child_env(cwd), capture_output=True, text=True, timeout=timeout)
-    return Job(argv, cwd, done.returncode, done.stdout, done.stderr, time.monotonic() - start)
 
 
 @pytest.fixture(scope="module")
@@ -94,28 +36,6 @@ def ddp_job(tmp_path_factory, script) -> Job:
 @pytest.fixture(scope="module")
 def plain_job(tmp_path_factory, script) -> Job:
     return _job(tmp_path_factory, script, "plain", [sys.executable, SCRIPT])
-
-
-def assert_clean_exit(job: Job):
-    assert job.returncode == 0, job.explain()
-    assert "Traceback" not in job.stderr, job.explain()
-    assert "destroy_process_group() was not called" not in job.stderr, job.explain()
-
-
-def assert_adapter_saved_once(job: Job):
-    saved = job.cwd / "lora_model"
-    assert (saved / "adapter_config.json").is_file(), job.explain()
-    assert (saved / "adapter_model.safetensors").is_file(), job.explain()
-    assert job.count("Saved the LoRA adapters") == 1, job.explain()
-    assert job.count("Generated:") == 1, job.explain()
-
-
-def assert_trained(job: Job, world_size: int):
-    logs = job.trainer_logs()
-    assert len(logs) == MAX_STEPS, f"expected {MAX_STEPS} loss lines, one per step, once per job\n" + job.explain()
-    assert all(math.isfinite(log["loss"]) for log in logs), logs
-    assert logs[-1]["epoch"] == pytest.approx(MAX_STEPS * PER_DEVICE * world_size / ROWS), logs
-    assert job.count(f"seconds used for training on {world_size} process(es).") == 1, job.explain()
 
 
 def test_readme_command_writes_the_script_under_test(tmp_path, script):

@@ -23,7 +23,7 @@ import time
 import nbformat
 import pytest
 
-from test_e2e_ddp import (MAX_STEPS, PER_DEVICE, ROWS, SCRIPT, Job, assert_clean_exit, assert_trained,
+from e2e import (MAX_STEPS, PER_DEVICE, ROWS, SCRIPT, Job, assert_clean_exit, assert_trained,
                           child_env)
 from tinymodels import EXAMPLE_NOTEBOOK
 

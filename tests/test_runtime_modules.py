@@ -1,7 +1,6 @@
 """Each module of nbddp/runtime/ imported and called directly, one process (the multi-process runs of the whole
 runtime, as scripts carry it, are in test_runtime_ddp.py)."""
 import dataclasses
-import json
 import os
 import subprocess
 import sys

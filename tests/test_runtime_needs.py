@@ -22,7 +22,8 @@ def _notebook(*cells):
 
 
 def carried(*cells, **options):
-    return set(convert_notebook(_notebook(*cells), options=Options(**options)).runtime.reasons)
+    """The runtime modules the script carries: those chosen, and what they import from."""
+    return set(inline.closure(convert_notebook(_notebook(*cells), options=Options(**options)).runtime.reasons))
 
 
 UNSLOTH_SFT = (
@@ -36,9 +37,16 @@ UNSLOTH_SFT = (
 
 
 @pytest.mark.parametrize("cells, options, wanted, not_wanted", [
-    # plain torch, no Trainer: the rank facts and the process group only
-    (("import torch\nx = torch.ones(1)\nprint(x)\n",), {}, {"group"},
-     {"files", "balance", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch"}),
+    # plain torch, no Trainer: the rank facts, the process group, the self-launch
+    (("import torch\nx = torch.ones(1)\nprint(x)\n",), {}, {"group", "launcher"},
+     {"files", "balance", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "fit"}),
+    # a model from the hub is sized at run time; one the notebook saves itself is not there yet at the start
+    (("from transformers import AutoModelForCausalLM\nname = 'org/model'\n"
+      "model = AutoModelForCausalLM.from_pretrained(name)\n",), {}, {"fit"}, set()),
+    (("from transformers import AutoModelForCausalLM\nbase.save_pretrained('./mine')\n"
+      "model = AutoModelForCausalLM.from_pretrained('./mine')\n",), {}, set(), {"fit"}),
+    (("from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained(pick())\n",),
+     {}, set(), {"fit"}),
     # a transformers Trainer, full precision, no checkpointing: length balancing only
     (("from transformers import Trainer, TrainingArguments\n"
       "trainer = Trainer(model = model, args = TrainingArguments(output_dir = 'o'), train_dataset = d)\n",),
@@ -78,11 +86,45 @@ def test_the_script_carries_what_the_notebook_needs(cells, options, wanted, not_
     assert wanted <= got and not (not_wanted & got), got
 
 
+@pytest.mark.parametrize("load, models", [
+    ("FastLanguageModel.from_pretrained('org/m')", [("org/m", 4)]),  # Unsloth loads in 4 bits by default
+    ("FastLanguageModel.from_pretrained('org/m', load_in_4bit = False)", [("org/m", 16)]),
+    ("FastLanguageModel.from_pretrained('org/m', load_in_4bit = False, load_in_8bit = True)", [("org/m", 8)]),
+    ("FastLanguageModel.from_pretrained(model_name = NAME, load_in_4bit = FOUR)", [("org/named", 4)]),
+    ("FastModel.from_pretrained('org/m', full_finetuning = True)", [("org/m", 16)]),
+    ("AutoModelForCausalLM.from_pretrained('org/m')", [("org/m", 16)]),
+    ("AutoModelForCausalLM.from_pretrained('org/m', dtype = torch.float32)", [("org/m", 32)]),
+    ("AutoModelForCausalLM.from_pretrained('org/m', load_in_4bit = flags.four)", [("org/m", 4)]),  # unread: smaller
+])
+def test_the_script_sizes_each_model_it_can_read(load, models):
+    conversion = convert_notebook(_notebook("NAME = 'org/named'\nFOUR = True\n", f"model = {load}\n"))
+    assert list(conversion.runtime.models) == models
+    assert f"nbddp_start(nbddp_fit({models!r}))" in conversion.script
+
+
+def test_the_report_says_what_it_found_and_what_it_cannot_size():
+    report = convert_notebook(_notebook(
+        "from unsloth import FastLanguageModel\n"
+        "model, tok = FastLanguageModel.from_pretrained('org/big', device_map = 'balanced')\n",
+        "other = AutoModelForCausalLM.from_pretrained(choose())\n")).report
+    changes, warnings = [n.text for n in report.changes], [n.text for n in report.warnings]
+    assert any("model org/big (4-bit, the notebook's placement: 'balanced')" in c and "decides at run time" in c
+               for c in changes), changes
+    assert any("from_pretrained(choose(), ...): nbddp cannot read which model" in w for w in warnings), warnings
+
+
+def test_a_splitting_placement_stays_for_split_mode():
+    script = convert_notebook(_notebook("m = AutoModelForCausalLM.from_pretrained('org/m', device_map = 'auto')\n",
+                                        "n = AutoModelForCausalLM.from_pretrained('org/m')\n")).script
+    assert "device_map = nbddp_device_map('auto')" in script and "device_map=nbddp_device_map())" in script
+
+
 def test_each_carried_module_says_why_in_one_line():
     conversion = convert_notebook(_notebook(*UNSLOTH_SFT))
     lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
-    assert [line.split(":")[0][5:] for line in lines] == ["group", "hooks", "lean_sync", "peft_shim", "balance"]
-    assert lines[1] == "# -- hooks: needed by lean_sync, peft_shim, balance"
+    assert [line.split(":")[0][5:] for line in lines] == ["launcher", "group", "hooks", "fit", "lean_sync", "peft_shim",
+                                                          "balance"]
+    assert lines[2] == "# -- hooks: needed by fit, lean_sync, peft_shim, balance"
     assert "the notebook trains with a Trainer" in lines[-1]
 
 
@@ -136,13 +178,14 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
                   and ast.get_docstring(n) and len(n.body) > 1]
     assert documented == []
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
-        ["group", "files", "hooks", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim",
-         "global_batch", "balance"]
+        ["launcher", "group", "hooks", "fit", "files", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim",
+         "xformers_shim", "global_batch", "balance"]
 
 
 def test_inlining_keeps_what_is_read_and_what_runs_at_import():
     code = inline.render(inline.Choice({"group": "why"}, frozenset({"nbddp_device_map"})))
     assert "def nbddp_device_map" in code and "def nbddp_start" in code and "def nbddp_teardown" in code
+    assert "def nbddp_self_launch" in code and "# -- launcher: needed by group" in code  # every script launches itself
     assert "NBDDP_IS_LOCAL_MAIN" not in code and "subprocess" not in code
     code = inline.render(inline.Choice({"files": "why"}, frozenset({"nbddp_shell"})))
     assert "def nbddp_shell" in code and "NBDDP_IS_LOCAL_MAIN =" in code and "import subprocess" in code

@@ -184,9 +184,12 @@ def test_no_guessing_only_a_warning(source, warning):
 
 
 def test_splitting_device_map_is_replaced_and_warned():
+    # the notebook's own placement stays for split mode (one process, the model over every GPU: runtime/fit.py)
     converted, report = convert_cell('m = FastLanguageModel.from_pretrained("m", device_map="balanced")\n')
-    assert converted == 'm = FastLanguageModel.from_pretrained("m", device_map=nbddp_device_map())\n'
-    assert any('device_map="balanced"' in n.text for n in report.warnings)
+    assert converted == 'm = FastLanguageModel.from_pretrained("m", device_map=nbddp_device_map("balanced"))\n'
+    assert any('device_map="balanced"' in n.text and "decided at run time" in n.text for n in report.warnings)
+    again, _ = convert_cell(converted)
+    assert again == converted
 
 
 @pytest.mark.parametrize("source, warning", [

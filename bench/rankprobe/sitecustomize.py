@@ -10,6 +10,8 @@ By environment:
   NBDDP_BENCH_ARGS=k=v,...       set TrainingArguments fields (a lever under test, e.g. dataloader_num_workers=2)
   NBDDP_BENCH_DDP=k=v,...        add DistributedDataParallel keywords (e.g. gradient_as_bucket_view=True)
   NBDDP_BENCH_PEFT=k=v,...       override Unsloth get_peft_model keywords (e.g. use_gradient_checkpointing=True)
+  NBDDP_BENCH_FP16=1             the GPU claims no bfloat16, as a T4 (torch and Unsloth's check): dtype=None and
+                                 `fp16 = not is_bfloat16_supported()` pick float16
 SIGUSR1 prints every thread's stack (the runner sends it before killing a run that passed its limit)."""
 import ast
 import atexit
@@ -210,7 +212,20 @@ def _patch_dist(module):
     module.init_process_group = init
 
 
+def _no_bf16(module):
+    """NBDDP_BENCH_FP16: torch (torch.cuda) and Unsloth (unsloth.models._utils) see a GPU without bfloat16."""
+    if os.environ.get("NBDDP_BENCH_FP16") != "1":
+        return
+    if hasattr(module, "is_bf16_supported"):
+        module.is_bf16_supported = lambda *a, **k: False
+    if hasattr(module, "SUPPORTS_BFLOAT16"):
+        module.SUPPORTS_BFLOAT16, module._BF16_BY_DEVICE = False, None
+    _COUNTS["bench_fp16"] = True
+
+
 _PATCH = {
+    "torch.cuda": _no_bf16,
+    "unsloth.models._utils": _no_bf16,
     "torch.distributed": _patch_dist,
     "torch.nn.parallel.distributed": _patch_ddp,
     "transformers.trainer_callback": _patch_callbacks,
@@ -271,7 +286,9 @@ def _dump():
             props = torch.cuda.get_device_properties(dev)
             info.update(cuda_device=dev, gpu_name=props.name, gpu_uuid=str(getattr(props, "uuid", "")),
                         peak_allocated_gib=round(torch.cuda.max_memory_allocated(dev) / 2**30, 3),
-                        peak_reserved_gib=round(torch.cuda.max_memory_reserved(dev) / 2**30, 3))
+                        peak_reserved_gib=round(torch.cuda.max_memory_reserved(dev) / 2**30, 3),
+                        peak_reserved_gib_per_gpu=[round(torch.cuda.max_memory_reserved(d) / 2**30, 3)
+                                                   for d in range(torch.cuda.device_count())])
     except Exception as exc:
         info["probe_error"] = repr(exc)
     with open(os.path.join(_DIR, f"rank{rank}.json"), "w") as fh:

@@ -17,8 +17,7 @@ def nbddp_balance_window(batches, length, world):
         return batches
     lengths = {i: length(i) for b in batches for i in b}
     ordered = sorted(lengths, key=lengths.get, reverse=True)
-    slots = len(batches) // world
-    ranks, load = [[] for _ in range(world)], [0] * world
+    slots, ranks, load = len(batches) // world, [[] for _ in range(world)], [0] * world
     for start in range(0, len(ordered), size):
         micro = ordered[start:start + size]
         rank = min((r for r in range(world) if len(ranks[r]) < slots), key=load.__getitem__)
@@ -35,9 +34,7 @@ class NbddpBalancedBatches:
         self.inner, self.length, self.world, self.window = inner, length, world, world * accumulation
 
     def __getattr__(self, name):  # batch_size, drop_last, sampler, set_epoch: the wrapped sampler's
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+        return getattr(object.__getattribute__(self, "inner"), name)  # no `inner` yet (unpickling): AttributeError
 
     def __len__(self):
         return len(self.inner)
@@ -61,22 +58,19 @@ def _nbddp_length_of(dataset, trainer):
     if name is None:
         return None
     column = dataset.select_columns([name])
-    if name == names[0]:
-        return lambda i: int(column[i][name])
-    return lambda i: len(column[i][name])
+    return (lambda i: int(column[i][name])) if name == names[0] else (lambda i: len(column[i][name]))
 
 
 def nbddp_balance_loader(loader, trainer):
     """Wrap the train loader's batches in NbddpBalancedBatches where the loss is normalised by the token count of
     the whole step on every rank (transformers' average_tokens_across_devices): then which rank and micro-batch a
     sample lands in changes only the floating-point order. NBDDP_BALANCE_LENGTHS=force skips that check."""
-    force = os.environ.get("NBDDP_BALANCE_LENGTHS", "").strip().lower() == "force"
     shard = getattr(loader, "batch_sampler", None)
     if _nbddp_choice("NBDDP_BALANCE_LENGTHS") is False or NBDDP_WORLD_SIZE == 1 \
             or isinstance(getattr(shard, "batch_sampler", None), NbddpBalancedBatches):
         return loader
-    args = trainer.args
-    why = None
+    args, why = trainer.args, None
+    force = os.environ.get("NBDDP_BALANCE_LENGTHS", "").strip().lower() == "force"
     if str(getattr(args, "train_sampling_strategy", "random")) not in ("random", "sequential") \
             or getattr(args, "group_by_length", False):
         why = "the notebook chose a length-aware sampling order of its own"

@@ -1,9 +1,11 @@
-"""Rank facts from torchrun's environment, this rank's device, and the process group."""
+"""Rank facts from torchrun's environment, this rank's device, the process group, and how the job starts."""
 import os
 import sys
 
 import torch
 import torch.distributed
+
+from .launcher import NBDDP_LAUNCHED, nbddp_nproc, nbddp_self_launch
 
 NBDDP_RANK = int(os.environ.get("RANK", "0"))
 NBDDP_LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
@@ -11,10 +13,16 @@ NBDDP_WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
 NBDDP_IS_MAIN = NBDDP_RANK == 0  # saving, pushing, generation and prints: once per job
 NBDDP_IS_LOCAL_MAIN = NBDDP_LOCAL_RANK == 0  # files and caches: once per machine
 NBDDP_DEVICE = f"cuda:{NBDDP_LOCAL_RANK}" if torch.cuda.is_available() else "cpu"
+NBDDP_MODE = "ddp"  # or "split": one process, the model over every GPU (nbddp_fit)
 
 
-def nbddp_start():
-    """Make plain "cuda" mean this rank's GPU, and say how the job runs."""
+def nbddp_start(mode="ddp"):
+    """Start the job: as one plain process on several GPUs, start the DDP processes; then make plain "cuda" mean
+    this rank's GPU, and say how the job runs."""
+    global NBDDP_MODE
+    NBDDP_MODE, nproc = mode, nbddp_nproc()
+    if mode == "ddp" and nproc > 1 and not any(name in os.environ for name in NBDDP_LAUNCHED):
+        nbddp_self_launch(nproc)
     if torch.cuda.is_available():
         torch.cuda.set_device(NBDDP_LOCAL_RANK)
     elif NBDDP_WORLD_SIZE > 1:
@@ -24,9 +32,9 @@ def nbddp_start():
         print(f"nbddp: {NBDDP_WORLD_SIZE} processes, this one is rank 0 on {NBDDP_DEVICE}", flush=True)
 
 
-def nbddp_device_map():
-    """The whole model on this rank's own device."""
-    return {"": NBDDP_DEVICE}
+def nbddp_device_map(split="balanced"):
+    """The whole model on this rank's own device; in split mode, `split` (the notebook's own placement)."""
+    return split if NBDDP_MODE == "split" else {"": NBDDP_DEVICE}
 
 
 def nbddp_dist():
@@ -34,20 +42,17 @@ def nbddp_dist():
     if NBDDP_WORLD_SIZE == 1 or not torch.distributed.is_available():
         return False
     if not torch.distributed.is_initialized():
-        if torch.cuda.is_available():
-            torch.distributed.init_process_group("nccl", device_id=torch.device(NBDDP_DEVICE))
-        else:
-            torch.distributed.init_process_group("gloo")
+        cuda = torch.cuda.is_available()
+        torch.distributed.init_process_group("nccl" if cuda else "gloo",
+                                             device_id=torch.device(NBDDP_DEVICE) if cuda else None)
     return True
 
 
 def nbddp_barrier():
     """Wait until every rank gets here."""
     if nbddp_dist():
-        if torch.distributed.get_backend() == "nccl":
-            torch.distributed.barrier(device_ids=[NBDDP_LOCAL_RANK])
-        else:
-            torch.distributed.barrier()
+        nccl = torch.distributed.get_backend() == "nccl"
+        torch.distributed.barrier(device_ids=[NBDDP_LOCAL_RANK] if nccl else None)
 
 
 def nbddp_teardown():

@@ -1,6 +1,5 @@
 """One-line messages, NBDDP_* switches, and the post-import hook that patches a library when the notebook first
 imports it (never before: Unsloth must be imported before transformers, trl and peft)."""
-import importlib.abc
 import importlib.util
 import os
 import sys
@@ -36,8 +35,8 @@ def _nbddp_patch(name, module, patches):
             nbddp_say(f"patch-{name}-{patch.__name__}", f"{patch.__name__} skipped ({type(exc).__name__}: {exc})")
 
 
-class _NbddpPostImport(importlib.abc.MetaPathFinder):
-    """Runs patch functions right after a watched module is first imported (a sys.meta_path hook)."""
+class _NbddpPostImport:
+    """Runs patch functions right after a watched module is first imported (a sys.meta_path finder)."""
 
     def __init__(self):
         self.patches = {}

@@ -1,4 +1,7 @@
-"""Step: every model load puts the whole model on the rank's own device (`device_map=nbddp_device_map()`)."""
+"""Step: every model load puts the whole model on the rank's own device (`device_map=nbddp_device_map()`).
+
+A notebook's own splitting placement ("balanced", "auto", ...) stays as the argument, `nbddp_device_map("balanced")`:
+the script uses it when the model fits only split over every GPU, in one process (runtime/fit.py decides)."""
 from __future__ import annotations
 
 import libcst as cst
@@ -50,7 +53,9 @@ class _Placement(CallRewriter):
                                                                           and value.value == "None"):
             if isinstance(value, cst.SimpleString) and value.evaluated_value in SPLITTING_MAPS:
                 self.report.warn(self.cell, f"{loader}: device_map={shown} split the model across GPUs; under DDP "
-                                 "each GPU must now hold the whole model (use 4-bit loading if it does not fit)")
+                                 "each GPU holds the whole model, and where it does not fit one GPU the script runs "
+                                 f"one process with device_map={shown} instead (decided at run time)")
+                ours = ours.with_changes(args=[cst.Arg(value)])
             else:
                 self.report.change(self.cell, f"{loader}: device_map={shown} → this rank's own device")
             args = [a.with_changes(value=ours) if a is existing else a for a in updated.args]

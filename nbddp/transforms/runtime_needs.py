@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import callee_tail, is_if_false, keyword, parse
+from ..cst import callee_owner, callee_tail, code_of, is_if_false, keyword, parse
 from ..inline import Choice
 from .base import Transform, cell_number
 from .placement import OURS, is_model_loader
@@ -19,6 +19,9 @@ TRAINER_HOMES = frozenset({"transformers", "trl", "unsloth"})
 FILE_HELPERS = frozenset({"nbddp_main_process_first", "nbddp_shell", "nbddp_getoutput", "nbddp_write_file"})
 CHECKPOINTING = frozenset({"gradient_checkpointing", "use_gradient_checkpointing", "activation_checkpointing"})
 QUANTIZED = frozenset({"load_in_4bit", "load_in_8bit", "quantization_config"})
+
+
+MODEL_KEYWORDS = ("model_name", "pretrained_model_name_or_path")
 
 
 def _off(value) -> bool:
@@ -34,7 +37,52 @@ class _Facts(cst.CSTVisitor):
         self.names: set[str] = set()
         self.trainer = self.checkpointing = self.quantized = self.weight_tying = self.tiled_mlp = False
         self.own_ddp = []  # why the DDP settings the converter wrote may not hold
-        self.split_model = False  # a model load whose device_map the converter left to the notebook
+        self.split_model = False  # a model load that keeps a placement of the notebook's own
+        self.literals = {}  # name -> the last literal assigned to it (str, bool, None)
+        self.models = []  # (model id, bits, cell, the notebook's placement) of each load whose id is a literal
+        self.unsized = []  # model loads whose id or size the converter cannot read
+        self.saved = set()  # folders the notebook saves a model to (not there when the script starts)
+        self.cell = 0
+
+    def literal(self, node):
+        """The value of a literal, or of a name last assigned one; else `...` (unknown)."""
+        if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
+            return node.evaluated_value
+        if isinstance(node, cst.Name):
+            return {"True": True, "False": False, "None": None}.get(node.value, self.literals.get(node.value, ...))
+        return ...
+
+    def visit_Assign(self, node):
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            value = self.literal(node.value)
+            self.literals[node.targets[0].target.value] = value
+
+    def _model(self, node):
+        """The id and weight bits of a model load: load_in_4bit/8bit, float32, else 16 bits; Unsloth's loaders load
+        in 4 bits unless told otherwise. A flag nbddp cannot read counts as set (the smaller model)."""
+        arg = keyword(node, MODEL_KEYWORDS[0]) or keyword(node, MODEL_KEYWORDS[1]) or next(
+            (a for a in node.args if a.keyword is None and not a.star), None)
+        model = self.literal(arg.value) if arg is not None else ...
+
+        def flag(key):
+            return self.literal(keyword(node, key).value) if keyword(node, key) is not None else None
+
+        dtype = keyword(node, "dtype") or keyword(node, "torch_dtype")
+        unsloth_default = (callee_owner(node) or "").startswith("Fast") and flag("load_in_4bit") is None and not any(
+            flag(key) for key in ("load_in_8bit", "load_in_16bit", "full_finetuning"))
+        if flag("load_in_4bit") or unsloth_default:
+            bits = 4
+        elif flag("load_in_8bit"):
+            bits = 8
+        else:
+            bits = 32 if dtype is not None and "float32" in code_of(dtype.value) else 16
+        placement = keyword(node, "device_map")
+        placement = code_of(placement.value.args[0].value) if placement is not None and isinstance(
+            placement.value, cst.Call) and placement.value.args else "none"
+        if isinstance(model, str):
+            self.models.append((model, bits, self.cell, placement))
+        else:
+            self.unsized.append((self.cell, code_of(arg.value) if arg is not None else ""))
 
     def visit_If(self, node):
         return not is_if_false(node)  # dead code asks for nothing
@@ -68,10 +116,13 @@ class _Facts(cst.CSTVisitor):
         elif name.endswith("Trainer") and node.args and keyword(node, "args") is None \
                 and sum(arg.keyword is None and not arg.star for arg in node.args) < 2:
             self.own_ddp.append(f"{name}() without args")
+        elif name in ("save_pretrained", "save_model") and node.args and node.args[0].keyword is None:
+            self.saved.add(self.literal(node.args[0].value))
         elif is_model_loader(node):
+            self._model(node)
             device_map = keyword(node, "device_map")
-            if device_map is None or not (isinstance(device_map.value, cst.Call)
-                                          and callee_tail(device_map.value) == OURS):
+            if device_map is None or not isinstance(device_map.value, cst.Call) \
+                    or callee_tail(device_map.value) != OURS or device_map.value.args:
                 self.split_model = True
 
     def visit_Attribute(self, node):  # transformers.Trainer(...), trl.SFTTrainer
@@ -105,6 +156,8 @@ class _Facts(cst.CSTVisitor):
 def needs(facts: _Facts) -> dict[str, str]:
     """Runtime module -> why this notebook needs it."""
     why = {"group": "every script: ranks from torchrun's environment, this rank's device, the process group"}
+    if any(load[0] not in facts.saved for load in facts.models):
+        why["fit"] = "the notebook loads a model: DDP if it fits one GPU, else one process split over all of them"
     used = sorted(facts.names & FILE_HELPERS)
     if used:
         why["files"] = f"the notebook calls {', '.join(used)}: once per machine, the other ranks wait"
@@ -137,6 +190,16 @@ class RuntimeNeeds(Transform):
     def preprocess(self, nb, ctx):
         facts = _Facts()
         for cell in nb.cells:
+            facts.cell = cell_number(cell)
             parse(cell.source, cell=cell_number(cell), step=self.name).visit(facts)
-        ctx.runtime = Choice(needs(facts), frozenset(facts.names))
+        loads = [load for load in facts.models if load[0] not in facts.saved]  # the notebook's own folders: no
+        models = tuple(dict.fromkeys((model, bits) for model, bits, _, _ in loads))
+        for model, bits, cell, placement in loads[:1]:
+            ctx.report.change(cell, f"model {model} ({bits}-bit, the notebook's placement: {placement}): one process "
+                                    "per GPU where it fits one GPU, else one process with the model split over every "
+                                    "GPU; the script decides at run time")
+        for cell, shown in facts.unsized:
+            ctx.report.warn(cell, f"from_pretrained({shown}, ...): nbddp cannot read which model or how it loads, "
+                                  "so the script cannot check that it fits one GPU (it runs one process per GPU)")
+        ctx.runtime = Choice(needs(facts), frozenset(facts.names), models)
         return nb

@@ -1,0 +1,94 @@
+"""Does the notebook's model fit one GPU? Decided before anything loads, from the model's config (read as
+transformers reads it: a local folder, else the hub cache or the hub) and each GPU's free memory:
+- it fits one GPU: DDP, one process per GPU;
+- it fits only across all GPUs: one process, the model split over them (the notebook's own placement, or
+  `balanced`), at about one GPU's speed;
+- it fits nowhere: an error before loading, with the numbers.
+NBDDP_MODE=ddp|split|auto overrides (auto by default)."""
+import json
+import os
+import sys
+
+import torch
+
+from .group import NBDDP_IS_MAIN, NBDDP_LOCAL_RANK, NBDDP_WORLD_SIZE
+from .hooks import nbddp_say
+from .launcher import NBDDP_LAUNCHED, nbddp_nproc
+
+NBDDP_GIB = 2 ** 30
+NBDDP_ALLOWANCE = (1.2, 1.5)  # need = weights x 1.2 (LoRA, optimizer state, quantization constants) + 1.5 GiB
+
+
+def nbddp_weight_gib(config, bits):
+    """The weights on one GPU: the layers' matrices at `bits`, embeddings and lm_head at 16 bits (quantized loading
+    keeps them), from a decoder's config (a multimodal config's text part; a vision tower is not counted)."""
+    c = config.get("text_config") or config
+    hidden, heads = c["hidden_size"], c.get("num_attention_heads") or 1
+    kv, head = c.get("num_key_value_heads") or heads, c.get("head_dim") or hidden // heads
+    experts = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts") or 1
+    inner = (c.get("moe_intermediate_size") if experts > 1 else None) or c.get("intermediate_size") or 4 * hidden
+    matrices = c["num_hidden_layers"] * (hidden * head * 2 * (heads + kv) + 3 * hidden * inner * experts)
+    tied = c.get("tie_word_embeddings", config.get("tie_word_embeddings", True))
+    embeddings = c["vocab_size"] * hidden * (1 if tied else 2)
+    return (matrices * bits / 8 + embeddings * max(bits, 16) / 8) / NBDDP_GIB
+
+
+def nbddp_plan(need, free):
+    """'ddp', 'split' or 'none': a model that needs `need` GiB on one GPU, GPUs with `free` GiB each. Split, each
+    GPU holds an even share, and the last one also the output layer and the loss, counted as a quarter of the need
+    (measured: an 8B model's 2-GPU split peaked at 2.8 and 5.5 GiB where one GPU took 7.0)."""
+    if not free or need <= min(free):
+        return "ddp"
+    return "split" if len(free) > 1 and need / len(free) + need / 4 <= min(free) else "none"
+
+
+def _nbddp_config(model):
+    path = os.path.join(model, "config.json")
+    if not os.path.isfile(path):
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(model, "config.json")
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _nbddp_free_gib(launched):
+    """Free GiB of each GPU the job uses (under a launcher this rank's alone: no CUDA context on the others' GPUs;
+    as a plain process the contexts go with it when it turns into the launcher)."""
+    gpus = [NBDDP_LOCAL_RANK] if launched else range(torch.cuda.device_count())
+    return [torch.cuda.mem_get_info(gpu)[0] / NBDDP_GIB for gpu in gpus]
+
+
+def _nbddp_stop(text):
+    """One line from rank 0, and every rank stops at once (before anything loads)."""
+    if NBDDP_IS_MAIN:
+        print(f"nbddp: error: {text}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+def nbddp_fit(models):
+    """This run's mode for the notebook's models ((id, bits) pairs; the largest counts), said in one line."""
+    nbddp_nproc()  # NBDDP_NPROC and NBDDP_MODE are checked before anything else
+    mode = os.environ.get("NBDDP_MODE", "auto").strip().lower() or "auto"
+    numbers, free = None, range(torch.cuda.device_count())
+    if mode == "auto" and torch.cuda.is_available():
+        try:
+            weights = max(nbddp_weight_gib(_nbddp_config(model), bits) for model, bits in models)
+        except Exception as exc:  # no config to read: the model is loaded as DDP would
+            nbddp_say("fit", f"warning: cannot size the model ({type(exc).__name__}: {exc}); one process per GPU")
+            return "ddp"
+        launched = any(name in os.environ for name in NBDDP_LAUNCHED)
+        need, free = weights * NBDDP_ALLOWANCE[0] + NBDDP_ALLOWANCE[1], _nbddp_free_gib(launched)
+        mode = ("ddp" if need <= free[0] else "split") if launched else nbddp_plan(need, free)
+        numbers = f"the model needs ~{need:.1f} GiB on one GPU, {'/'.join(f'{f:.1f}' for f in free)} GiB free"
+    said = numbers or "NBDDP_MODE=split"
+    if mode == "none":
+        _nbddp_stop(f"{said}: it fits on no GPU, nor split over all of them; load it in 4 bits, or use GPUs "
+                    "with more memory")
+    if mode == "split" and NBDDP_WORLD_SIZE > 1:
+        _nbddp_stop(f"{said}: it fits only split over every GPU, in one process: start it with "
+                    f"`python {sys.argv[0]}` instead of a launcher")
+    if numbers or mode == "split":
+        nbddp_say("fit", f"{said}: " + ("one process per GPU" if mode == "ddp" else f"one process, the model "
+                  f"split over {len(free)} GPUs (no data parallelism: about one GPU's speed; NBDDP_MODE=ddp: DDP)"))
+    return "ddp" if mode == "auto" else mode

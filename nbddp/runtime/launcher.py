@@ -1,0 +1,37 @@
+"""`python train_ddp.py` on a machine with several GPUs trains on all of them: the script becomes torch's own
+launcher (torch.distributed.run, standalone, the same Python and arguments), which runs it as one process per GPU;
+Ctrl-C and SIGTERM reach that launcher, which stops every rank, and its exit status is the script's. Rank 0 writes
+to the console, the other ranks to torchrun's log files. NBDDP_NPROC=N sets the count (1: one process). Under
+torchrun, accelerate, `nbddp run` or `%%torchrun` the script is already one of the job's processes."""
+import os
+import sys
+
+import torch
+
+NBDDP_LAUNCHED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "ACCELERATE_USE_CPU")
+
+
+def nbddp_usage_error(text):
+    """One line, exit status 2, before anything loads."""
+    print(f"nbddp: error: {text}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def nbddp_nproc():
+    """NBDDP_NPROC, else the number of GPUs torch sees (0 without any); NBDDP_MODE is checked on the way."""
+    value, mode = os.environ.get("NBDDP_NPROC", "").strip(), os.environ.get("NBDDP_MODE", "auto").strip().lower()
+    if mode not in ("", "auto", "ddp", "split"):
+        nbddp_usage_error(f"NBDDP_MODE={mode!r}: use ddp, split or auto")
+    if not value:
+        return torch.cuda.device_count()
+    if not value.isdigit() or int(value) < 1:
+        nbddp_usage_error(f"NBDDP_NPROC={value!r}: give the number of processes, 1 or more")
+    return int(value)
+
+
+def nbddp_self_launch(nproc):
+    """Replace this process by torchrun running this script as `nproc` processes (the mode is decided: DDP)."""
+    print(f"nbddp: {torch.cuda.device_count()} GPUs: running as {nproc} processes (NBDDP_NPROC=1 for one)", flush=True)
+    os.environ["NBDDP_MODE"] = "ddp"
+    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                              "--redirects", ",".join(f"{r}:3" for r in range(1, nproc)), sys.argv[0], *sys.argv[1:]])

@@ -1,0 +1,90 @@
+"""Running a converted script as a user would, on CPU: the job's output and what it left, and the checks on them.
+Shared by the tests that run the example notebook (test_e2e_ddp.py, test_runtime_launch.py).
+
+What the example notebook (notebooks/tiny_llama_sft.ipynb) prints and these checks count:
+  "N seconds used for training on W process(es)."   trainer.args.world_size, printed by rank 0
+  {'loss': ..., 'epoch': ...}                        the Trainer's log, one line per step on the main process
+  "Generated: '...'"                                 the generation cell
+  "Saved the LoRA adapters ..."                      the save cell
+The notebook trains 6 steps of 2 examples per process on 16 rows: epoch 1.5 with 2 processes, 0.75 with one.
+"""
+from __future__ import annotations
+
+import ast
+import math
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MAX_STEPS, ROWS, PER_DEVICE = 6, 16, 2
+SCRIPT = "train_ddp.py"
+DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                   "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+
+
+@dataclass
+class Job:
+    argv: list
+    cwd: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def explain(self) -> str:
+        return (f"{' '.join(self.argv)} in {self.cwd}: exit {self.returncode} after {self.seconds:.1f} s\n"
+                f"--- stdout (end) ---\n{self.stdout[-3000:]}\n--- stderr (end) ---\n{self.stderr[-6000:]}")
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in self.stdout.splitlines())
+
+    def trainer_logs(self) -> list[dict]:
+        """The Trainer's per-step log dicts (values may be printed as strings)."""
+        logs = []
+        for line in self.stdout.replace("\r", "\n").splitlines():
+            line = line.strip()
+            if line.startswith("{'loss'"):
+                logs.append({k: float(v) for k, v in ast.literal_eval(line).items()})
+        return logs
+
+
+def child_env(home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in DISTRIBUTED_ENV and not k.startswith(("ACCELERATE_", "NBDDP_"))}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
+               HF_HOME=str(home / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               CUDA_VISIBLE_DEVICES="")
+    return env
+
+
+def run_job(argv, cwd: Path, timeout: int = 300, env=None) -> Job:
+    start = time.monotonic()
+    done = subprocess.run(argv, cwd=cwd, env={**child_env(cwd), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+    return Job(argv, cwd, done.returncode, done.stdout, done.stderr, time.monotonic() - start)
+
+
+def assert_clean_exit(job: Job):
+    assert job.returncode == 0, job.explain()
+    assert "Traceback" not in job.stderr, job.explain()
+    assert "destroy_process_group() was not called" not in job.stderr, job.explain()
+
+
+def assert_adapter_saved_once(job: Job):
+    saved = job.cwd / "lora_model"
+    assert (saved / "adapter_config.json").is_file(), job.explain()
+    assert (saved / "adapter_model.safetensors").is_file(), job.explain()
+    assert job.count("Saved the LoRA adapters") == 1, job.explain()
+    assert job.count("Generated:") == 1, job.explain()
+
+
+def assert_trained(job: Job, world_size: int):
+    logs = job.trainer_logs()
+    assert len(logs) == MAX_STEPS, f"expected {MAX_STEPS} loss lines, one per step, once per job\n" + job.explain()
+    assert all(math.isfinite(log["loss"]) for log in logs), logs
+    assert logs[-1]["epoch"] == pytest.approx(MAX_STEPS * PER_DEVICE * world_size / ROWS), logs
+    assert job.count(f"seconds used for training on {world_size} process(es).") == 1, job.explain()

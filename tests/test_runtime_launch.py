@@ -1,0 +1,224 @@
+"""How a script starts: the fit decision (nbddp/runtime/fit.py) as pure functions, the switches, and the script
+that launches itself (nbddp/runtime/launcher.py) as real processes on CPU: `NBDDP_NPROC=2 python train_ddp.py`."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from e2e import Job, assert_adapter_saved_once, assert_clean_exit, assert_trained, child_env, run_job
+from nbddp.pipeline import convert_notebook
+from nbddp.runtime import fit, group, hooks, launcher
+
+GIB = 2 ** 30
+# Llama-3.1-8B's config (the fields the sizing reads)
+LLAMA_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False}
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("NBDDP_"):
+            monkeypatch.delenv(name)
+    hooks._NBDDP_SAID.clear()
+
+
+@pytest.mark.parametrize("bits, low, high", [(16, 14.5, 15.5), (8, 8.0, 8.6), (4, 5.0, 5.6), (32, 29.5, 30.5)])
+def test_weights_of_an_8b_model(bits, low, high):
+    # 16-bit Llama-3.1-8B is 8.03e9 parameters = 14.96 GiB; 4-bit keeps the 1.05e9 embedding parameters at 16
+    assert low < fit.nbddp_weight_gib(LLAMA_8B, bits) < high
+
+
+def test_tied_embeddings_count_once_and_a_multimodal_config_counts_its_text_part():
+    tied = {**LLAMA_8B, "tie_word_embeddings": True}
+    assert fit.nbddp_weight_gib(LLAMA_8B, 16) - fit.nbddp_weight_gib(tied, 16) == pytest.approx(
+        128256 * 4096 * 2 / GIB)
+    assert fit.nbddp_weight_gib({"text_config": tied, "vision_config": {}}, 4) == fit.nbddp_weight_gib(tied, 4)
+    moe = {**LLAMA_8B, "num_local_experts": 8, "moe_intermediate_size": 1024}
+    assert fit.nbddp_weight_gib(moe, 16) < fit.nbddp_weight_gib(LLAMA_8B, 16)  # 8 experts of 1024 < one of 14336
+
+
+@pytest.mark.parametrize("need, free, plan", [
+    (10, [15, 15], "ddp"),  # fits one GPU
+    (19, [15, 15], "split"),  # fits only across both: 19 / 2 + 19 / 4 <= 15
+    (7.7, [5.5, 5.5], "none"),  # 2 x 5.5 would hold 7.7, but not the last GPU's share (it ran out of memory)
+    (7.7, [6.5, 6.5], "split"),  # ... and with 6.5 it trained
+    (40, [15, 15], "none"),  # fits nowhere
+    (19, [15], "none"),  # one GPU: nothing to split over
+    (10, [], "ddp"),  # no GPU: nothing to decide
+])
+def test_plan(need, free, plan):
+    assert fit.nbddp_plan(need, free) == plan
+
+
+def _fit(monkeypatch, config, free, launched=False, world=1):
+    monkeypatch.setattr(fit.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fit.torch.cuda, "device_count", lambda: len(free))
+    monkeypatch.setattr(fit, "_nbddp_config", lambda model: config if config else json.loads("{"))
+    monkeypatch.setattr(fit, "_nbddp_free_gib", lambda launched: free[:1] if launched else free)
+    monkeypatch.setattr(fit, "NBDDP_WORLD_SIZE", world)
+    monkeypatch.setattr(fit, "NBDDP_IS_MAIN", True)
+    monkeypatch.setattr(hooks, "NBDDP_IS_MAIN", True)
+    if launched:
+        monkeypatch.setenv("RANK", "0")
+    return fit.nbddp_fit([("org/model", 4)])
+
+
+def test_fit_says_its_numbers_and_picks_ddp_or_split(monkeypatch, capsys):
+    assert _fit(monkeypatch, LLAMA_8B, [15.0, 15.0]) == "ddp"
+    assert "the model needs ~7.7 GiB on one GPU, 15.0/15.0 GiB free: one process per GPU" in capsys.readouterr().out
+    hooks._NBDDP_SAID.clear()
+    assert _fit(monkeypatch, {**LLAMA_8B, "num_hidden_layers": 120}, [15.0, 15.0]) == "split"
+    assert "one process, the model split over 2 GPUs (no data parallelism" in capsys.readouterr().out
+
+
+def test_fit_stops_before_loading_where_it_cannot_work(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as stop:
+        _fit(monkeypatch, {**LLAMA_8B, "num_hidden_layers": 400}, [15.0, 15.0])
+    assert stop.value.code == 1 and "it fits on no GPU, nor split over all of them" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # under torchrun a model that needs splitting cannot run
+        _fit(monkeypatch, {**LLAMA_8B, "num_hidden_layers": 120}, [15.0, 15.0], launched=True, world=2)
+    assert stop.value.code == 1 and "start it with `python" in capsys.readouterr().err
+
+
+def test_an_unreadable_config_falls_back_to_ddp_with_a_warning(monkeypatch, capsys):
+    assert _fit(monkeypatch, None, [15.0, 15.0]) == "ddp"
+    assert "warning: cannot size the model (JSONDecodeError" in capsys.readouterr().out
+
+
+def test_nbddp_mode_overrides(monkeypatch, capsys):
+    monkeypatch.setenv("NBDDP_MODE", "ddp")
+    assert _fit(monkeypatch, {**LLAMA_8B, "num_hidden_layers": 400}, [15.0, 15.0]) == "ddp"
+    monkeypatch.setenv("NBDDP_MODE", "split")
+    assert _fit(monkeypatch, LLAMA_8B, [15.0, 15.0]) == "split"
+    assert "NBDDP_MODE=split: one process, the model split over 2 GPUs" in capsys.readouterr().out
+
+
+def test_device_map_follows_the_mode(monkeypatch):
+    assert group.nbddp_device_map("auto") == {"": group.NBDDP_DEVICE}
+    monkeypatch.setattr(group, "NBDDP_MODE", "split")
+    assert group.nbddp_device_map("auto") == "auto" and group.nbddp_device_map() == "balanced"
+
+
+@pytest.mark.parametrize("name, value", [("NBDDP_NPROC", "0"), ("NBDDP_NPROC", "abc"), ("NBDDP_MODE", "xyz")])
+def test_bad_switches_are_usage_errors(monkeypatch, capsys, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as stop:
+        launcher.nbddp_nproc()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith(f"nbddp: error: {name}='{value}'")
+
+
+def test_start_launches_only_a_plain_process_with_several_processes_to_run(monkeypatch):
+    launched = []
+    monkeypatch.setattr(group, "nbddp_self_launch", launched.append)
+    for name in launcher.NBDDP_LAUNCHED:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NBDDP_NPROC", "1")
+    group.nbddp_start()
+    monkeypatch.setenv("NBDDP_NPROC", "3")
+    group.nbddp_start("split")  # one process holds the model
+    group.nbddp_start()
+    monkeypatch.setenv("LOCAL_RANK", "0")  # under a launcher: already one of the job's processes
+    group.nbddp_start()
+    assert launched == [3]
+
+
+# ---- real processes: the script launches itself ----
+def _notebook(*cells):
+    return json.dumps({"cells": [{"cell_type": "code", "id": f"c{i}", "source": code, "metadata": {}, "outputs": [],
+                                  "execution_count": None} for i, code in enumerate(cells)],
+                       "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+
+SLEEPER = _notebook("import os, time\nopen(f\"pid-{os.environ.get('RANK', 'plain')}-{os.getpid()}\", 'w').close()\n"
+                    "time.sleep(float(os.environ.get('SLEEP', '0')))\n")
+
+
+def _sleeper(tmp_path, **env):
+    (tmp_path / "train_ddp.py").write_text(convert_notebook(SLEEPER).script, encoding="utf-8")
+    return {**child_env(tmp_path), **env}
+
+
+def _pids(folder):
+    return sorted(int(p.name.rsplit("-", 1)[1]) for p in folder.glob("pid-*"))
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("env, argv, files", [
+    ({"NBDDP_NPROC": "2"}, [], ["pid-0", "pid-1"]),  # two ranks of one job
+    ({"NBDDP_NPROC": "1"}, [], ["pid-plain"]),  # stays one process
+    ({}, [], ["pid-plain"]),  # no GPU, no NBDDP_NPROC: one process
+    ({"NBDDP_NPROC": "2"}, ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
+     ["pid-0", "pid-1"]),  # under torchrun: no second launch
+])
+def test_the_script_starts_as_many_processes_as_asked(tmp_path, env, argv, files):
+    done = subprocess.run([sys.executable, *argv, "train_ddp.py"], cwd=tmp_path, env=_sleeper(tmp_path, **env),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.glob("pid-*")) == files
+    said = "nbddp: 0 GPUs: running as 2 processes (NBDDP_NPROC=1 for one)"
+    assert done.stdout.count(said) == (1 if env and not argv and files[0] == "pid-0" else 0), done.stdout
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("name, value", [("NBDDP_NPROC", "0"), ("NBDDP_NPROC", "abc"), ("NBDDP_MODE", "xyz")])
+def test_bad_switches_stop_the_script_before_anything_runs(tmp_path, name, value):
+    done = subprocess.run([sys.executable, "train_ddp.py"], cwd=tmp_path, env=_sleeper(tmp_path, **{name: value}),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"nbddp: error: {name}=") and not list(tmp_path.glob("pid-*"))
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is gone but for its exit status
+        return fh.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("how", ["SIGTERM to the script", "Ctrl-C in a terminal"])
+def test_stopping_the_script_stops_every_rank(tmp_path, how):
+    job = subprocess.Popen([sys.executable, "train_ddp.py"], cwd=tmp_path, start_new_session=True,
+                           env=_sleeper(tmp_path, NBDDP_NPROC="2", SLEEP="300"),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    while len(_pids(tmp_path)) < 2 and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.2)
+    ranks = _pids(tmp_path)
+    assert len(ranks) == 2, f"the ranks did not start (exit {job.poll()})"
+    if how == "SIGTERM to the script":
+        job.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(job.pid, signal.SIGINT)  # a terminal sends it to the whole foreground group
+    assert job.wait(timeout=60) != 0
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in ranks if _alive(pid)], "a rank outlived the job"
+
+
+@pytest.fixture(scope="module")
+def self_job(tmp_path_factory) -> Job:
+    import nbddp
+    from tinymodels import EXAMPLE_NOTEBOOK
+
+    cwd = tmp_path_factory.mktemp("self")
+    (cwd / "train_ddp.py").write_text(nbddp.convert(str(EXAMPLE_NOTEBOOK)), encoding="utf-8")
+    return run_job([sys.executable, "train_ddp.py"], cwd, env={"NBDDP_NPROC": "2"})
+
+
+@pytest.mark.ddp
+def test_plain_python_trains_the_example_as_one_two_process_job(self_job):
+    assert_clean_exit(self_job)
+    assert self_job.count("nbddp: 0 GPUs: running as 2 processes") == 1, self_job.explain()
+    assert self_job.count("nbddp: 2 processes") == 1, self_job.explain()
+    assert_trained(self_job, world_size=2)
+    assert_adapter_saved_once(self_job)
