@@ -10,6 +10,7 @@ import glob
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,9 @@ from .errors import LaunchError
 
 #: Seconds to wait after SIGINT, then after SIGTERM, before SIGKILL.
 GRACE = (5.0, 3.0)
+#: Seconds between two writes of the job's output (it comes in bursts: 20,000 lines would be hundreds of messages).
+FLUSH_EVERY = 0.25
+LOG_PREFIX = "nbddp-logs-"
 _TAIL_CHARS = 64 * 1024
 _TRACEBACK_LINES = 12
 
@@ -92,11 +96,19 @@ def resolve_nproc(value) -> int:
     return count
 
 
-def child_env(base=None, all_ranks=False) -> dict:
-    """The kernel's environment plus what the job needs: unbuffered output, and NVLink multicast left off."""
+def omp_threads(nproc: int) -> int:
+    """CPU threads per process: the machine's cores shared out (torchrun would set 1 and print a banner)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, int(nproc)))
+
+
+def child_env(base=None, all_ranks=False, nproc=1) -> dict:
+    """The kernel's environment plus what the job needs: unbuffered output, NVLink multicast left off, and
+    OMP_NUM_THREADS (a value the user set is kept)."""
     env = dict(os.environ if base is None else base)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("NCCL_NVLS_ENABLE", "0")  # a value the user set is kept; nbddp itself only ever sets 0
+    env.setdefault("OMP_NUM_THREADS", str(omp_threads(nproc)))
     if all_ranks:
         env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = launch.RANK_PREFIX_TEMPLATE
     return env
@@ -122,6 +134,21 @@ def parse_failure(text: str):
     if tb.startswith("To enable traceback"):
         tb = ""
     return int(rank.group(1)), int(rank.group(2)), int(exitcode.group(1)), tb
+
+
+_FAILED_BOX = re.compile(r"^\S+ FAILED\s*$(.*)\Z", re.S | re.M)
+#: what a rank says when another rank's failure took the job down under it
+_PEER_LOST = re.compile(r"Connection (reset|closed) by peer|remote process exited|ProcessGroup.*(abort|terminated)|"
+                        r"Socket Timeout|NCCL communicator was aborted", re.I)
+
+
+def all_failures(text: str):
+    """[(rank, local_rank, exitcode)] of every failed rank in torchrun's report, in its order."""
+    box = _FAILED_BOX.search(text)
+    if box is None:
+        return []
+    ranks, codes = list(_RANK.finditer(box.group(1))), list(_EXITCODE.finditer(box.group(1)))
+    return [(int(r.group(1)), int(r.group(2)), int(c.group(1))) for r, c in zip(ranks, codes)]
 
 
 _RANK_PREFIX = re.compile(r"^\[rank\s?\d+\]:? ?")  # torch's "[rank1]: " on uncaught errors, torchrun's "[rank 1] "
@@ -201,6 +228,78 @@ def _alive(pid: int) -> bool:
             return False
 
 
+def _die_with_parent():
+    """In the launcher, before it runs: SIGTERM when the process that started it dies (a killed or crashed kernel),
+    on which torchrun stops its ranks. Linux only; elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class LauncherNoise:
+    """Holds back what torchrun itself writes when a rank fails: its own traceback (ending in ChildFailedError),
+    the "Failures" report after it, and its logger's lines; a rank's output passes through as it comes (a held
+    traceback block is let through once its exception line shows it is not torchrun's)."""
+
+    def __init__(self):
+        self.held, self.partial, self.done = [], "", False
+
+    def feed(self, text: str) -> str:
+        out = []
+        for piece in (self.partial + text).splitlines(keepends=True):
+            if not piece.endswith(("\n", "\r")):
+                self.partial = piece
+                break
+            out.append(self._line(piece))
+        else:
+            self.partial = ""
+        if self.partial and not self.held and not self.partial.startswith("Traceback"):
+            out.append(self.partial)  # a progress bar still being drawn: shown now
+            self.partial = ""
+        return "".join(out)
+
+    def _line(self, line: str) -> str:
+        if self.done or "torch/distributed/elastic/" in line or line.rstrip("\r\n") == "=" * 60:
+            return ""
+        if line.startswith("Traceback (most recent call last):") or self.held:
+            self.held.append(line)
+            if self.held[1:] and not line.startswith((" ", "\t")) and line.strip():  # the exception line
+                block, self.held = "".join(self.held), []
+                if "ChildFailedError" in line:
+                    self.done = True  # torchrun's own report follows, and then it exits
+                    return ""
+                return block
+            return ""
+        return line
+
+
+def cell_frames(traceback_text: str, script) -> str:
+    """Each frame of `traceback_text` that points into `script` given as the notebook cell and the line in it."""
+    if not script or not os.path.isfile(script):
+        return traceback_text
+    with open(script, encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().splitlines()
+    starts = [(i + 1, line.strip()[len("# %% cell "):]) for i, line in enumerate(lines)
+              if line.strip().startswith("# %% cell ")]
+    name = os.path.basename(script)
+    out = []
+    for line in traceback_text.splitlines():
+        frame = _FRAME.match(line)
+        if frame and os.path.basename(frame.group(1)) == name and starts and int(frame.group(2)) >= starts[0][0]:
+            number = int(frame.group(2))
+            start, cell = max(((s, c) for s, c in starts if s <= number), default=(0, "?"))
+            text = lines[number - 1].strip() if number <= len(lines) else ""
+            line = f'  cell {cell}, line {number - start}: {text}   ({name} line {number}, in {frame.group(3)})'
+        out.append(line)
+    return "\n".join(out)
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.*)$')
+
+
 class TorchrunJob:
     """One torchrun process (in a session of its own) and its ranks.
 
@@ -208,19 +307,22 @@ class TorchrunJob:
     buffering, so `\\r` progress bars pass through), then returns torchrun's exit status. On KeyboardInterrupt it
     stops every rank (`stop()`) and re-raises."""
 
-    def __init__(self, argv, env=None, log_dir=None, grace=GRACE):
-        self.argv, self.env, self.log_dir, self.grace = list(argv), env, log_dir, grace
+    def __init__(self, argv, env=None, log_dir=None, grace=GRACE, script=None):
+        self.argv, self.env, self.log_dir, self.grace, self.script = list(argv), env, log_dir, grace, script
+        self._noise = LauncherNoise()
         self.proc = None
         self.stderr_tail = ""
         self._seen = set()
         self._selector = None
         self._decoders = {}
         self._echo = True  # off once interrupted: torchrun's and the ranks' shutdown noise is drained, not shown
+        self._pending = {"stdout": "", "stderr": ""}  # output not yet written: a few writes a second at most
+        self._flushed = 0.0
 
     def start(self):
         try:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True)
+                                         stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
         except OSError as exc:
             raise LaunchError(f"cannot start torchrun ({exc.strerror}): {self.argv[0]}") from None
         self._selector = selectors.DefaultSelector()
@@ -244,13 +346,25 @@ class TorchrunJob:
                 text = self._decoders[dest].decode(b"", final=True)
             else:
                 text = self._decoders[dest].decode(data)
+            if text and dest == "stderr":
+                self.stderr_tail = (self.stderr_tail + text)[-_TAIL_CHARS:]
+                text = self._noise.feed(text)
             if text and self._echo:
-                stream = sys.stdout if dest == "stdout" else sys.stderr
-                stream.write(text)
+                self._pending[dest] += text
+        open_pipes = bool(self._selector.get_map())
+        if not open_pipes or time.monotonic() - self._flushed >= FLUSH_EVERY:
+            self._flush()
+        return open_pipes
+
+    def _flush(self):
+        """Write what came since the last write, as one message per stream (a notebook front end shows each
+        write as one output message)."""
+        self._flushed = time.monotonic()
+        for dest, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+            if self._pending[dest]:
+                stream.write(self._pending[dest])
                 stream.flush()
-                if dest == "stderr":
-                    self.stderr_tail = (self.stderr_tail + text)[-_TAIL_CHARS:]
-        return bool(self._selector.get_map())
+                self._pending[dest] = ""
 
     def wait(self) -> int:
         try:
@@ -335,28 +449,34 @@ class TorchrunJob:
             pass
         self._close()
 
+    def _traceback(self, local_rank, summary=""):
+        """A failed rank's traceback: from its log file, or, for the rank that wrote to the console, its output."""
+        log = rank_log(self.log_dir, local_rank)
+        if log:
+            with open(log, encoding="utf-8", errors="replace") as fh:
+                logged = fh.read()
+            return last_traceback(logged) or _last_lines(logged)
+        return last_traceback(self.stderr_tail) or summary
+
     def failure(self, returncode: int) -> LaunchError:
-        """The error for a job that exited with `returncode` != 0."""
+        """The error for a job that exited with `returncode` != 0: the failed rank whose own error started it (a
+        rank that only lost its peer at a collective, such as the teardown's barrier, comes after it)."""
         parsed = parse_failure(self.stderr_tail)
         if parsed is None:
             tail = _last_lines(self.stderr_tail, 3).replace("\n", " | ")
             return LaunchError(f"torchrun exited with status {returncode}" + (f": {tail}" if tail else "")
                                + "; check the command and the output above")
-        rank, local_rank, exitcode, summary = parsed
-        text = ""
-        log = rank_log(self.log_dir, local_rank)
-        if log:
-            with open(log, encoding="utf-8", errors="replace") as fh:
-                logged = fh.read()
-            text = last_traceback(logged) or _last_lines(logged)
-        if not text:
-            text = last_traceback(self.stderr_tail) or summary
-        return RankFailedError(rank, exitcode, text, local_rank=local_rank)
+        root = parsed[:3]
+        failed = [root] + [f for f in all_failures(self.stderr_tail) if f != root]
+        found = [(f, self._traceback(f[1], parsed[3] if f == root else "")) for f in failed]
+        (rank, local_rank, exitcode), text = next(
+            ((f, text) for f, text in found if text and not _PEER_LOST.search(text)), found[0])
+        return RankFailedError(rank, exitcode, cell_frames(text, self.script), local_rank=local_rank)
 
 
-def run_argv(argv, env=None, log_dir=None, grace=GRACE) -> None:
+def run_argv(argv, env=None, log_dir=None, grace=GRACE, script=None) -> None:
     """Run a torchrun argv to the end, streaming its output; raise RankFailedError/LaunchError if it fails."""
-    job = TorchrunJob(argv, env=env, log_dir=log_dir, grace=grace).start()
+    job = TorchrunJob(argv, env=env, log_dir=log_dir, grace=grace, script=script).start()
     returncode = job.wait()
     if returncode:
         raise job.failure(returncode)
@@ -369,8 +489,18 @@ def run_script(script, nproc, *, extra=(), script_args=(), all_ranks=False, env=
     if launch.has_flag(extra, launch.NPROC_FLAGS):
         raise LaunchError("give the process count as N (or --nproc N), not as torchrun's --nproc-per-node")
     user_log_dir = launch.flag_value(extra, launch.LOG_DIR_FLAGS)
-    with tempfile.TemporaryDirectory(prefix="nbddp-logs-") as tmp:
+    sweep_log_dirs()
+    with tempfile.TemporaryDirectory(prefix=f"{LOG_PREFIX}{os.getpid()}-") as tmp:
         log_dir = user_log_dir or tmp
         routing = launch.output_args(nproc, all_ranks=all_ranks, log_dir=log_dir, torchrun_args=extra)
         argv = launch.torchrun_argv(script, nproc, extra=[*routing, *extra], script_args=script_args)
-        run_argv(argv, env=child_env(env, all_ranks=all_ranks), log_dir=log_dir, grace=grace)
+        run_argv(argv, env=child_env(env, all_ranks=all_ranks, nproc=nproc), log_dir=log_dir, grace=grace,
+                 script=script)
+
+
+def sweep_log_dirs(root=None):
+    """Remove the log folders of earlier jobs whose kernel (or shell) is gone: a killed kernel leaves its own."""
+    for path in glob.glob(os.path.join(glob.escape(root or tempfile.gettempdir()), f"{LOG_PREFIX}*-*")):
+        owner = os.path.basename(path)[len(LOG_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and int(owner) != os.getpid() and not _alive(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)

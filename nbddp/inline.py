@@ -170,9 +170,11 @@ class Choice:
     models: tuple = ()  # (model id, weight bits) of the notebook's model loads, for runtime/fit.py
 
     def start(self) -> str:
-        """The script's start call: the job's mode from the notebook's models where the script can size them."""
-        return f"nbddp_start(nbddp_fit({list(self.models)!r}))" if self.models and "fit" in self.reasons \
-            else "nbddp_start()"
+        """The script's start call: the job's mode from the notebook's models where the script can size them; the
+        process group now, or after the notebook's `import unsloth`."""
+        args = [f"nbddp_fit({list(self.models)!r})"] if self.models and "fit" in self.reasons else []
+        args += ["group=False"] if "unsloth_group" in self.reasons else []
+        return f"nbddp_start({', '.join(args)})"
 
 
 def everything() -> Choice:

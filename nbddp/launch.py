@@ -97,17 +97,15 @@ def glue_values(tokens, own_options=()):
 def output_args(nproc: int, all_ranks: bool = False, log_dir=None, torchrun_args=()) -> list[str]:
     """torchrun flags that route the ranks' output, unless the user routes it with torchrun's own flags.
 
-    Default: local rank 0 writes straight to the console (carriage-return progress bars pass through untouched);
-    the other local ranks write to files under the log dir (`--redirects 1:3,2:3,...`), read back when one fails.
-    all_ranks: every rank's output goes to a file and torchrun tails it to the console (`--tee 3`), each line
-    prefixed by torchrun (see RANK_PREFIX_TEMPLATE)."""
+    Local rank 0 always writes straight to the console (carriage-return progress bars pass through untouched).
+    Default: the other local ranks write to files under the log dir (`--redirects 1:3,2:3,...`), read back when one
+    fails. all_ranks: torchrun also tails the other ranks' files to the console (`--tee 1:3,2:3,...`), each of
+    their lines prefixed by torchrun (see RANK_PREFIX_TEMPLATE), so rank 0's bars stay whole."""
     args = []
     if log_dir is not None and not has_flag(torchrun_args, LOG_DIR_FLAGS):
         args += ["--log-dir", str(log_dir)]
     if has_flag(torchrun_args, ROUTING_FLAGS):
         return args
-    if all_ranks:
-        args += ["--tee", "3"]
-    elif int(nproc) > 1:
-        args += ["--redirects", ",".join(f"{rank}:3" for rank in range(1, int(nproc)))]
+    if int(nproc) > 1:
+        args += ["--tee" if all_ranks else "--redirects", ",".join(f"{rank}:3" for rank in range(1, int(nproc)))]
     return args

@@ -4,6 +4,7 @@ Load it with `%load_ext nbddp`. Modelled on IPython's `%%script` (IPython/core/m
 """
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 
@@ -115,7 +116,7 @@ class TorchrunMagics(Magics):
             raise UsageError("give the process count as N, not as torchrun's --nproc-per-node")
         try:
             if cell is not None:
-                script = self._write_cell(cell, args.out, nproc, args.force)
+                script = self._write_cell(cell, args.out, nproc, args.force, args.all_ranks)
             command = shlex.join(launch.torchrun_argv(script, nproc, extra=extra, script_args=script_args))
             if args.dry_run:
                 print(f"nbddp: script: {script}")
@@ -130,18 +131,21 @@ class TorchrunMagics(Magics):
             print(warning, file=sys.stderr, flush=True)
         shown = "every rank's output" if args.all_ranks else "rank 0's output; --all-ranks shows every rank"
         per_node = " per machine" if launch.is_multi_node(extra) else ""
-        print(f"nbddp: {script} on {nproc} processes{per_node} ({shown})", flush=True)
+        threads = os.environ.get("OMP_NUM_THREADS") or f"{executor.omp_threads(nproc)} each"
+        print(f"nbddp: {script} on {nproc} processes{per_node} ({shown}; OMP_NUM_THREADS={threads})", flush=True)
         executor.run_script(script, nproc, extra=extra, script_args=script_args, all_ranks=args.all_ranks)
         return None
 
-    def _write_cell(self, cell, out, nproc, force) -> str:
+    def _write_cell(self, cell, out, nproc, force, all_ranks=False) -> str:
         import nbformat
 
         from .pipeline import convert_notebook
+        from .transforms.base import Options
         from .writer import write_script
 
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
-        result = convert_notebook(nb, source_name=CELL_SOURCE, script_name=out, nproc=nproc)
+        result = convert_notebook(nb, source_name=CELL_SOURCE, script_name=out, nproc=nproc,
+                                  options=Options(main_prints=not all_ranks))  # --all-ranks: every rank prints
         write_script(out, result.script, force=force)
         _print_notes(result.report)
         return out

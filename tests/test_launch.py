@@ -49,8 +49,8 @@ def test_output_routing():
     # rank 0 on the console, the other local ranks into log files
     assert launch.output_args(4, log_dir="/l") == ["--log-dir", "/l", "--redirects", "1:3,2:3,3:3"]
     assert launch.output_args(1, log_dir="/l") == ["--log-dir", "/l"]
-    # every rank, through torchrun's tee (prefixed lines)
-    assert launch.output_args(2, all_ranks=True, log_dir="/l") == ["--log-dir", "/l", "--tee", "3"]
+    # every rank: rank 0 straight to the console, the others through torchrun's tee (prefixed lines)
+    assert launch.output_args(3, all_ranks=True, log_dir="/l") == ["--log-dir", "/l", "--tee", "1:3,2:3"]
     # the user's own routing and log dir win
     assert launch.output_args(2, log_dir="/l", torchrun_args=["--tee=1", "--log-dir=/mine"]) == []
     assert launch.RANK_PREFIX_TEMPLATE.replace("${rank}", "1") == "[rank 1] "

@@ -222,3 +222,29 @@ def test_plain_python_trains_the_example_as_one_two_process_job(self_job):
     assert self_job.count("nbddp: 2 processes") == 1, self_job.explain()
     assert_trained(self_job, world_size=2)
     assert_adapter_saved_once(self_job)
+
+
+# ---- the process group is up before the notebook's first line (or right after its `import unsloth`) ----
+GROUP_CELL = ("import torch, torch.distributed as dist\nt = torch.ones(1)\nif dist.is_initialized():\n"
+              "    dist.all_reduce(t)\nprint('sum', t.item(), 'initialized', dist.is_initialized())\n")
+FAKE_UNSLOTH = "import torch.distributed as dist\nGROUP_DURING_IMPORT = dist.is_initialized()\n"
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("cells, expected", [
+    ((GROUP_CELL,), "sum 2.0 initialized True"),
+    (("import unsloth\nimport torch.distributed as dist\n"
+      "print('during import', unsloth.GROUP_DURING_IMPORT, 'after', dist.is_initialized())\n", GROUP_CELL),
+     "during import False after True"),
+])
+def test_the_process_group_is_up_before_the_notebook_can_use_it(tmp_path, cells, expected):
+    (tmp_path / "unsloth").mkdir()
+    (tmp_path / "unsloth" / "__init__.py").write_text(FAKE_UNSLOTH)
+    script = convert_notebook(_notebook(*cells)).script
+    assert ("group=False" in script) == ("import unsloth" in cells[0])
+    (tmp_path / "train_ddp.py").write_text(script, encoding="utf-8")
+    env = {**child_env(tmp_path), "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "train_ddp.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert expected in done.stdout and "sum 2.0 initialized True" in done.stdout, done.stdout

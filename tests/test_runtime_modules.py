@@ -54,9 +54,13 @@ def test_group_start_says_how_the_job_runs(monkeypatch, capsys):
     assert capsys.readouterr().out == "" and "ACCELERATE_USE_CPU" not in os.environ
     monkeypatch.setattr(group, "NBDDP_WORLD_SIZE", 2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    group.nbddp_start()
+    started = []
+    monkeypatch.setattr(group, "nbddp_dist", lambda: started.append("group"))
+    group.nbddp_start(group=False)  # the notebook imports Unsloth: the group starts after that import
     assert os.environ["ACCELERATE_USE_CPU"] == "true"  # else the Trainer ignores torchrun on a CPU machine
-    assert capsys.readouterr().out == "nbddp: 2 processes, this one is rank 0 on cpu\n"
+    assert capsys.readouterr().out == "nbddp: 2 processes, this one is rank 0 on cpu\n" and started == []
+    group.nbddp_start()  # else before the notebook's first line
+    assert started == ["group"]
 
 
 def test_group_ranks_come_from_torchruns_environment():

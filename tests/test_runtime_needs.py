@@ -99,7 +99,7 @@ def test_the_script_carries_what_the_notebook_needs(cells, options, wanted, not_
 def test_the_script_sizes_each_model_it_can_read(load, models):
     conversion = convert_notebook(_notebook("NAME = 'org/named'\nFOUR = True\n", f"model = {load}\n"))
     assert list(conversion.runtime.models) == models
-    assert f"nbddp_start(nbddp_fit({models!r}))" in conversion.script
+    assert f"nbddp_start(nbddp_fit({models!r})" in conversion.script
 
 
 def test_the_report_says_what_it_found_and_what_it_cannot_size():
@@ -122,9 +122,9 @@ def test_a_splitting_placement_stays_for_split_mode():
 def test_each_carried_module_says_why_in_one_line():
     conversion = convert_notebook(_notebook(*UNSLOTH_SFT))
     lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
-    assert [line.split(":")[0][5:] for line in lines] == ["launcher", "group", "hooks", "fit", "lean_sync", "peft_shim",
-                                                          "balance"]
-    assert lines[2] == "# -- hooks: needed by fit, lean_sync, peft_shim, balance"
+    assert [line.split(":")[0][5:] for line in lines] == ["launcher", "group", "hooks", "fit", "unsloth_group",
+                                                          "lean_sync", "peft_shim", "balance"]
+    assert lines[2] == "# -- hooks: needed by fit, unsloth_group, lean_sync, peft_shim, balance"
     assert "the notebook trains with a Trainer" in lines[-1]
 
 
@@ -178,8 +178,8 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
                   and ast.get_docstring(n) and len(n.body) > 1]
     assert documented == []
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
-        ["launcher", "group", "hooks", "fit", "files", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim",
-         "xformers_shim", "global_batch", "balance"]
+        ["launcher", "group", "hooks", "fit", "files", "unsloth_group", "checkpoint", "strategy", "lean_sync",
+         "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance"]
 
 
 def test_inlining_keeps_what_is_read_and_what_runs_at_import():

@@ -16,9 +16,10 @@ NBDDP_DEVICE = f"cuda:{NBDDP_LOCAL_RANK}" if torch.cuda.is_available() else "cpu
 NBDDP_MODE = "ddp"  # or "split": one process, the model over every GPU (nbddp_fit)
 
 
-def nbddp_start(mode="ddp"):
+def nbddp_start(mode="ddp", group=True):
     """Start the job: as one plain process on several GPUs, start the DDP processes; then make plain "cuda" mean
-    this rank's GPU, and say how the job runs."""
+    this rank's GPU, say how the job runs, and start the process group, so that the notebook's first line can use
+    it (`group=False` where the notebook imports Unsloth: unsloth_group starts it right after that import)."""
     global NBDDP_MODE
     NBDDP_MODE, nproc = mode, nbddp_nproc()
     if mode == "ddp" and nproc > 1 and not any(name in os.environ for name in NBDDP_LAUNCHED):
@@ -30,6 +31,8 @@ def nbddp_start(mode="ddp"):
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     if NBDDP_IS_MAIN and NBDDP_WORLD_SIZE > 1:
         print(f"nbddp: {NBDDP_WORLD_SIZE} processes, this one is rank 0 on {NBDDP_DEVICE}", flush=True)
+    if group:
+        nbddp_dist()
 
 
 def nbddp_device_map(split="balanced"):

@@ -13,6 +13,7 @@ from ..report import Report
 class Options:
     keep_global_batch: bool = False
     seed: int = 3407
+    main_prints: bool = True  # top-level prints on rank 0 only (off for `%%torchrun --all-ranks`)
 
 
 @dataclass

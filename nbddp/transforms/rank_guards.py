@@ -103,7 +103,8 @@ class RankGuards(Transform):
                     return LEAVE
                 used.update(header_reads & self.tainted)
                 why.append("uses")
-            if not blocks and _is_print(stmt) and not {callee_tail(c) for c in calls} & COLLECTIVE:
+            if not blocks and _is_print(stmt) and ctx.options.main_prints and not {callee_tail(c) for c in calls} \
+                    & COLLECTIVE:
                 why.append("print")
             if why:
                 reasons.extend(why)

@@ -167,6 +167,8 @@ def needs(facts: _Facts) -> dict[str, str]:
                            "from the checkpointing mode")
     if facts.trainer and (facts.quantized or unsloth):
         why["lean_sync"] = "a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight"
+    if unsloth:
+        why["unsloth_group"] = "the notebook imports Unsloth: the process group starts right after that import"
     if unsloth and facts.tiled_mlp:
         why["tiled_mlp"] = "the notebook turns on Unsloth's TiledMLP, whose chunked backward DDP cannot follow"
     if facts.split_model and (unsloth or "xformers" in facts.modules):

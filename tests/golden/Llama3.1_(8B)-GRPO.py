@@ -15,17 +15,16 @@ Install first (the notebook's install commands, every branch, removed here; {nam
     uv pip install transformers==4.56.2
     uv pip install --no-deps trl==0.22.2
 """
-
 # ---- nbddp runtime: the parts of nbddp/runtime/ this notebook needs (no notebook code above this line) ----
 # -- launcher: needed by group, fit
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group
-# -- hooks: needed by fit, lean_sync, peft_shim, balance
+# -- hooks: needed by fit, unsloth_group, lean_sync, peft_shim, balance
 # -- fit: the notebook loads a model: DDP if it fits one GPU, else one process split over all of them
+# -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
 # -- balance: the notebook trains with a Trainer: each step's samples dealt to the ranks by length
 # ---- end of nbddp runtime ----
-
 try:
     # %% cell 5
     # nbddp: %%capture dropped; the cell's code is kept
