@@ -19,7 +19,7 @@ class Kernel:
         from jupyter_client.manager import start_new_kernel
 
         kernel_env = {k: v for k, v in os.environ.items() if not k.startswith(("NBDDP_", "OMP_"))}
-        kernel_env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(sys.path), **(env or {}))
+        kernel_env.update({"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})})
         self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(cwd), env=kernel_env)
         self.run("%load_ext nbddp")
 
@@ -66,11 +66,26 @@ def test_the_process_group_is_up_at_the_cells_first_line(kernel):
     assert "sum 2.0 initialized True" in out
 
 
+def test_the_process_group_starts_right_after_the_cells_import_unsloth(tmp_path):
+    (tmp_path / "unsloth").mkdir()
+    (tmp_path / "unsloth" / "__init__.py").write_text("import torch.distributed as dist\n"
+                                                      "GROUP_DURING_IMPORT = dist.is_initialized()\n")
+    kernel = Kernel(tmp_path, env={"PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
+    try:
+        status, messages = kernel.run("%%torchrun 2\nimport unsloth\nimport torch.distributed as dist\n"
+                                      "print('during', unsloth.GROUP_DURING_IMPORT, 'after', dist.is_initialized())\n")
+        assert status == "ok" and "during False after True" in streamed(messages), streamed(messages)
+    finally:
+        kernel.close()
+
+
 def test_all_ranks_shows_every_ranks_prints_and_no_omp_banner(kernel):
-    status, messages = kernel.run("%%torchrun 2 --all-ranks\nimport os\nprint('hello from rank', os.environ['RANK'])\n")
+    status, messages = kernel.run("%%torchrun 2 --all-ranks\nimport os\nprint('hello from rank', os.environ['RANK'])\n"
+                                  "if os.environ['RANK'] == '0':\n    print('\\rbar 1', end='')\n    print('\\rbar 2')\n")
     out = streamed(messages)
     assert status == "ok", out
     assert "hello from rank 0" in out.splitlines() and "[rank 1] hello from rank 1" in out.splitlines()
+    assert "\rbar 1\rbar 2\n" in out  # rank 0's progress bar as it drew it
     assert "OMP_NUM_THREADS=" in out  # said once, by nbddp
     assert "Setting OMP_NUM_THREADS environment variable for each process" not in out  # torchrun's banner
 

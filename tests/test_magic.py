@@ -3,6 +3,7 @@ import _thread
 import signal
 import threading
 import textwrap
+from pathlib import Path
 import time
 import types
 
@@ -198,3 +199,17 @@ def test_kaggle_example_notebook_is_valid_and_its_torchrun_cell_converts(ip, tmp
     compile(script, "train_ddp.py", "exec")
     assert "device_map = nbddp_device_map()" in script and "trainer.train()" in script
     assert "--nproc_per_node=2 train_ddp.py" in capsys.readouterr().out
+
+
+def test_the_kaggle_example_notebook_converts_with_dry_run(ip, tmp_path, monkeypatch, capsys):
+    import nbformat
+
+    monkeypatch.chdir(tmp_path)
+    nb = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "kaggle_torchrun_magic.ipynb", as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%torchrun")]
+    assert cells, "the example has no %%torchrun cell"
+    for source in cells:
+        line, body = source.split("\n", 1)
+        ip.run_cell_magic("torchrun", line[len("%%torchrun"):].strip() + " --dry-run --force", body)
+        assert "nbddp: command:" in capsys.readouterr().out
+        compile((tmp_path / "train_ddp.py").read_text(), "train_ddp.py", "exec")
