@@ -16,6 +16,10 @@ RANK_NAMES = frozenset({
 
 
 def parse(code: str, cell=None, step=None) -> cst.Module:
+    if "\x00" in code:
+        line = code[:code.index("\x00")].count("\n") + 1
+        raise ConversionError("the cell holds a NUL character (\\x00), which Python refuses; remove it in the notebook",
+                              step=step, cell=cell, line=line)
     try:
         return cst.parse_module(code)
     except cst.ParserSyntaxError as exc:

@@ -18,6 +18,7 @@ import tempfile
 import time
 
 from . import launch
+from .cells import cell_at
 from .errors import LaunchError
 
 #: Seconds to wait after SIGINT, then after SIGTERM, before SIGKILL.
@@ -282,17 +283,15 @@ def cell_frames(traceback_text: str, script) -> str:
         return traceback_text
     with open(script, encoding="utf-8", errors="replace") as fh:
         lines = fh.read().splitlines()
-    starts = [(i + 1, line.strip()[len("# %% cell "):]) for i, line in enumerate(lines)
-              if line.strip().startswith("# %% cell ")]
     name = os.path.basename(script)
     out = []
     for line in traceback_text.splitlines():
         frame = _FRAME.match(line)
-        if frame and os.path.basename(frame.group(1)) == name and starts and int(frame.group(2)) >= starts[0][0]:
+        where = cell_at(lines, int(frame.group(2))) if frame and os.path.basename(frame.group(1)) == name else None
+        if where:
             number = int(frame.group(2))
-            start, cell = max(((s, c) for s, c in starts if s <= number), default=(0, "?"))
             text = lines[number - 1].strip() if number <= len(lines) else ""
-            line = f'  cell {cell}, line {number - start}: {text}   ({name} line {number}, in {frame.group(3)})'
+            line = f'  cell {where[0]}, line {where[1]}: {text}   ({name} line {number}, in {frame.group(3)})'
         out.append(line)
     return "\n".join(out)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from . import __version__
 from .errors import ConversionError, NbddpError, NotebookReadError
+from .cells import cell_at
 from .launch import launch_lines
 from .notebook import as_notebook
 from .report import Report
@@ -83,7 +84,24 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
         nb.cells, version=__version__, source=source_name,
         launch=launch, installs=ctx.report.installs, script_name=script_name, runtime=ctx.runtime,
     )
+    check_compiles(script, script_name)
     return Conversion(script=script, report=ctx.report, launch=launch, cells=nb.cells, runtime=ctx.runtime)
+
+
+def check_compiles(script: str, script_name: str):
+    """Compile the script (nothing runs): what Python refuses is an error naming the notebook cell and line, so no
+    script that does not compile is ever written."""
+    try:
+        compile(script, script_name, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        where = cell_at(script.splitlines(), exc.lineno or 0)
+        hint = "; a script cannot await at top level: put the code in an async def and run it with asyncio.run()" \
+            if "await" in (exc.msg or "") or "async" in (exc.msg or "") else ""
+        raise ConversionError(f"Python cannot compile this cell in a script ({exc.msg}){hint}", step="compile",
+                              cell=where[0] if where else None, line=where[1] if where else exc.lineno) from None
+    except ValueError as exc:  # e.g. a NUL character
+        raise ConversionError(f"Python cannot compile the script ({exc}); fix the notebook's text",
+                              step="compile") from None
 
 
 def convert(notebook, **kwargs) -> str:

@@ -52,9 +52,32 @@ def environment():
     return env
 
 
+def _is_future(stmt) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(s, cst.ImportFrom) and isinstance(s.module, cst.Name) and s.module.value == "__future__"
+        for s in stmt.body)
+
+
+def hoist_futures(cells) -> tuple[list, list[str]]:
+    """The cells without their top-level `from __future__ import ...` lines, and those lines once each: Python takes
+    them only at the top of a file."""
+    futures, out = [], []
+    for cell in cells:
+        module = parse(cell.source, cell=cell_number(cell), step="render")
+        kept = [stmt for stmt in module.body if not _is_future(stmt)]
+        if len(kept) != len(module.body):
+            futures += [cst.Module([stmt.with_changes(leading_lines=())]).code.strip()
+                        for stmt in module.body if _is_future(stmt)]
+            cell = cell.copy()
+            cell.source = module.with_changes(body=kept).code if kept else "pass\n"
+        out.append(cell)
+    return out, list(dict.fromkeys(futures))
+
+
 def render_script(cells, runtime, **context) -> str:
     """The script: `runtime` (module -> why) picks the nbddp/runtime modules it carries, inlined."""
     from .inline import render
 
+    cells, futures = hoist_futures(cells)
     return environment().get_template("ddp_script.py.j2").render(body=body_block(cells), runtime=render(runtime),
-                                                                  start=runtime.start(), **context)
+                                                                  start=runtime.start(), futures=futures, **context)

@@ -87,6 +87,28 @@ def test_unparsable_cell_error_names_cell_and_line(tmp_path):
     assert "cell 3" in done.stderr and "line" in done.stderr
 
 
+@pytest.mark.parametrize("cell, words", [
+    ("import asyncio\nawait asyncio.sleep(0)\n", "cell 3, line 2: Python cannot compile this cell in a script"),
+    ("async with lock():\n    pass\n", "cell 3, line 1: Python cannot compile this cell"),
+    ("x = 1\ny = '\x00'\n", "cell 3, line 2: the cell holds a NUL character"),
+])
+def test_a_cell_a_script_cannot_hold_is_one_error_line_and_nothing_written(tmp_path, cell, words):
+    path = write_notebook(tmp_path / "nb.ipynb", "x = 1\n", ("markdown", "m"), cell)
+    done = nbddp("convert", path, "-o", str(tmp_path / "out.py"))
+    assert done.returncode == 1 and not (tmp_path / "out.py").exists()
+    assert done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+
+
+def test_future_imports_move_to_the_top_once(tmp_path):
+    path = write_notebook(tmp_path / "nb.ipynb", "from __future__ import annotations\nx: int = 1\n",
+                          "from __future__ import annotations\ny = 2\n")
+    done = nbddp("convert", path, "-o", str(tmp_path / "out.py"))
+    assert done.returncode == 0, done.stderr
+    script = (tmp_path / "out.py").read_text()
+    compile(script, "out.py", "exec")
+    assert script.count("from __future__ import annotations") == 1
+
+
 def test_output_folder_missing(tmp_path, small):
     done = nbddp("convert", small, "-o", tmp_path / "no" / "such" / "train.py")
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr

@@ -65,6 +65,13 @@ MAGICS = [
 PLACEMENT = [
     case('model = AutoModelForCausalLM.from_pretrained("m")\n',
          'model = AutoModelForCausalLM.from_pretrained("m", device_map=nbddp_device_map())\n'),
+    # Unsloth's model-specific loaders, and a loader under the notebook's own name
+    case('from unsloth import FastQwen2Model\nmodel, tok = FastQwen2Model.from_pretrained("m")\n',
+         'from unsloth import FastQwen2Model\nmodel, tok = FastQwen2Model.from_pretrained("m", '
+         'device_map=nbddp_device_map())\n'),
+    case('from unsloth import FastLanguageModel as FLM\nmodel, tok = FLM.from_pretrained("m")\n',
+         'from unsloth import FastLanguageModel as FLM\nmodel, tok = FLM.from_pretrained("m", '
+         'device_map=nbddp_device_map())\n'),
     case('model = AutoModelForCausalLM.from_pretrained("m", device_map={"": 0})\n',
          'model = AutoModelForCausalLM.from_pretrained("m", device_map=nbddp_device_map())\n'),
     case('model, tok = FastLanguageModel.from_pretrained(\n    model_name = "m",\n    load_in_4bit = True,\n'
@@ -123,6 +130,8 @@ AUTOCAST = [
 ]
 
 UNCHANGED = [
+    'from other import FastLanguageModel as FLM\ntok = FLMTokenizer.from_pretrained("m")\n',  # not a model loader
+    'tok = FastTokenizer.from_pretrained("m")\n',
     'def save():\n    model.save_pretrained("x")\n    out = model.generate(x)\n    print(out)\n',
     'def tokenize(ds):\n    ds = load_dataset("x")\n    return ds.map(g)\n',
     'if False:\n    model.save_pretrained("x")\n    model = AutoModelForCausalLM.from_pretrained("m")\n'

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import add_keyword, callee_owner, callee_tail, code_of, keyword
-from .base import CallRewriter, CstTransform
+from ..cst import add_keyword, callee_owner, callee_tail, code_of, keyword, parse
+from .base import CallRewriter, CstTransform, cell_number
 
 FAST_LOADERS = frozenset({"FastLanguageModel", "FastVisionModel", "FastModel", "FastSentenceTransformer", "FastTextModel"})
 MODEL_SUFFIXES = (
@@ -20,20 +20,40 @@ OURS = "nbddp_device_map"
 DEVICE_CALLS = frozenset({"to", "device"})  # x.to("cuda:0"), torch.device("cuda:0")
 
 
-def is_model_loader(call: cst.Call) -> bool:
+def is_model_loader(call: cst.Call, loaders=frozenset()) -> bool:
+    """`X.from_pretrained(...)` of a model class: Unsloth's loaders (every `Fast...Model`, whatever the model family;
+    `loaders`: the names the notebook imported them under), `Auto*Model*`, `...ForCausalLM` and the like."""
     if callee_tail(call) != "from_pretrained":
         return False
     owner = callee_owner(call) or ""
     if owner.startswith("Peft"):
         return False
-    return owner in FAST_LOADERS or (owner.startswith("Auto") and "Model" in owner) or owner.endswith(MODEL_SUFFIXES)
+    return (owner in FAST_LOADERS or owner in loaders or (owner.startswith("Fast") and owner.endswith("Model"))
+            or (owner.startswith("Auto") and "Model" in owner) or owner.endswith(MODEL_SUFFIXES))
+
+
+class _UnslothNames(cst.CSTVisitor):
+    """The names `from unsloth... import Fast... as name` binds: Unsloth's loaders under the notebook's names."""
+
+    def __init__(self):
+        self.names = set()
+
+    def visit_ImportFrom(self, node):
+        module = cst.Module([]).code_for_node(node.module) if node.module is not None else ""
+        if node.relative or module.split(".")[0] != "unsloth" or isinstance(node.names, cst.ImportStar):
+            return
+        for alias in node.names:
+            if isinstance(alias.name, cst.Name) and alias.name.value.startswith("Fast"):
+                self.names.add(alias.asname.name.value if alias.asname else alias.name.value)
 
 
 class _Placement(CallRewriter):
+    loaders = frozenset()
+
     def leave_Call(self, original, updated):
         if callee_tail(updated) in DEVICE_CALLS:
             return self._fixed_gpu(updated)
-        if not is_model_loader(updated):
+        if not is_model_loader(updated, self.loaders):
             return updated
         ours = cst.Call(cst.Name(OURS))
         loader = f"{callee_owner(updated)}.from_pretrained"
@@ -84,3 +104,16 @@ class Placement(CstTransform):
     name = "placement"
     rewriter = _Placement
     triggers = ("from_pretrained", "cuda:")
+
+    def preprocess(self, nb, ctx):
+        found = _UnslothNames()
+        for cell in nb.cells:
+            if "unsloth" in cell.source:
+                parse(cell.source, cell=cell_number(cell), step=self.name).visit(found)
+        self.loaders = frozenset(found.names)
+        return super().preprocess(nb, ctx)
+
+    def rewrite(self, module, cell_no, ctx):
+        rewriter = self.rewriter(cell_no, ctx)
+        rewriter.loaders = self.loaders
+        return module.visit(rewriter)
