@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import nbddp
 from e2e import SCRIPT, Job, assert_adapter_saved_once, assert_clean_exit, assert_trained, run_job
 from tinymodels import EXAMPLE_NOTEBOOK, save_tiny_llama
 
@@ -79,3 +80,37 @@ def test_tiny_llama_is_the_same_for_the_same_seed(tmp_path):
     for name in ("model.safetensors", "tokenizer.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
+
+
+STREAMED = [
+    "from transformers import AutoModelForCausalLM, AutoTokenizer, TextIteratorStreamer\n"
+    "from threading import Thread\n"
+    "model = AutoModelForCausalLM.from_pretrained('tiny-llama')\n"
+    "tokenizer = AutoTokenizer.from_pretrained('tiny-llama')\n",
+    "inputs = tokenizer(['Name a primary color.'], return_tensors = 'pt')\n"
+    "streamer = TextIteratorStreamer(tokenizer, skip_prompt = True)\n"
+    "thread = Thread(target = model.generate, kwargs = dict(**inputs, streamer = streamer, max_new_tokens = 8,\n"
+    "                                                      do_sample = False))\n"
+    "thread.start()\n"
+    "for new_text in streamer:\n"
+    "    pass\n"
+    "print('STORY-END')\n",
+]
+
+
+def test_streamed_generation_runs_once_under_torchrun(tmp_path):
+    """Generation handed to a thread (TextIteratorStreamer + Thread(target=model.generate)) and the loop that reads
+    it run on rank 0 only: the story is printed once, and rank 1 starts no generation thread."""
+    import nbformat
+
+    from conftest import make_notebook
+
+    save_tiny_llama(tmp_path / "tiny-llama")
+    script = nbddp.convert(nbformat.writes(make_notebook(*STREAMED)))
+    (tmp_path / SCRIPT).write_text(script, encoding="utf-8")
+    # --tee: every rank's output reaches stdout, so a print on rank 1 would be counted too
+    job = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee=3",
+                   SCRIPT], tmp_path)
+    assert_clean_exit(job)
+    assert job.count("STORY-END") == 1, job.explain()
+    assert "if NBDDP_IS_MAIN:\n        streamer = TextIteratorStreamer" in script

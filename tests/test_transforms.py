@@ -111,6 +111,19 @@ DATA_PREP = [
 ]
 
 RANK_GUARDS = [
+    # generation handed over rather than called, and what consumes it
+    case('streamer = TextIteratorStreamer(tok)\nthread = Thread(target=model.generate, kwargs=dict(streamer=streamer))\n'
+         'thread.start()\nfor text in streamer:\n    print(text, end="")\n',
+         'if NBDDP_IS_MAIN:\n    streamer = TextIteratorStreamer(tok)\n'
+         '    thread = Thread(target=model.generate, kwargs=dict(streamer=streamer))\n    thread.start()\n'
+         '    for text in streamer:\n        print(text, end="")\nnbddp_barrier()\n'),
+    case('gen = partial(model.generate, max_new_tokens=8)\nout = gen(**inputs)\n',
+         'if NBDDP_IS_MAIN:\n    gen = partial(model.generate, max_new_tokens=8)\n    out = gen(**inputs)\nnbddp_barrier()\n'),
+    case('pipe = pipeline("text-generation", model=model)\nres = pipe("hi")\n',
+         'if NBDDP_IS_MAIN:\n    pipe = pipeline("text-generation", model=model)\n    res = pipe("hi")\nnbddp_barrier()\n'),
+    case('def ask(q):\n    return model.generate(q)\n\ndef chat(q):\n    return ask(q)\n\nanswer = chat("hi")\n',
+         'def ask(q):\n    return model.generate(q)\n\ndef chat(q):\n    return ask(q)\n\n'
+         'if NBDDP_IS_MAIN:\n    answer = chat("hi")\nnbddp_barrier()\n'),
     case('model.save_pretrained("x")\ntokenizer.push_to_hub("y")\n',
          'if NBDDP_IS_MAIN:\n    model.save_pretrained("x")\n    tokenizer.push_to_hub("y")\nnbddp_barrier()\n'),
     case('out = model.generate(**inputs)\nprint(tok.decode(out[0]))\n',
@@ -130,6 +143,9 @@ AUTOCAST = [
 ]
 
 UNCHANGED = [
+    'clf = pipeline("text-classification", model=m)\nlabels = clf(texts)\n',  # not generation: every rank may run it
+    'def run():\n    trainer.train()\n    model.generate(x)\n\nrun()\n',  # collective work inside: every rank calls it
+    'worker = Thread(target=load_shard, args=(1,))\nworker.start()\n',
     'from other import FastLanguageModel as FLM\ntok = FLMTokenizer.from_pretrained("m")\n',  # not a model loader
     'tok = FastTokenizer.from_pretrained("m")\n',
     'def save():\n    model.save_pretrained("x")\n    out = model.generate(x)\n    print(out)\n',

@@ -16,6 +16,9 @@ from .dataflow import header_of, reads_writes
 
 SAVE_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora", "save_model")
 MAIN_ONLY = frozenset({"generate", "fast_generate", "for_inference", "TextStreamer", "print_trainable_parameters"})
+HANDED_OVER = frozenset({"generate", "fast_generate"})  # Thread(target=model.generate), partial(model.generate, ...)
+GENERATION_TASKS = frozenset({"text-generation", "text2text-generation", "image-text-to-text", "summarization",
+                              "translation", "automatic-speech-recognition", "text-to-audio", "text-to-speech"})
 DISPLAY_MODULE = "IPython.display"  # Audio, Image, Markdown… from here only display; datasets.Audio is data
 CUDA_MEMORY = frozenset({
     "max_memory_reserved", "max_memory_allocated", "memory_reserved", "memory_allocated",
@@ -60,12 +63,51 @@ class RankGuards(Transform):
         self.tainted: set[str] = set()  # names bound on rank 0 only, so far in the notebook
         self.display_names = {"display"}  # Jupyter's built-in display(), plus IPython.display imports
         self.display_modules: set[str] = set()
+        self.helpers: set[str] = set()
+        self.helpers = self._generating_helpers(nb)
         return super().preprocess(nb, ctx)
+
+    def _generating_helpers(self, nb) -> set[str]:
+        """Functions the notebook defines whose bodies save, push or generate and do no collective work: a call to
+        one at top level is rank-0 work too (found to a fixed point, so helpers of helpers count)."""
+        bodies = {}
+
+        class _Defs(cst.CSTVisitor):
+            def visit_FunctionDef(self, node):
+                calls = []
+
+                class _Calls(cst.CSTVisitor):
+                    def visit_Call(self, call):
+                        calls.append(call)
+
+                node.body.visit(_Calls())
+                bodies[node.name.value] = calls
+                return False
+
+        for cell in nb.cells:
+            parse(cell.source, cell=cell_number(cell), step=self.name).visit(_Defs())
+        found: set[str] = set()
+        while True:
+            self.helpers = found
+            more = {name for name, calls in bodies.items() if name not in found
+                    and any(self.main_only_reason(c) for c in calls) and not any(is_collective(c) for c in calls)}
+            if not more:
+                return found
+            found = found | more
 
     def main_only_reason(self, call: cst.Call) -> str | None:
         tail = callee_tail(call) or ""
-        if tail.startswith(SAVE_PREFIXES) or tail in MAIN_ONLY:
+        if tail.startswith(SAVE_PREFIXES) or tail in MAIN_ONLY or tail.endswith("Streamer"):
             return tail
+        if isinstance(call.func, cst.Name) and tail in self.helpers:
+            return f"{tail}(), which generates or saves"
+        for arg in call.args:  # generation handed over rather than called: Thread(target=model.generate)
+            if isinstance(arg.value, cst.Attribute) and arg.value.attr.value in HANDED_OVER:
+                return f"{tail}({dotted(arg.value) or arg.value.attr.value})"
+        if tail == "pipeline":
+            task = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "task"), None)
+            if isinstance(task, cst.SimpleString) and task.evaluated_value in GENERATION_TASKS:
+                return f"pipeline({task.evaluated_value!r})"
         if tail in CUDA_MEMORY and callee_owner(call) == "cuda":
             return "GPU memory stats"
         func = call.func
