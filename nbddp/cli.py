@@ -21,12 +21,32 @@ def _convert(args) -> int:
                               options=Options(keep_global_batch=args.keep_global_batch))
     if to_stdout:
         sys.stdout.write(result.script)
-        print(result.report.format(result.launch), file=sys.stderr)
+        _say(result.report.format(result.launch), sys.stderr)
         return 0
-    write_script(args.output, result.script, force=args.force)
-    print(result.report.format(result.launch))
-    print(f"Wrote {args.output}")
+    write_script(args.output, result.script, force=args.force, source=args.notebook)
+    _say(result.report.format(result.launch), sys.stdout)
+    _say(f"Wrote {args.output}", sys.stdout)
     return 0
+
+
+def _say(text: str, stream):
+    """One message for a person: control characters a cell may hold (ANSI, OSC) shown escaped on a terminal, and
+    names that are not UTF-8 shown with backslashes, never a UnicodeEncodeError."""
+    if stream.isatty():
+        text = "".join(c if c in "\n\t" or c.isprintable() else repr(c)[1:-1] for c in text)
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream)
+
+
+def _count(value: str) -> int:
+    """argparse type of --nproc: a whole number, 1 or more (else a usage error, exit 2)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("-o", "--output", default=DEFAULT_SCRIPT,
                          help=f"script to write (default: {DEFAULT_SCRIPT}; '-' writes to stdout)")
     convert.add_argument("--force", action="store_true", help="replace an existing file that nbddp did not write")
-    convert.add_argument("--nproc", type=int, default=2, help="processes (GPUs) in the printed commands (default: 2)")
+    convert.add_argument("--nproc", type=_count, default=2,
+                         help="processes (GPUs) in the printed commands (default: 2)")
     convert.add_argument("--keep-global-batch", action="store_true",
                          help="divide gradient_accumulation_steps by the number of processes when it divides evenly")
     convert.set_defaults(func=_convert)
@@ -128,9 +149,9 @@ def _run(args) -> int:
 
         script = args.out or DEFAULT_SCRIPT
         result = convert_notebook(target, script_name=script, nproc=nproc)
-        write_script(script, result.script, force=args.force)
-        print(result.report.format(), file=sys.stderr)
-        print(f"Wrote {script}", file=sys.stderr)
+        write_script(script, result.script, force=args.force, source=target)
+        _say(result.report.format(), sys.stderr)
+        _say(f"Wrote {script}", sys.stderr)
     if args.dry_run:
         import shlex
 
@@ -167,7 +188,7 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except NbddpError as exc:
-        print(f"nbddp: error: {exc}", file=sys.stderr)
+        _say(f"nbddp: error: {exc}", sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("nbddp: interrupted", file=sys.stderr)

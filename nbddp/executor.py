@@ -85,8 +85,11 @@ def resolve_nproc(value) -> int:
     """A positive count, or 'auto': the GPUs torch sees, or 2 CPU processes where there are none."""
     text = str(value).strip().lower()
     if text == "auto":
-        import torch  # only here: the converter and the CLI's startup never import torch
-
+        try:
+            import torch  # only here: the converter and the CLI's startup never import torch
+        except ImportError:
+            raise LaunchError("'auto' counts the GPUs with torch, which is not installed here; give the number of "
+                              "processes (--nproc N), or install torch") from None
         return torch.cuda.device_count() or 2
     try:
         count = int(text)

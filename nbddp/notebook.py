@@ -3,8 +3,16 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import warnings
 
 from .errors import NotebookReadError
+
+MAX_BYTES = 1 << 30  # a notebook larger than this is not read (a device or a runaway file would never end)
+# what each cell type may carry (nbformat v4.5); Jupyter opens notebooks with more, so the rest is dropped, noted
+CELL_KEYS = {"code": {"id", "cell_type", "metadata", "source", "outputs", "execution_count"},
+             "markdown": {"id", "cell_type", "metadata", "source", "attachments"},
+             "raw": {"id", "cell_type", "metadata", "source", "attachments"}}
 
 
 def read_notebook(path):
@@ -13,11 +21,15 @@ def read_notebook(path):
         raise NotebookReadError(f"{path} is a directory; give the path of a .ipynb file")
     try:
         with open(path, "rb") as fh:
-            raw = fh.read()
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise NotebookReadError(f"{path} is not a regular file (a device, FIFO or socket); give a .ipynb file")
+            raw = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise NotebookReadError(f"{path}: no such file") from None
     except OSError as exc:
         raise NotebookReadError(f"{path}: cannot read it ({exc.strerror})") from None
+    if len(raw) > MAX_BYTES:
+        raise NotebookReadError(f"{path} is larger than {MAX_BYTES >> 20} MiB; clear its outputs and try again")
     return notebook_from_bytes(raw, name=path)
 
 
@@ -37,36 +49,57 @@ def notebook_from_bytes(raw: bytes, name="<notebook>"):
             f"{name} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
             "is it a truncated or unsaved notebook?"
         ) from None
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; JSON nested too deeply
+        raise NotebookReadError(f"{name} is not a notebook Python can read ({type(exc).__name__}: "
+                                f"{str(exc)[:80] or 'nested too deeply'})") from None
     if not isinstance(data, dict) or "cells" not in data and "worksheets" not in data:
         raise NotebookReadError(f"{name} is JSON but not a Jupyter notebook (no 'cells')")
+    notes = []
     try:
-        nb = nbformat.reads(text, as_version=4)
-        _validate(nb)
+        with warnings.catch_warnings(record=True) as said:  # nbformat's own warnings go into the report
+            warnings.simplefilter("always")
+            nb = nbformat.reads(text, as_version=4)
+            notes += _validate(nb)
+        notes += [f"nbformat: {w.message}" for w in said]
     except Exception as exc:  # nbformat raises several unrelated types here
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise NotebookReadError(f"{name} is not a valid notebook: {first}") from None
+    nb.metadata.setdefault("nbddp", {})["read_notes"] = notes
     return nb
 
 
-def _validate(nb):
-    """Validate; a v4.0-4.4 notebook that already carries cell ids (common in the wild) is read as v4.5."""
+def _validate(nb) -> list[str]:
+    """Validate, reading what Jupyter reads: a v4.0-4.4 notebook that already carries cell ids (common in the wild)
+    is read as v4.5, and properties a cell may not carry (a markdown cell's `outputs`, ...) are dropped. Returns
+    what was repaired; what still fails validation is an error."""
     import nbformat
 
     try:
         nbformat.validate(nb)
+        return []
     except nbformat.ValidationError:
-        if nb.get("nbformat") != 4 or nb.get("nbformat_minor", 0) >= nbformat.current_nbformat_minor:
-            raise
+        pass
+    notes = []
+    if nb.get("nbformat") == 4 and nb.get("nbformat_minor", 0) < nbformat.current_nbformat_minor and any(
+            "id" in cell for cell in nb.get("cells", [])):
         nb.nbformat_minor = nbformat.current_nbformat_minor
-        nbformat.validate(nb)
+    for number, cell in enumerate(nb.get("cells", []), start=1):
+        extra = sorted(set(cell) - CELL_KEYS.get(cell.get("cell_type"), set(cell)))
+        for key in extra:
+            del cell[key]
+        if extra:
+            notes.append(f"cell {number} ({cell.get('cell_type')}): dropped {', '.join(extra)}, which nbformat's "
+                         "schema does not allow there")
+    nbformat.validate(nb)
+    return notes
 
 
 def as_notebook(notebook):
     """Accept a path, raw JSON text/bytes, a dict, or a NotebookNode; return a v4 NotebookNode."""
     if isinstance(notebook, (str, os.PathLike)):
         text = os.fspath(notebook)
-        if text.lstrip().startswith("{"):
-            return notebook_from_bytes(text.encode("utf-8"))
+        if text.lstrip().startswith("{") and not os.path.exists(text):  # JSON text, unless a file has that name
+            return notebook_from_bytes(text.encode("utf-8", "surrogateescape"))
         return read_notebook(text)
     if isinstance(notebook, bytes):
         return notebook_from_bytes(notebook)

@@ -29,6 +29,8 @@ class CodeCells(Transform):
     name = "code-cells"
 
     def preprocess(self, nb, ctx):
+        for note in nb.metadata.get("nbddp", {}).get("read_notes", []):  # what reading the notebook repaired
+            ctx.report.warn(None, note)
         kept = []
         for number, cell in enumerate(nb.cells, start=1):
             if cell.cell_type == "code" and cell.source.strip():
@@ -75,8 +77,8 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
 
     nb = as_notebook(notebook)
     if source_name is None:
-        source_name = os.path.basename(os.fspath(notebook)) if isinstance(notebook, (str, os.PathLike)) \
-            and not os.fspath(notebook).lstrip().startswith("{") else "notebook"
+        source_name = os.path.basename(os.fspath(notebook)) if isinstance(notebook, (str, os.PathLike)) and (
+            os.path.exists(notebook) or not os.fspath(notebook).lstrip().startswith("{")) else "notebook"
     ctx = Context(report=Report(source=source_name), options=options or Options())
     nb = run_pipeline(nb, ctx)
     launch = launch_lines(script_name, nproc)
