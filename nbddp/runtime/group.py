@@ -41,7 +41,7 @@ def nbddp_device_map(split="balanced"):
 
 
 def nbddp_dist():
-    """True when running distributed. The process group starts at first use, after the notebook's own imports."""
+    """True when running distributed; starts the process group if it is not up yet (nbddp_start starts it)."""
     if NBDDP_WORLD_SIZE == 1 or not torch.distributed.is_available():
         return False
     if not torch.distributed.is_initialized():
