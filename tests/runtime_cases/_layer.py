@@ -1,5 +1,5 @@
 """Load the whole runtime exactly as a generated script carries it (nbddp/runtime/ inlined by nbddp.inline), and
-start it as the script does."""
+start it as the script does, but for the process group: the cases start and end their own groups."""
 import types
 
 
@@ -9,5 +9,5 @@ def load_layer(name="nbddp_layer"):
     code = render(everything())
     module = types.ModuleType(name)
     module.__file__ = f"<{name}>"
-    exec(compile(code + "\nnbddp_start()\n", module.__file__, "exec"), module.__dict__)
+    exec(compile(code + "\nnbddp_start(group=False)\n", module.__file__, "exec"), module.__dict__)
     return module
