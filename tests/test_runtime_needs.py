@@ -93,11 +93,13 @@ def test_the_script_carries_what_the_notebook_needs(cells, options, wanted, not_
     ("FastLanguageModel.from_pretrained(model_name = NAME, load_in_4bit = FOUR)", [("org/named", 4)]),
     ("FastModel.from_pretrained('org/m', full_finetuning = True)", [("org/m", 16)]),
     ("AutoModelForCausalLM.from_pretrained('org/m')", [("org/m", 16)]),
+    ("FLM.from_pretrained('org/m')", [("org/m", 4)]),  # an Unsloth loader under the notebook's own name
     ("AutoModelForCausalLM.from_pretrained('org/m', dtype = torch.float32)", [("org/m", 32)]),
     ("AutoModelForCausalLM.from_pretrained('org/m', load_in_4bit = flags.four)", [("org/m", 4)]),  # unread: smaller
 ])
 def test_the_script_sizes_each_model_it_can_read(load, models):
-    conversion = convert_notebook(_notebook("NAME = 'org/named'\nFOUR = True\n", f"model = {load}\n"))
+    conversion = convert_notebook(_notebook("from unsloth import FastLanguageModel as FLM\n"
+                                            "NAME = 'org/named'\nFOUR = True\n", f"model = {load}\n"))
     assert list(conversion.runtime.models) == models
     assert f"nbddp_start(nbddp_fit({models!r})" in conversion.script
 

@@ -42,6 +42,7 @@ class _Facts(cst.CSTVisitor):
         self.models = []  # (model id, bits, cell, the notebook's placement) of each load whose id is a literal
         self.unsized = []  # model loads whose id or size the converter cannot read
         self.saved = set()  # folders the notebook saves a model to (not there when the script starts)
+        self.loaders = set()  # Unsloth loaders imported under another name
         self.cell = 0
 
     def literal(self, node):
@@ -68,7 +69,9 @@ class _Facts(cst.CSTVisitor):
             return self.literal(keyword(node, key).value) if keyword(node, key) is not None else None
 
         dtype = keyword(node, "dtype") or keyword(node, "torch_dtype")
-        unsloth_default = (callee_owner(node) or "").startswith("Fast") and flag("load_in_4bit") is None and not any(
+        owner = callee_owner(node) or ""
+        unsloth = owner.startswith("Fast") or owner in self.loaders
+        unsloth_default = unsloth and flag("load_in_4bit") is None and not any(
             flag(key) for key in ("load_in_8bit", "load_in_16bit", "full_finetuning"))
         if flag("load_in_4bit") or unsloth_default:
             bits = 4
@@ -98,10 +101,13 @@ class _Facts(cst.CSTVisitor):
             return
         root = cst.Module([]).code_for_node(node.module).split(".")[0]
         self.modules.add(root)
+        names = node.names if isinstance(node.names, (list, tuple)) else ()
         if root in TRAINER_HOMES:
-            names = node.names if isinstance(node.names, (list, tuple)) else ()
             if isinstance(node.names, cst.ImportStar) or any(a.name.value.endswith("Trainer") for a in names):
                 self.trainer = True
+        if root == "unsloth":  # Unsloth's loaders under the notebook's own names
+            self.loaders |= {a.asname.name.value for a in names if a.asname and isinstance(a.asname.name, cst.Name)
+                             and isinstance(a.name, cst.Name) and a.name.value.startswith("Fast")}
 
     def visit_Call(self, node):
         name = callee_tail(node) or ""
@@ -118,7 +124,7 @@ class _Facts(cst.CSTVisitor):
             self.own_ddp.append(f"{name}() without args")
         elif name in ("save_pretrained", "save_model") and node.args and node.args[0].keyword is None:
             self.saved.add(self.literal(node.args[0].value))
-        elif is_model_loader(node):
+        elif is_model_loader(node, self.loaders):
             self._model(node)
             device_map = keyword(node, "device_map")
             if device_map is None or not isinstance(device_map.value, cst.Call) \
