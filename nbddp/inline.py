@@ -169,10 +169,14 @@ class Choice:
     uses: frozenset | None = frozenset()
     models: tuple = ()  # (model id, weight bits) of the notebook's model loads, for runtime/fit.py
 
+    @property
+    def sizes_models(self) -> bool:
+        return bool(self.models) and "fit" in self.reasons
+
     def start(self) -> str:
         """The script's start call: the job's mode from the notebook's models where the script can size them; the
         process group now, or after the notebook's `import unsloth`."""
-        args = [f"nbddp_fit({list(self.models)!r})"] if self.models and "fit" in self.reasons else []
+        args = [f"nbddp_fit({list(self.models)!r})"] if self.sizes_models else []
         args += ["group=False"] if "unsloth_group" in self.reasons else []
         return f"nbddp_start({', '.join(args)})"
 
@@ -188,7 +192,7 @@ def render(choice: Choice) -> str:
     reasons, uses = choice.reasons, choice.uses
     names = closure(reasons)
     every = [part for name in names for part in load(name).parts]
-    roots = set(uses or ()) | SKELETON | ({"nbddp_fit"} if "nbddp_fit(" in choice.start() else set())
+    roots = set(uses or ()) | SKELETON | ({"nbddp_fit"} if choice.sizes_models else set())
     kept = set(every if uses is None else _needed(every, roots))
     parts = {name: [part for part in load(name).parts if part in kept] for name in names}
     reads = set().union(*(part.reads for part in kept))

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from test_runtime_launch import _alive
+from nbddp.executor import _alive
 
 pytestmark = pytest.mark.ddp
 

@@ -9,7 +9,9 @@ import time
 
 import pytest
 
+from conftest import make_notebook
 from e2e import Job, assert_adapter_saved_once, assert_clean_exit, assert_trained, child_env, run_job
+from nbddp.executor import _alive
 from nbddp.pipeline import convert_notebook
 from nbddp.runtime import fit, group, hooks, launcher
 
@@ -129,13 +131,9 @@ def test_start_launches_only_a_plain_process_with_several_processes_to_run(monke
 
 
 # ---- real processes: the script launches itself ----
-def _notebook(*cells):
-    return json.dumps({"cells": [{"cell_type": "code", "id": f"c{i}", "source": code, "metadata": {}, "outputs": [],
-                                  "execution_count": None} for i, code in enumerate(cells)],
-                       "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
 
 
-SLEEPER = _notebook("import os, time\nopen(f\"pid-{os.environ.get('RANK', 'plain')}-{os.getpid()}\", 'w').close()\n"
+SLEEPER = make_notebook("import os, time\nopen(f\"pid-{os.environ.get('RANK', 'plain')}-{os.getpid()}\", 'w').close()\n"
                     "time.sleep(float(os.environ.get('SLEEP', '0')))\n")
 
 
@@ -149,20 +147,20 @@ def _pids(folder):
 
 
 @pytest.mark.ddp
-@pytest.mark.parametrize("env, argv, files", [
-    ({"NBDDP_NPROC": "2"}, [], ["pid-0", "pid-1"]),  # two ranks of one job
-    ({"NBDDP_NPROC": "1"}, [], ["pid-plain"]),  # stays one process
-    ({}, [], ["pid-plain"]),  # no GPU, no NBDDP_NPROC: one process
+@pytest.mark.parametrize("env, argv, files, launches", [
+    ({"NBDDP_NPROC": "2"}, [], ["pid-0", "pid-1"], True),  # two ranks of one job, started by the script
+    ({"NBDDP_NPROC": "1"}, [], ["pid-plain"], False),  # stays one process
+    ({}, [], ["pid-plain"], False),  # no GPU, no NBDDP_NPROC: one process
     ({"NBDDP_NPROC": "2"}, ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
-     ["pid-0", "pid-1"]),  # under torchrun: no second launch
+     ["pid-0", "pid-1"], False),  # under torchrun: no second launch
 ])
-def test_the_script_starts_as_many_processes_as_asked(tmp_path, env, argv, files):
+def test_the_script_starts_as_many_processes_as_asked(tmp_path, env, argv, files, launches):
     done = subprocess.run([sys.executable, *argv, "train_ddp.py"], cwd=tmp_path, env=_sleeper(tmp_path, **env),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.glob("pid-*")) == files
     said = "nbddp: 0 GPUs: running as 2 processes (NBDDP_NPROC=1 for one)"
-    assert done.stdout.count(said) == (1 if env and not argv and files[0] == "pid-0" else 0), done.stdout
+    assert done.stdout.count(said) == int(launches), done.stdout
 
 
 @pytest.mark.ddp
@@ -174,13 +172,6 @@ def test_bad_switches_stop_the_script_before_anything_runs(tmp_path, name, value
     assert done.stderr.startswith(f"nbddp: error: {name}=") and not list(tmp_path.glob("pid-*"))
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as fh:  # a zombie is gone but for its exit status
-        return fh.read().split(")")[-1].split()[0] != "Z"
 
 
 @pytest.mark.ddp
@@ -240,7 +231,7 @@ FAKE_UNSLOTH = "import torch.distributed as dist\nGROUP_DURING_IMPORT = dist.is_
 def test_the_process_group_is_up_before_the_notebook_can_use_it(tmp_path, cells, expected):
     (tmp_path / "unsloth").mkdir()
     (tmp_path / "unsloth" / "__init__.py").write_text(FAKE_UNSLOTH)
-    script = convert_notebook(_notebook(*cells)).script
+    script = convert_notebook(make_notebook(*cells)).script
     assert ("group=False" in script) == ("import unsloth" in cells[0])
     (tmp_path / "train_ddp.py").write_text(script, encoding="utf-8")
     env = {**child_env(tmp_path), "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}

@@ -1,12 +1,11 @@
 """Which runtime modules a script carries (the `runtime` step) and how they are inlined (nbddp.inline)."""
 import ast
-import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS
+from conftest import CORPUS, make_notebook
 from nbddp import inline
 from nbddp.pipeline import convert_notebook
 from nbddp.runtime import MODULES
@@ -15,15 +14,11 @@ from nbddp.transforms.base import Options
 RUNTIME = Path(inline.__file__).parent / "runtime"
 
 
-def _notebook(*cells):
-    return json.dumps({"cells": [{"cell_type": "code", "id": f"c{i}", "source": code, "metadata": {}, "outputs": [],
-                                  "execution_count": None} for i, code in enumerate(cells)],
-                       "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
 
 
 def carried(*cells, **options):
     """The runtime modules the script carries: those chosen, and what they import from."""
-    return set(inline.closure(convert_notebook(_notebook(*cells), options=Options(**options)).runtime.reasons))
+    return set(inline.closure(convert_notebook(make_notebook(*cells), options=Options(**options)).runtime.reasons))
 
 
 UNSLOTH_SFT = (
@@ -98,14 +93,14 @@ def test_the_script_carries_what_the_notebook_needs(cells, options, wanted, not_
     ("AutoModelForCausalLM.from_pretrained('org/m', load_in_4bit = flags.four)", [("org/m", 4)]),  # unread: smaller
 ])
 def test_the_script_sizes_each_model_it_can_read(load, models):
-    conversion = convert_notebook(_notebook("from unsloth import FastLanguageModel as FLM\n"
+    conversion = convert_notebook(make_notebook("from unsloth import FastLanguageModel as FLM\n"
                                             "NAME = 'org/named'\nFOUR = True\n", f"model = {load}\n"))
     assert list(conversion.runtime.models) == models
     assert f"nbddp_start(nbddp_fit({models!r})" in conversion.script
 
 
 def test_the_report_says_what_it_found_and_what_it_cannot_size():
-    report = convert_notebook(_notebook(
+    report = convert_notebook(make_notebook(
         "from unsloth import FastLanguageModel\n"
         "model, tok = FastLanguageModel.from_pretrained('org/big', device_map = 'balanced')\n",
         "other = AutoModelForCausalLM.from_pretrained(choose())\n")).report
@@ -116,13 +111,13 @@ def test_the_report_says_what_it_found_and_what_it_cannot_size():
 
 
 def test_a_splitting_placement_stays_for_split_mode():
-    script = convert_notebook(_notebook("m = AutoModelForCausalLM.from_pretrained('org/m', device_map = 'auto')\n",
+    script = convert_notebook(make_notebook("m = AutoModelForCausalLM.from_pretrained('org/m', device_map = 'auto')\n",
                                         "n = AutoModelForCausalLM.from_pretrained('org/m')\n")).script
     assert "device_map = nbddp_device_map('auto')" in script and "device_map=nbddp_device_map())" in script
 
 
 def test_each_carried_module_says_why_in_one_line():
-    conversion = convert_notebook(_notebook(*UNSLOTH_SFT))
+    conversion = convert_notebook(make_notebook(*UNSLOTH_SFT))
     lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
     assert [line.split(":")[0][5:] for line in lines] == ["launcher", "group", "hooks", "fit", "unsloth_group",
                                                           "lean_sync", "peft_shim", "balance"]
@@ -142,14 +137,14 @@ def test_lines_before_the_first_notebook_cell(notebook, most):
 
 def test_converter_keeps_global_batch():
     code = "args = SFTConfig(per_device_train_batch_size = 2, gradient_accumulation_steps = 4)\n"
-    kept = convert_notebook(_notebook(code), options=Options(keep_global_batch=True))
+    kept = convert_notebook(make_notebook(code), options=Options(keep_global_batch=True))
     assert "gradient_accumulation_steps = nbddp_accumulation(4)" in kept.script
     assert "def nbddp_accumulation(" in kept.script
     assert any("effective global batch 2 x 4 = 8" in n.text for n in kept.report.changes)
-    plain = convert_notebook(_notebook(code))
+    plain = convert_notebook(make_notebook(code))
     assert "nbddp_accumulation" not in plain.script
     assert any("2 x 4 x N = 8N" in n.text for n in plain.report.changes)
-    unknown = convert_notebook(_notebook("args = SFTConfig(gradient_accumulation_steps = steps)\n"))
+    unknown = convert_notebook(make_notebook("args = SFTConfig(gradient_accumulation_steps = steps)\n"))
     assert any("cannot tell" in n.text for n in unknown.report.changes)
 
 

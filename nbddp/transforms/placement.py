@@ -32,6 +32,15 @@ def is_model_loader(call: cst.Call, loaders=frozenset()) -> bool:
             or (owner.startswith("Auto") and "Model" in owner) or owner.endswith(MODEL_SUFFIXES))
 
 
+def unsloth_loaders(cells, step) -> frozenset:
+    """The names the notebook's `from unsloth... import Fast...` lines bind (its own `as` names included)."""
+    found = _UnslothNames()
+    for cell in cells:
+        if "unsloth" in cell.source:
+            parse(cell.source, cell=cell_number(cell), step=step).visit(found)
+    return frozenset(found.names)
+
+
 class _UnslothNames(cst.CSTVisitor):
     """The names `from unsloth... import Fast... as name` binds: Unsloth's loaders under the notebook's names."""
 
@@ -106,11 +115,7 @@ class Placement(CstTransform):
     triggers = ("from_pretrained", "cuda:")
 
     def preprocess(self, nb, ctx):
-        found = _UnslothNames()
-        for cell in nb.cells:
-            if "unsloth" in cell.source:
-                parse(cell.source, cell=cell_number(cell), step=self.name).visit(found)
-        self.loaders = frozenset(found.names)
+        self.loaders = unsloth_loaders(nb.cells, self.name)
         return super().preprocess(nb, ctx)
 
     def rewrite(self, module, cell_no, ctx):

@@ -12,7 +12,7 @@ import libcst as cst
 from ..cst import callee_owner, callee_tail, code_of, is_if_false, keyword, parse
 from ..inline import Choice
 from .base import Transform, cell_number
-from .placement import OURS, is_model_loader
+from .placement import OURS, is_model_loader, unsloth_loaders
 from .trainer_args import is_training_arguments
 
 TRAINER_HOMES = frozenset({"transformers", "trl", "unsloth"})
@@ -31,7 +31,8 @@ def _off(value) -> bool:
 
 
 class _Facts(cst.CSTVisitor):
-    def __init__(self):
+    def __init__(self, loaders=frozenset()):
+        self.loaders = loaders  # Unsloth's loaders under the notebook's own names (placement.unsloth_loaders)
         self.modules: set[str] = set()  # top-level packages imported
         self.aliases: dict[str, str] = {}  # local name of an imported module -> its top-level package
         self.names: set[str] = set()
@@ -42,7 +43,6 @@ class _Facts(cst.CSTVisitor):
         self.models = []  # (model id, bits, cell, the notebook's placement) of each load whose id is a literal
         self.unsized = []  # model loads whose id or size the converter cannot read
         self.saved = set()  # folders the notebook saves a model to (not there when the script starts)
-        self.loaders = set()  # Unsloth loaders imported under another name
         self.cell = 0
 
     def literal(self, node):
@@ -101,13 +101,10 @@ class _Facts(cst.CSTVisitor):
             return
         root = cst.Module([]).code_for_node(node.module).split(".")[0]
         self.modules.add(root)
-        names = node.names if isinstance(node.names, (list, tuple)) else ()
         if root in TRAINER_HOMES:
+            names = node.names if isinstance(node.names, (list, tuple)) else ()
             if isinstance(node.names, cst.ImportStar) or any(a.name.value.endswith("Trainer") for a in names):
                 self.trainer = True
-        if root == "unsloth":  # Unsloth's loaders under the notebook's own names
-            self.loaders |= {a.asname.name.value for a in names if a.asname and isinstance(a.asname.name, cst.Name)
-                             and isinstance(a.name, cst.Name) and a.name.value.startswith("Fast")}
 
     def visit_Call(self, node):
         name = callee_tail(node) or ""
@@ -159,10 +156,16 @@ class _Facts(cst.CSTVisitor):
             self.tiled_mlp = True
 
 
+def sized_loads(facts: _Facts) -> list:
+    """The model loads the script sizes: those whose id the converter read, but not a folder the notebook itself
+    saves a model to (it is not there when the script starts)."""
+    return [load for load in facts.models if load[0] not in facts.saved]
+
+
 def needs(facts: _Facts) -> dict[str, str]:
     """Runtime module -> why this notebook needs it."""
     why = {"group": "every script: ranks from torchrun's environment, this rank's device, the process group"}
-    if any(load[0] not in facts.saved for load in facts.models):
+    if sized_loads(facts):
         why["fit"] = "the notebook loads a model: DDP if it fits one GPU, else one process split over all of them"
     used = sorted(facts.names & FILE_HELPERS)
     if used:
@@ -196,11 +199,11 @@ class RuntimeNeeds(Transform):
     name = "runtime"
 
     def preprocess(self, nb, ctx):
-        facts = _Facts()
+        facts = _Facts(unsloth_loaders(nb.cells, self.name))
         for cell in nb.cells:
             facts.cell = cell_number(cell)
             parse(cell.source, cell=cell_number(cell), step=self.name).visit(facts)
-        loads = [load for load in facts.models if load[0] not in facts.saved]  # the notebook's own folders: no
+        loads = sized_loads(facts)
         models = tuple(dict.fromkeys((model, bits) for model, bits, _, _ in loads))
         for model, bits, cell, placement in loads[:1]:
             ctx.report.change(cell, f"model {model} ({bits}-bit, the notebook's placement: {placement}): one process "
