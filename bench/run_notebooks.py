@@ -5,7 +5,7 @@ Step 1, where nbddp and nbformat are installed (this machine):
     python bench/run_notebooks.py convert --dest .gpurun
 Step 2, on the GPU machine, after `bench/offline_hub.py` filled HF_HOME (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1):
     python bench/run_notebooks.py run --scripts .gpurun --out $OUT [--only a,b] [--resume old.json ...]
-           [--timeout 240] [--deadline 500] [--modes ddp,single] [--single-slots 2]
+           [--timeout 240] [--deadline 500] [--modes ddp,self,single] [--single-slots 2]
 
 Each run gets its own working folder (outputs, adapters and Unsloth's compile cache land there), a log, and a
 per-rank probe (bench/rankprobe/sitecustomize.py: GPU used, peak memory, generate()/save_pretrained() calls).
@@ -130,37 +130,41 @@ def child_env(extra):
     return env
 
 
-def launch_argv(script, nproc, gpu=None):
-    """(argv, world size, mode): `torchrun --standalone --nproc_per_node=nproc script`, or with `gpu` (a GPU
-    index, or several as "0,1") one plain process."""
+def launch_argv(script, nproc, gpu=None, mode="ddp"):
+    """(argv, world size, mode): `torchrun --standalone --nproc_per_node=nproc script`; with `gpu` (a GPU index,
+    or several as "0,1") one plain process; mode "self": `python script`, which starts its own processes, one per
+    visible GPU (nproc: how many that is)."""
+    if mode == "self":
+        return [sys.executable, script], nproc, "self"
     if gpu is None:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                 script], nproc, "ddp"
     return [sys.executable, script], 1, "single"
 
 
-def launch(script, workdir, log_path, env, limit, nproc, gpu=None):
-    """One launch of a converted notebook in workdir: `torchrun --nproc_per_node=nproc`, or with `gpu` one
-    process seeing that GPU (or those, "0,1"). Returns its summary."""
+def launch(script, workdir, log_path, env, limit, nproc, gpu=None, visible=None, mode="ddp"):
+    """One launch of a converted notebook in workdir: `torchrun --nproc_per_node=nproc` (on the GPUs `visible`
+    lists, "2,3", or all), `python script` starting its own processes (mode "self"), or with `gpu` one process
+    seeing that GPU (or those, "0,1"). Returns its summary."""
     os.makedirs(workdir, exist_ok=True)
     env = dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"), NBDDP_BENCH_SCRIPT=os.path.abspath(script))
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    argv, world, mode = launch_argv(script, nproc, gpu)
+    if gpu is not None or visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu if gpu is not None else visible)
+    argv, world, mode = launch_argv(script, nproc, gpu, mode)
     rc, timed_out, wall = _run(argv, env, workdir, log_path, limit)
     r = summarize(mode, rc, timed_out, wall, log_path, workdir, world)
-    if gpu is not None:
-        r["gpu"] = gpu
+    if gpu is not None or visible is not None:
+        r["gpu"] = gpu if gpu is not None else visible
     return r
 
 
 def _job(args, base_env, slug, key, mode, gpu, limit):
     """One launch of one corpus notebook, printed as it goes."""
     name = key.replace("@", "_")
-    print(f"run {slug} {mode}{'' if mode == 'ddp' else f' on GPU {gpu}'} (limit {limit:.0f}s)", flush=True)
+    print(f"run {slug} {mode}{f' on GPU {gpu}' if mode == 'single' else ''} (limit {limit:.0f}s)", flush=True)
     r = launch(os.path.abspath(os.path.join(args.scripts, f"{slug}.py")), os.path.join(args.work, name, mode),
                os.path.join(args.work, "logs", f"{name}-{mode}.log"), base_env, limit, args.nproc,
-               None if mode == "ddp" else gpu)
+               gpu if mode == "single" else None, mode=mode)
     print(f"  {slug} {mode}: rc={r['returncode']} timed_out={r['timed_out']} wall={r['wall_s']}s "
           f"losses={len(r['losses'])} first/last={r['losses'][:1]}/{r['losses'][-1:]} adapters={r['adapter_dirs']} "
           f"gen={r['generate_calls_per_rank']} errors={r['errors'][-2:]}", flush=True)
@@ -225,8 +229,9 @@ def run(args):
         else:
             record(key, mode, _job(args, base_env, slug, key, mode, gpu, limit))
 
-    for slug, key in todo.get("ddp", []):
-        launch(slug, key, "ddp")
+    for mode in ("ddp", "self"):
+        for slug, key in todo.get(mode, []):
+            launch(slug, key, mode)
     if todo.get("single"):
         queue = list(todo["single"])
 
@@ -259,7 +264,8 @@ def main(argv=None):
     r.add_argument("--timeout", type=int, default=240, help="seconds per run")
     r.add_argument("--timeout-for", action="append", metavar="SLUG=SECONDS", help="another limit for one notebook")
     r.add_argument("--deadline", type=int, default=480, help="every run ends by this many seconds after the start")
-    r.add_argument("--modes", default="ddp,single")
+    r.add_argument("--modes", default="ddp,single", help="ddp (torchrun, --nproc processes), self (`python script`: "
+                   "it starts one process per GPU itself; --nproc says how many GPUs there are), single")
     r.add_argument("--nproc", type=int, default=2)
     r.add_argument("--single-slots", type=int, default=1,
                    help="1-GPU runs at once, each on its own GPU (2: two notebooks side by side on GPUs 0 and 1)")

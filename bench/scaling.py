@@ -8,6 +8,11 @@ On the GPU machine, after bench/offline_hub.py filled HF_HOME:
 Each round launches `single` (CUDA_VISIBLE_DEVICES=0 python script) and every configuration in --configs, in an
 order rotated from round to round (CONFIGS: the converted script under torchrun, alone on each GPU at once, or the
 notebook as a plain script, bench/plain_script.py, which `run_notebooks.py convert` writes to plain/).
+A configuration may name its GPUs (single: the 1-GPU run keeps its name on any GPU), and a launch may run several at once on disjoint GPUs of one machine:
+    --configs single,ddp@01+two-singles@23,plain-torchrun@01+ddp@23,ddp,two-singles --nproc 4 --swap-halves
+runs DDP on GPUs 0-1 while the script runs alone on GPUs 2 and 3 (same minutes, same host load: each part's rate
+is also divided by its partner's), and so on; --swap-halves mirrors the GPU sets (and single's GPU) every other
+round so that no configuration keeps one pair of GPUs.
 bench/rankprobe times every optimizer step (a CUDA event at each step end, read after training: nothing waits for
 the GPU) and ends each process when train() ends. The rate is the samples of the steps after --skip warm-up steps
 over their wall time on rank 0's clock, counting each step's samples (batch per process, x GPUs under
@@ -115,13 +120,32 @@ def _failure(r):
             "steps_seen": {k: len(v or []) for k, v in (r.get("step_end_times") or {}).items()}}
 
 
-def one(name, scripts, work, env, limit, nproc):
-    """One launch: `single` (the converted script on GPU 0), or a configuration of CONFIGS."""
-    workdir = os.path.join(work, name)
+def parts(item, mirror=False, total=2):
+    """A launch of --configs as [(key, configuration, GPUs or None)]: "ddp@01+two-singles@23" -> two parts run at
+    once, "ddp" -> one on every GPU. mirror: each GPU g becomes (g + total/2) mod total."""
+    out = []
+    for part in item.split("+"):
+        name, _, gpus = part.partition("@")
+        if name != "single" and name not in CONFIGS:
+            raise SystemExit(f"scaling.py: unknown configuration {name!r} (one of single, {', '.join(CONFIGS)})")
+        gpus = gpus or ("0" if name == "single" else "")
+        if mirror:
+            gpus = "".join(str((int(g) + total // 2) % total) for g in gpus)
+        out.append((f"{name}@{gpus}" if gpus and name != "single" else name, name, gpus or None))
+    return out
+
+
+def one(name, scripts, work, env, limit, nproc, gpus=None):
+    """One launch: `single` (the converted script on GPU 0, or gpus[0]), or a configuration of CONFIGS on every
+    GPU or on `gpus` ("23")."""
+    key = f"{name}@{gpus}" if gpus and name != "single" else name
+    workdir = os.path.join(work, key)
     subprocess.run(["rm", "-rf", workdir])
-    log = os.path.join(work, f"{os.path.basename(work)}-{name}.log")
+    log = os.path.join(work, f"{os.path.basename(work)}-{key}.log")
     if name == "single":
-        return rn.launch(scripts["converted"], workdir, log, env, limit, nproc, gpu=0)
+        return rn.launch(scripts["converted"], workdir, log, env, limit, nproc, gpu=int(gpus[0]) if gpus else 0)
+    order = [int(g) for g in gpus] if gpus else list(range(nproc))
+    nproc = len(order)
     config = CONFIGS[name]
     script = scripts[config.get("script", "converted")]
     env = dict(env, **config["env"], NCCL_NVLS_ENABLE="0")
@@ -130,10 +154,26 @@ def one(name, scripts, work, env, limit, nproc):
             return rn.launch(script, os.path.join(workdir, f"gpu{gpu}"), f"{log[:-len('.log')]}-gpu{gpu}.log",
                              env, limit, nproc, gpu=gpu)
         with concurrent.futures.ThreadPoolExecutor(nproc) as pool:
-            return {"concurrent": list(pool.map(alone, range(nproc)))}
+            return {"concurrent": list(pool.map(alone, order))}
+    visible = ",".join(map(str, order))
     if config.get("launch") == "one-process":  # one process, every GPU visible
-        return rn.launch(script, workdir, log, env, limit, nproc, gpu=",".join(str(g) for g in range(nproc)))
-    return rn.launch(script, workdir, log, env, limit, nproc)
+        return rn.launch(script, workdir, log, env, limit, nproc, gpu=visible)
+    return rn.launch(script, workdir, log, env, limit, nproc, visible=visible if gpus else None)
+
+
+def together(launch, scripts, work, env, limit, nproc, skip):
+    """{key: rate} of one launch's parts, started at once (each part on its own GPUs); a part run beside others
+    names them under `beside` and its rate over theirs under `to_beside`."""
+    with concurrent.futures.ThreadPoolExecutor(len(launch)) as pool:
+        runs = list(pool.map(lambda p: one(p[1], scripts, work, env, limit, nproc, p[2]), launch))
+    rates = {key: dict(launch_rate(r, skip), gpus=gpus or "all") for (key, _, gpus), r in zip(launch, runs)}
+    if len(launch) > 1:
+        for key, rate in rates.items():
+            others = {k: v.get("samples_per_s") for k, v in rates.items() if k != key}
+            rate["beside"] = list(others)
+            rate["to_beside"] = {k: round(rate["samples_per_s"] / v, 4) for k, v in others.items()
+                                 if v and rate.get("samples_per_s")}
+    return rates
 
 
 def run(args):
@@ -143,19 +183,25 @@ def run(args):
     scripts = {"converted": os.path.abspath(args.script),
                "plain": os.path.abspath(args.plain_script or os.path.join(os.path.dirname(args.script), "plain",
                                                                           os.path.basename(args.script)))}
-    names = ["single"] + args.configs.split(",")
+    names = args.configs.split(",")
+    names = names if "single" in names else ["single"] + names
     pairs, notes = [], []
-    for i in range(args.pairs):
-        if time.time() - t0 + len(names) * args.run_estimate > args.deadline:
-            notes.append(f"stopped after {i} rounds: time budget of the call")
-            break
+    for i in range(args.first_round, args.first_round + args.pairs):
         pair, work = {}, os.path.join(args.work, f"pair{i}")
         os.makedirs(work, exist_ok=True)
-        for name in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
-            pair[name] = launch_rate(one(name, scripts, work, env, args.timeout, args.nproc), args.skip)
+        for item in names[i % len(names):] + names[:i % len(names)]:  # rotate which goes first
+            if time.time() - t0 + args.run_estimate > args.deadline:
+                notes.append(f"round {i} stopped before {item}: time budget of the call")
+                break
+            launch = parts(item, mirror=args.swap_halves and i % 2 == 1, total=args.nproc)
+            pair.update(together(launch, scripts, work, env, args.timeout, args.nproc, args.skip))
             write(args, pairs + [pair], notes)  # a call cut off mid-round keeps the launches it finished
-        pairs.append(pair)
-        print(f"round {i}: {json.dumps(pair)}", flush=True)
+        if pair:
+            pairs.append(pair)
+            print(f"round {i}: " + json.dumps({k: v.get("samples_per_s", v.get("errors")) for k, v in pair.items()}),
+                  flush=True)
+        if notes:
+            break
     write(args, pairs, notes)
     if args.artifacts:  # every launch's log and the probe's files
         with tarfile.open(args.artifacts, "w:gz") as tar:
@@ -192,16 +238,48 @@ def summary(pairs, name):
                for ref, found in to_ref.items() if found}}
 
 
+def label(key):
+    """A run's key without its GPU set, with their number: ddp@23 -> ddp@2 (ddp on 2 of the machine's GPUs)."""
+    name, _, gpus = key.partition("@")
+    return f"{name}@{len(gpus)}" if gpus else name
+
+
+def on_gpu_sets(pairs):
+    """Runs that named their GPUs, grouped by label: each rate over the same round's single run, and over the
+    rate of each part that ran beside it in the same launch (by that part's label)."""
+    out = {}
+    for p in pairs:
+        single = (p.get("single") or {}).get("samples_per_s")
+        for key, run in p.items():
+            rate = run.get("samples_per_s")
+            if "@" not in key or not rate:
+                continue
+            entry = out.setdefault(label(key), {"to_single": [], "to_beside": {}})
+            if single:
+                entry["to_single"].append(round(rate / single, 3))
+            for other, ratio in run.get("to_beside", {}).items():
+                entry["to_beside"].setdefault(label(other), []).append(ratio)
+    for entry in out.values():
+        entry["median_to_single"] = _stat(statistics.median, entry["to_single"])
+        entry["median_to_beside"] = {k: _stat(statistics.median, v, 4) for k, v in entry["to_beside"].items()}
+    return out
+
+
 def write(args, pairs, notes):
-    configs = args.configs.split(",")
+    launches = args.configs.split(",")
+    configs = [c for c in launches if c != "single" and "@" not in c]
     by_config = {name: summary(pairs, name) for name in configs}
-    first = by_config[configs[0]]
+    first = by_config[configs[0]] if configs else {}
     out = {"device": args.machine, "model": args.model, "script": os.path.basename(args.script),
            "world_size": args.nproc, "paired_runs": [{"single": p.get("single"), "ddp": p.get(configs[0])}
-                                                      for p in pairs],
-           "median_ratio": first["median_ratio"], "ratios": first["ratios"], "configs": by_config,
-           "rounds": pairs, "notes": notes,
-           "settings": {"skip_steps": args.skip, "configs": {c: CONFIGS[c] for c in configs},
+                                                      for p in pairs] if configs else [],
+           "median_ratio": first.get("median_ratio"), "ratios": first.get("ratios"), "configs": by_config,
+           "on_gpu_sets": on_gpu_sets(pairs), "rounds": pairs, "notes": notes,
+           "settings": {"skip_steps": args.skip, "launches": launches, "swap_halves": args.swap_halves,
+                        "first_round": args.first_round,
+                        "configs": {c: CONFIGS[c] for c in CONFIGS if any(c == n for _, n, _ in
+                                                                          (x for item in launches
+                                                                           for x in parts(item)))},
                         "env": rn.parse_env(args.env),
                         "timing": "rank 0's optimizer-step ends: CUDA events read after training"},
            "commit": args.commit}
@@ -245,13 +323,18 @@ def main(argv=None):
                                                         "--script, as run_notebooks.py convert writes it)")
     r.add_argument("--out", required=True)
     r.add_argument("--work", default="/tmp/scaling")
-    r.add_argument("--pairs", type=int, default=5, help="rounds: each runs single and every configuration once")
+    r.add_argument("--pairs", type=int, default=5, help="rounds: each runs single and every launch of --configs once")
     r.add_argument("--configs", default="ddp", help=f"configurations, comma-separated: {', '.join(CONFIGS)}")
     r.add_argument("--skip", type=int, default=15, help="warm-up optimizer steps left out of the rate")
-    r.add_argument("--deadline", type=int, default=400, help="no round starts that would end after this (s)")
+    r.add_argument("--deadline", type=int, default=400, help="no launch starts that would end after this (s); a "
+                   "round cut short keeps the launches it ran")
+    r.add_argument("--first-round", type=int, default=0, help="number of the first round (rotation and "
+                   "--swap-halves go on from an earlier call's rounds)")
     r.add_argument("--run-estimate", type=int, default=60, help="seconds one launch is expected to take")
     r.add_argument("--timeout", type=int, default=150, help="seconds before a launch is stopped")
-    r.add_argument("--nproc", type=int, default=2)
+    r.add_argument("--nproc", type=int, default=2, help="GPUs: processes of a configuration that names none")
+    r.add_argument("--swap-halves", action="store_true",
+                   help="every other round, GPU g of a configuration's GPU set becomes g + nproc/2 (mod nproc)")
     r.add_argument("--env", action="append", metavar="K=V", help="for every launch, e.g. "
                    "NBDDP_BENCH_ARGS=max_steps=40 (bench/rankprobe's levers)")
     r.add_argument("--artifacts", default="", help="tar.gz of every launch's log and probe files")

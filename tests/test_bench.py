@@ -191,6 +191,37 @@ def test_scaling_launches_each_configuration_with_its_script_and_launcher(tmp_pa
         assert f"script gpurun visible {gpu}" in (tmp_path / "w" / "pair0" / f"pair0-two-singles-gpu{gpu}.log").read_text()
 
 
+def test_scaling_runs_the_parts_of_a_launch_at_once_on_their_own_gpus(tmp_path):
+    pytest.importorskip("transformers")
+    import scaling
+
+    assert scaling.parts("ddp@01+two-singles@23") == [("ddp@01", "ddp", "01"), ("two-singles@23", "two-singles", "23")]
+    assert scaling.parts("single") == [("single", "single", "0")]
+    assert scaling.parts("ddp@01+single", mirror=True, total=4) == [("ddp@23", "ddp", "23"), ("single", "single", "2")]
+    (tmp_path / "gpurun").mkdir()
+    (tmp_path / "gpurun" / "nb.py").write_text(FAKE_TRAINING)
+    out = tmp_path / "scaling.json"
+    subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "run",
+                    "--script", str(tmp_path / "gpurun" / "nb.py"), "--configs", "single,ddp@01+two-singles@23",
+                    "--nproc", "4", "--swap-halves", "--pairs", "2", "--skip", "2", "--run-estimate", "1",
+                    "--work", str(tmp_path / "w"), "--out", str(out), "--timeout", "200"], check=True,
+                   capture_output=True)
+    result = json.load(open(out))
+    first, second = result["rounds"]
+    assert list(first) == ["single", "ddp@01", "two-singles@23"]
+    assert list(second) == ["ddp@23", "two-singles@01", "single"]  # rotated, GPU sets mirrored
+    assert (first["single"]["gpus"], second["single"]["gpus"]) == ("0", "2")
+    assert first["ddp@01"]["beside"] == ["two-singles@23"]
+    assert first["ddp@01"]["to_beside"]["two-singles@23"] == pytest.approx(
+        first["ddp@01"]["samples_per_s"] / first["two-singles@23"]["samples_per_s"], abs=1e-3)
+    assert len(result["on_gpu_sets"]["ddp@2"]["to_beside"]["two-singles@2"]) == 2
+    log = lambda i, name: (tmp_path / "w" / f"pair{i}" / f"pair{i}-{name}.log").read_text()  # noqa: E731
+    assert log(0, "ddp@01").count("script gpurun visible 0,1") == 2  # torchrun, 2 processes on GPUs 0 and 1
+    assert log(1, "ddp@23").count("script gpurun visible 2,3") == 2
+    assert "script gpurun visible 2" in log(1, "single")
+    assert "script gpurun visible 3" in log(0, "two-singles@23-gpu3")
+
+
 def test_plain_script_is_the_notebook_without_ddp_changes():
     import ast
 
@@ -213,6 +244,7 @@ def test_launch_argv_torchrun_or_one_process():
     assert argv[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "s.py"]
     assert (world, mode) == (2, "ddp")
     assert run_notebooks.launch_argv("s.py", 2, gpu="0,1")[1:] == (1, "single")
+    assert run_notebooks.launch_argv("s.py", 4, mode="self") == ([sys.executable, "s.py"], 4, "self")
 
 
 def test_probe_sets_the_training_argument_levers_under_test(tmp_path):
