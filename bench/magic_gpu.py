@@ -13,6 +13,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -33,7 +34,11 @@ def run(cell_file, out, env):
     work = os.path.join("/tmp", "magic-work")
     os.makedirs(work, exist_ok=True)
     probe = os.path.join(work, "probe")
-    path = [os.path.join(HERE, "rankprobe"), os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]
+    package = os.path.join("/tmp", "magic-pkg")  # nbddp as installed: its templates/ inside the package
+    shutil.rmtree(package, ignore_errors=True)
+    shutil.copytree(os.path.join(os.path.dirname(HERE), "nbddp"), os.path.join(package, "nbddp"))
+    shutil.copytree(os.path.join(os.path.dirname(HERE), "templates"), os.path.join(package, "nbddp", "templates"))
+    path = [os.path.join(HERE, "rankprobe"), package, os.environ.get("PYTHONPATH", "")]
     kernel_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p), NBDDP_BENCH_PROBE_DIR=probe,
                       NBDDP_BENCH_SCRIPT=os.path.join(work, "train_ddp.py"),  # only the ranks write probe files
                       PYTHONUNBUFFERED="1", **env)

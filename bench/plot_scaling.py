@@ -5,6 +5,8 @@ tags are dropped (ddp[c2] is plotted as ddp); --configs keeps only the named con
 
     python bench/plot_scaling.py bench/results/scaling-2026-11-26-8b.json --configs ddp,two-singles \
         -o docs/scaling-2026-11-26-8b.png
+--by-gpus plots against the number of GPUs instead: every launch of every round at its GPU count (a configuration
+run on named GPUs, ddp@01, counts those; one without, the file's world_size), with N x the median 1-GPU rate.
 """
 from __future__ import annotations
 
@@ -54,12 +56,67 @@ def plot(result, out, configs=None):
     fig.savefig(out, dpi=110)
 
 
+SHOWN = {"single": "1 GPU", "ddp": "nbddp DDP", "two-singles": "N independent 1-GPU processes",
+         "plain-torchrun": "plain notebook under torchrun (Unsloth's path)"}
+
+
+def gpus_used(name, world_size):
+    """single -> 1; ddp@23 -> 2; ddp -> the file's world size."""
+    base, _, gpus = name.split("[")[0].partition("@")
+    return 1 if base == "single" else (len(gpus) if gpus else world_size)
+
+
+def plot_by_gpus(result, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    world = result.get("world_size") or 2
+    rows = result.get("rounds") or []
+    points = {}  # configuration -> [(gpus, samples/s, ratio to the round's single or None)]
+    for row in rows:
+        single = (row.get("single") or {}).get("samples_per_s")
+        for name, run in row.items():
+            rate = (run or {}).get("samples_per_s")
+            if rate:
+                base = name.split("[")[0].split("@")[0]
+                points.setdefault(base, []).append((gpus_used(name, world), rate, rate / single if single else None))
+    fig, (rate_ax, ratio_ax) = plt.subplots(1, 2, figsize=(10, 4.4))
+    counts = sorted({g for pts in points.values() for g, _, _ in pts})
+    base = statistics.median(r for _, r, _ in points.get("single", [])) if points.get("single") else None
+    if base:
+        rate_ax.plot(counts, [g * base for g in counts], color="grey", linestyle="--", label="N x median 1 GPU")
+    ratio_ax.plot(counts, counts, color="grey", linestyle="--", label="N (perfect)")
+    for n, (name, pts) in enumerate(points.items()):
+        offset = (n - len(points) / 2) * 0.04  # side by side at each GPU count
+        rate_ax.scatter([g + offset for g, _, _ in pts], [r for _, r, _ in pts], color=f"C{n}", label=SHOWN.get(name, name),
+                        s=18)
+        medians = [(g, statistics.median(x for h, _, x in pts if h == g and x)) for g in counts
+                   if any(h == g and x for h, _, x in pts)]
+        if medians and name != "single":
+            ratio_ax.plot([g for g, _ in medians], [m for _, m in medians], marker="o", color=f"C{n}",
+                          label=f"{SHOWN.get(name, name)}, median")
+            ratio_ax.scatter([g + offset for g, _, x in pts if x], [x for _, _, x in pts if x], color=f"C{n}",
+                             s=10, alpha=0.5)
+    rate_ax.set(title="throughput, every launch", xlabel="GPUs", ylabel="samples/s", xticks=counts)
+    ratio_ax.set(title="over the same round's 1-GPU run", xlabel="GPUs", ylabel="ratio", xticks=counts)
+    for ax in (rate_ax, ratio_ax):
+        ax.legend(fontsize=8)
+    fig.suptitle(textwrap.fill(f"{result.get('model', '')} - {result.get('device', '')}", 130), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("result")
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--configs", help="comma-separated configurations to plot beside single (default: all)")
+    ap.add_argument("--by-gpus", action="store_true", help="samples/s and ratio against the number of GPUs")
     args = ap.parse_args(argv)
+    if args.by_gpus:
+        plot_by_gpus(json.load(open(args.result)), args.out)
+        return 0
     plot(json.load(open(args.result)), args.out, args.configs.split(",") if args.configs else None)
     return 0
 

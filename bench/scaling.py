@@ -105,13 +105,29 @@ def launch_rate(r, skip):
     if not all(parts):
         return _failure(r["concurrent"][parts.index(None)])
     tokens = [p["label_tokens_per_s"] for p in parts]
-    return {"samples_per_s": round(sum(p["samples_per_s"] for p in parts), 3),
+    rate = {"samples_per_s": round(sum(p["samples_per_s"] for p in parts), 3),
             "label_tokens_per_s": round(sum(tokens), 1) if all(tokens) else None,
             "median_step_s": [p["median_step_s"] for p in parts],
             "per_process": [{k: p[k] for k in ("samples_per_s", "median_step_s", "step_s")} for p in parts],
             "peak_allocated_gib": {str(i): p["peak_allocated_gib"].get("0") for i, p in enumerate(parts)},
             "peak_reserved_gib": {str(i): p["peak_reserved_gib"].get("0") for i, p in enumerate(parts)},
             "returncode": max(p["returncode"] or 0 for p in parts), "wall_s": max(p["wall_s"] or 0 for p in parts)}
+    return dict(rate, **lockstep(rate))
+
+
+def lockstep(rate):
+    """For independent processes run at once (a concurrent launch's rate): what they would reach in lockstep, each
+    step as long as the slowest process's step of the same index (DDP's pace with nothing else added), and N x the
+    slowest process's own rate, both over their summed rate."""
+    procs = [p for p in rate.get("per_process", []) if p.get("step_s", {}).get("0")]
+    if len(procs) < 2 or not rate.get("samples_per_s"):
+        return {}
+    steps = [p["step_s"]["0"] for p in procs]
+    per_step = [p["samples_per_s"] * sum(s) / len(s) for p, s in zip(procs, steps)]
+    n = min(map(len, steps))
+    locked = sum(per_step) * n / sum(max(s[i] for s in steps) for i in range(n))
+    return {"lockstep_to_sum": round(locked / rate["samples_per_s"], 4),
+            "slowest_x_n_to_sum": round(len(procs) * min(p["samples_per_s"] for p in procs) / rate["samples_per_s"], 4)}
 
 
 def _failure(r):
@@ -265,6 +281,18 @@ def on_gpu_sets(pairs):
     return out
 
 
+def lockstep_summary(pairs):
+    """Per label of the concurrent launches: lockstep_to_sum and slowest_x_n_to_sum, each round's and the median."""
+    out = {}
+    for p in pairs:
+        for key, run in p.items():
+            if "lockstep_to_sum" in run:
+                entry = out.setdefault(label(key), {"lockstep_to_sum": [], "slowest_x_n_to_sum": []})
+                for k in entry:
+                    entry[k].append(run[k])
+    return {k: dict(v, **{f"median_{m}": _stat(statistics.median, v[m], 4) for m in list(v)}) for k, v in out.items()}
+
+
 def write(args, pairs, notes):
     launches = args.configs.split(",")
     configs = [c for c in launches if c != "single" and "@" not in c]
@@ -274,7 +302,7 @@ def write(args, pairs, notes):
            "world_size": args.nproc, "paired_runs": [{"single": p.get("single"), "ddp": p.get(configs[0])}
                                                       for p in pairs] if configs else [],
            "median_ratio": first.get("median_ratio"), "ratios": first.get("ratios"), "configs": by_config,
-           "on_gpu_sets": on_gpu_sets(pairs), "rounds": pairs, "notes": notes,
+           "on_gpu_sets": on_gpu_sets(pairs), "lockstep": lockstep_summary(pairs), "rounds": pairs, "notes": notes,
            "settings": {"skip_steps": args.skip, "launches": launches, "swap_halves": args.swap_halves,
                         "first_round": args.first_round,
                         "configs": {c: CONFIGS[c] for c in CONFIGS if any(c == n for _, n, _ in
@@ -299,6 +327,7 @@ def merge(args):
         sources.append({"file": os.path.basename(path), "tag": tag, "device": result.get("device"),
                         "commit": result.get("commit"), "notes": result.get("notes")})
         for row in result["rounds"]:
+            row = {name: dict(run, **lockstep(run)) for name, run in row.items()}  # files older than lockstep()
             rows.append({(name if name == "single" or not tag else f"{name}[{tag}]"): run for name, run in row.items()})
     names = list(dict.fromkeys(n for row in rows for n in row if n != "single"))
     pooled = [{"single": row.get("single"), "ddp": run, "config": name} for row in rows
@@ -307,7 +336,8 @@ def merge(args):
     out = {"device": args.machine or first.get("device"), "model": first.get("model"),
            "world_size": first.get("world_size"), "paired_runs": pooled,
            "median_ratio": ddp["median_ratio"], "min_ratio": ddp["min_ratio"], "ratios": ddp["ratios"],
-           "ddp_pooled": ddp, "configs": {name: summary(rows, name) for name in names}, "rounds": rows,
+           "ddp_pooled": ddp, "configs": {name: summary(rows, name) for name in names},
+           "on_gpu_sets": on_gpu_sets(rows), "lockstep": lockstep_summary(rows), "rounds": rows,
            "sources": sources, "settings": first.get("settings")}
     with open(args.out, "w") as fh:
         json.dump(out, fh, indent=1)

@@ -113,6 +113,22 @@ def test_plot_scaling_writes_a_png(tmp_path):
     assert plot_scaling.rounds(result, ["ddp"])[1] == {"single": 40.0, "ddp": 78.0}
     plot_scaling.plot(result, tmp_path / "s.png")
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [plot_scaling.gpus_used(n, 4) for n in ("single", "ddp@23", "two-singles@01[c2]", "ddp")] == [1, 2, 2, 4]
+    result["rounds"][0]["ddp@01"] = {"samples_per_s": 99.0}
+    plot_scaling.plot_by_gpus(dict(result, world_size=4), tmp_path / "g.png")
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_lockstep_paces_every_step_by_the_slowest_process():
+    import scaling
+
+    fast, slow = {"samples_per_s": 4.0, "step_s": {"0": [2.0, 2.0]}}, {"samples_per_s": 2.0, "step_s": {"0": [4.0, 4.0]}}
+    assert scaling.lockstep({"samples_per_s": 6.0, "per_process": [fast, slow]}) == {
+        "lockstep_to_sum": 0.6667, "slowest_x_n_to_sum": 0.6667}  # 2 x 8 samples per 4 s = 4/s of 6/s
+    jitter = [{"samples_per_s": 4.0, "step_s": {"0": [1.0, 3.0]}}, {"samples_per_s": 4.0, "step_s": {"0": [3.0, 1.0]}}]
+    assert scaling.lockstep({"samples_per_s": 8.0, "per_process": jitter}) == {
+        "lockstep_to_sum": 0.6667, "slowest_x_n_to_sum": 1.0}  # equal speeds, but each step waits 3 s
+    assert scaling.lockstep({"samples_per_s": 4.0, "per_process": [fast]}) == {}
 
 
 def test_text_scale_lengthens_every_synthetic_sentence(monkeypatch):

@@ -119,6 +119,7 @@ def trainer_runs(tmp_path_factory):
     runs["nolayer"] = (done, res)
     done, res = torchrun("trainer_case.py", "layer", str(tmp / "layer.pt"), env={"NBDDP_KEEP_GLOBAL_BATCH": "1"})
     runs["layer"] = (done, res)
+    runs["accumulate"] = torchrun("trainer_case.py", "accumulate", str(tmp / "accumulate.pt"))
     done, res = _run([sys.executable, os.path.join(CASES, "trainer_case.py"), "single", str(tmp / "single.pt")],
                      drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))
     runs["single"] = (done, res)
@@ -145,6 +146,14 @@ def test_trainer_with_layer_matches_one_process_with_kept_global_batch(trainer_r
     assert a.keys() == b.keys() and a
     for k in a:  # float32, 3 SGD steps on a global batch of 4
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_are_reduced_once_per_optimizer_step_under_accumulation(trainer_runs):
+    _, runs = trainer_runs
+    done, res = runs["accumulate"]
+    assert res and res[0]["outcome"] == "trains", done.stderr[-3000:]
+    assert res[0]["gradient_accumulation_steps"] == 2
+    assert res[0]["reductions"] == 3  # 3 optimizer steps of 2 micro-batches: the first of each skips the all-reduce
 
 
 @pytest.mark.parametrize("mode", ["plain", "layer"])

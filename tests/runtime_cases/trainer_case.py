@@ -5,6 +5,7 @@ PeftModel is no PreTrainedModel and its checkpointing goes unseen.
     torchrun --nproc_per_node=2 trainer_case.py nolayer OUT   # expected: "marked as ready twice"
     NBDDP_KEEP_GLOBAL_BATCH=1 torchrun --nproc_per_node=2 trainer_case.py layer OUT   # gradient_accumulation 2 -> 1
     python trainer_case.py single OUT                        # one process, the same global batch of 4
+    torchrun --nproc_per_node=2 trainer_case.py accumulate OUT   # the layer, accumulation 2 kept: DDP's reductions
 
 Rank 0 saves the LoRA weights to OUT (torch.save) and prints `RESULT {json}`.
 """
@@ -15,11 +16,31 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 MODE, OUT = sys.argv[1], sys.argv[2]
-if MODE == "layer":
+if MODE in ("layer", "accumulate"):
     from _layer import load_layer
     LAYER = load_layer()  # before transformers is imported, as in a generated script
 
 import torch  # noqa: E402
+
+
+REDUCTIONS = []
+
+
+def count_reductions():
+    """Every DDP model built from here on counts its gradient reductions (the calls for its first bucket)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    init = DistributedDataParallel.__init__
+
+    def counting_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+
+        def hook(group, bucket):
+            REDUCTIONS.extend([1] if bucket.index() == 0 else [])
+            return allreduce_hook(group, bucket)
+        self.register_comm_hook(None, hook)
+    DistributedDataParallel.__init__ = counting_init
 
 
 def main():
@@ -47,6 +68,8 @@ def main():
         train_sampling_strategy="sequential", report_to=[], use_cpu=True,
         save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True,
     )
+    if MODE == "accumulate":
+        count_reductions()
     trainer = Trainer(model=model, args=args, train_dataset=data)
     result = {"mode": MODE, "gradient_accumulation_steps": int(trainer.args.gradient_accumulation_steps),
               "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
@@ -56,6 +79,7 @@ def main():
     except RuntimeError as exc:
         text = str(exc)
         result["outcome"] = "error: marked ready twice" if "marked as ready twice" in text else f"error: {text[:120]}"
+    result["reductions"] = len(REDUCTIONS)
     result["static_graph"] = trainer.args.ddp_static_graph
     result["find_unused_parameters"] = trainer.args.ddp_find_unused_parameters
     if int(os.environ.get("RANK", "0")) == 0:
