@@ -293,12 +293,19 @@ def lockstep_summary(pairs):
     return {k: dict(v, **{f"median_{m}": _stat(statistics.median, v[m], 4) for m in list(v)}) for k, v in out.items()}
 
 
+def stand_ins():
+    """The offline hub's report of the models it built (family -> repo ids, layers), where HF_HOME has one."""
+    path = os.path.join(os.environ.get("HF_HOME", ""), "offline_hub.json")
+    return json.load(open(path)).get("models") if os.environ.get("HF_HOME") and os.path.exists(path) else None
+
+
 def write(args, pairs, notes):
     launches = args.configs.split(",")
     configs = [c for c in launches if c != "single" and "@" not in c]
     by_config = {name: summary(pairs, name) for name in configs}
     first = by_config[configs[0]] if configs else {}
-    out = {"device": args.machine, "model": args.model, "script": os.path.basename(args.script),
+    out = {"device": args.machine, "model": args.model, "full_depth": args.full_depth, "stand_ins": stand_ins(),
+           "script": os.path.basename(args.script),
            "world_size": args.nproc, "paired_runs": [{"single": p.get("single"), "ddp": p.get(configs[0])}
                                                       for p in pairs] if configs else [],
            "median_ratio": first.get("median_ratio"), "ratios": first.get("ratios"), "configs": by_config,
@@ -325,6 +332,7 @@ def merge(args):
         result = json.load(open(path))
         first = first or result
         sources.append({"file": os.path.basename(path), "tag": tag, "device": result.get("device"),
+                        "full_depth": result.get("full_depth"),
                         "commit": result.get("commit"), "notes": result.get("notes")})
         for row in result["rounds"]:
             row = {name: dict(run, **lockstep(run)) for name, run in row.items()}  # files older than lockstep()
@@ -334,6 +342,7 @@ def merge(args):
               for name, run in row.items() if _base(name) == "ddp"]
     ddp = summary([{("ddp" if _base(k) == "ddp" else k): v for k, v in row.items()} for row in rows], "ddp")
     out = {"device": args.machine or first.get("device"), "model": first.get("model"),
+           "full_depth": all(s.get("full_depth") for s in sources),
            "world_size": first.get("world_size"), "paired_runs": pooled,
            "median_ratio": ddp["median_ratio"], "min_ratio": ddp["min_ratio"], "ratios": ddp["ratios"],
            "ddp_pooled": ddp, "configs": {name: summary(rows, name) for name in names},
@@ -370,6 +379,7 @@ def main(argv=None):
     r.add_argument("--artifacts", default="", help="tar.gz of every launch's log and probe files")
     r.add_argument("--machine", default=os.environ.get("BENCH_MACHINE", ""))
     r.add_argument("--model", default="")
+    r.add_argument("--full-depth", action="store_true", help="the stand-in has the real model's depth (recorded)")
     r.add_argument("--commit", default=os.environ.get("BENCH_COMMIT", ""))
     m = sub.add_parser("merge", help="one result from several calls' files")
     m.add_argument("files", nargs="+", metavar="FILE[=TAG]")
