@@ -10,14 +10,14 @@ a user keeps out of the training cell). The rank probe (bench/rankprobe) counts 
 per rank; the cell's streamed output goes to OUT/magic.log and the outcome, as JSON, to OUT/magic.json.
 """
 import argparse
-import glob
 import json
 import os
-import shutil
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run_notebooks as rn  # noqa: E402
 
 
 def cell(notebook):
@@ -33,16 +33,9 @@ def run(cell_file, out, env):
     os.makedirs(out, exist_ok=True)
     work = os.path.join("/tmp", "magic-work")
     os.makedirs(work, exist_ok=True)
-    probe = os.path.join(work, "probe")
-    package = os.path.join("/tmp", "magic-pkg")  # nbddp as installed: its templates/ inside the package
-    shutil.rmtree(package, ignore_errors=True)
-    shutil.copytree(os.path.join(os.path.dirname(HERE), "nbddp"), os.path.join(package, "nbddp"))
-    shutil.copytree(os.path.join(os.path.dirname(HERE), "templates"), os.path.join(package, "nbddp", "templates"))
-    path = [os.path.join(HERE, "rankprobe"), package, os.environ.get("PYTHONPATH", "")]
-    kernel_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p), NBDDP_BENCH_PROBE_DIR=probe,
-                      NBDDP_BENCH_SCRIPT=os.path.join(work, "train_ddp.py"),  # only the ranks write probe files
-                      PYTHONUNBUFFERED="1", **env)
-    kernel_env["NCCL_NVLS_ENABLE"] = "0"  # never anything else
+    kernel_env = rn.child_env(dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(work, "probe"),
+                                   NBDDP_BENCH_SCRIPT=os.path.join(work, "train_ddp.py")))  # only ranks write probes
+    kernel_env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), kernel_env["PYTHONPATH"]])  # this nbddp
     km, kc = start_new_kernel(kernel_name="python3", cwd=work, env=kernel_env)
     text = []
 
@@ -63,14 +56,11 @@ def run(cell_file, out, env):
         km.shutdown_kernel(now=True)
     with open(os.path.join(out, "magic.log"), "w") as fh:
         fh.write("".join(text))
-    ranks = {}
-    for f in glob.glob(os.path.join(probe, "*.json")):
-        p = json.load(open(f))
-        ranks[str(p["rank"])] = {k: p.get(k) for k in ("generate", "save_pretrained", "cuda_device", "gpu_uuid",
-                                                            "world_size", "peak_reserved_gib", "dist_initialized")}
+    keep = ("generate", "save_pretrained", "cuda_device", "gpu_uuid", "world_size", "peak_reserved_gib",
+            "dist_initialized")
+    ranks = {rank: {k: p.get(k) for k in keep} for rank, p in rn.rank_probes(work).items()}
     outcome = {"load_ext": loaded, "cell": status, "wall_s": round(time.time() - start, 1), "ranks": ranks,
-               "adapters": sorted(os.path.relpath(os.path.dirname(p), work) for p in
-                                  glob.glob(os.path.join(work, "**", "adapter_config.json"), recursive=True)),
+               "adapters": rn.adapter_dirs(work),
                "env": env}
     json.dump(outcome, open(os.path.join(out, "magic.json"), "w"), indent=1)
     print(json.dumps(outcome))

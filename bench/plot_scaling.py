@@ -60,10 +60,16 @@ SHOWN = {"single": "1 GPU", "ddp": "nbddp DDP", "two-singles": "N independent 1-
          "plain-torchrun": "plain notebook under torchrun (Unsloth's path)"}
 
 
+def split_name(name):
+    """A run's key as (configuration, GPU set): ddp@23[c2] -> ("ddp", "23"), single -> ("single", "")."""
+    config, _, gpus = name.split("[")[0].partition("@")
+    return config, gpus
+
+
 def gpus_used(name, world_size):
     """single -> 1; ddp@23 -> 2; ddp -> the file's world size."""
-    base, _, gpus = name.split("[")[0].partition("@")
-    return 1 if base == "single" else (len(gpus) if gpus else world_size)
+    config, gpus = split_name(name)
+    return 1 if config == "single" else (len(gpus) if gpus else world_size)
 
 
 def plot_by_gpus(result, out):
@@ -79,13 +85,12 @@ def plot_by_gpus(result, out):
         for name, run in row.items():
             rate = (run or {}).get("samples_per_s")
             if rate:
-                base = name.split("[")[0].split("@")[0]
-                points.setdefault(base, []).append((gpus_used(name, world), rate, rate / single if single else None))
+                points.setdefault(split_name(name)[0], []).append((gpus_used(name, world), rate, rate / single if single else None))
     fig, (rate_ax, ratio_ax) = plt.subplots(1, 2, figsize=(10, 4.4))
     counts = sorted({g for pts in points.values() for g, _, _ in pts})
-    base = statistics.median(r for _, r, _ in points.get("single", [])) if points.get("single") else None
-    if base:
-        rate_ax.plot(counts, [g * base for g in counts], color="grey", linestyle="--", label="N x median 1 GPU")
+    if points.get("single"):
+        one = statistics.median(r for _, r, _ in points["single"])
+        rate_ax.plot(counts, [g * one for g in counts], color="grey", linestyle="--", label="N x median 1 GPU")
     ratio_ax.plot(counts, counts, color="grey", linestyle="--", label="N (perfect)")
     for n, (name, pts) in enumerate(points.items()):
         offset = (n - len(points) / 2) * 0.04  # side by side at each GPU count

@@ -86,19 +86,26 @@ def _run(argv, env, cwd, log_path, timeout):
     return rc, timed_out, round(time.time() - t0, 1)
 
 
+def rank_probes(workdir):
+    """{rank: what bench/rankprobe wrote for it} of a launch run in workdir."""
+    return {str(p.get("rank")): p for p in (json.load(open(f))
+                                            for f in sorted(glob.glob(os.path.join(workdir, "probe", "*.json"))))}
+
+
+def adapter_dirs(workdir):
+    """The folders below workdir that hold a saved adapter, less the Trainer's checkpoints."""
+    return sorted(os.path.relpath(os.path.dirname(p), workdir)
+                  for p in glob.glob(os.path.join(workdir, "**", "adapter_config.json"), recursive=True)
+                  if "checkpoint-" not in p)
+
+
 def summarize(mode, rc, timed_out, wall, log_path, workdir, world):
     text = open(log_path, errors="replace").read()
     losses = [float(x) for x in LOSS_RE.findall(text)]
     metrics = {}
     for k, v in METRIC_RE.findall(text):
         metrics.setdefault(k, []).append(float(v))
-    probes = {}
-    for f in sorted(glob.glob(os.path.join(workdir, "probe", "*.json"))):
-        p = json.load(open(f))
-        probes[str(p.get("rank"))] = p
-    adapters = sorted(os.path.relpath(os.path.dirname(p), workdir)
-                      for p in glob.glob(os.path.join(workdir, "**", "adapter_config.json"), recursive=True)
-                      if "checkpoint-" not in p)
+    probes, adapters = rank_probes(workdir), adapter_dirs(workdir)
     exit_codes = {r: int(c) for r, c in EXIT_RE.findall(text)}
     if rc == 0 and not timed_out:
         exit_codes = {str(r): 0 for r in range(world)}
@@ -148,13 +155,14 @@ def launch(script, workdir, log_path, env, limit, nproc, gpu=None, visible=None,
     seeing that GPU (or those, "0,1"). Returns its summary."""
     os.makedirs(workdir, exist_ok=True)
     env = dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"), NBDDP_BENCH_SCRIPT=os.path.abspath(script))
-    if gpu is not None or visible is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu if gpu is not None else visible)
+    shown = gpu if gpu is not None else visible
+    if shown is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(shown)
     argv, world, mode = launch_argv(script, nproc, gpu, mode)
     rc, timed_out, wall = _run(argv, env, workdir, log_path, limit)
     r = summarize(mode, rc, timed_out, wall, log_path, workdir, world)
-    if gpu is not None or visible is not None:
-        r["gpu"] = gpu if gpu is not None else visible
+    if shown is not None:
+        r["gpu"] = shown
     return r
 
 

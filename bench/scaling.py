@@ -118,7 +118,8 @@ def launch_rate(r, skip):
 def lockstep(rate):
     """For independent processes run at once (a concurrent launch's rate): what they would reach in lockstep, each
     step as long as the slowest process's step of the same index (DDP's pace with nothing else added), and N x the
-    slowest process's own rate, both over their summed rate."""
+    slowest process's own rate, both over their summed rate; each process's step-to-step variation (standard
+    deviation over mean) and the correlation of every other process's step times with the first's."""
     procs = [p for p in rate.get("per_process", []) if p.get("step_s", {}).get("0")]
     if len(procs) < 2 or not rate.get("samples_per_s"):
         return {}
@@ -126,8 +127,12 @@ def lockstep(rate):
     per_step = [p["samples_per_s"] * sum(s) / len(s) for p, s in zip(procs, steps)]
     n = min(map(len, steps))
     locked = sum(per_step) * n / sum(max(s[i] for s in steps) for i in range(n))
+    def correlation(a, b):
+        return round(statistics.correlation(a, b), 3) if statistics.pstdev(a) and statistics.pstdev(b) else None
     return {"lockstep_to_sum": round(locked / rate["samples_per_s"], 4),
-            "slowest_x_n_to_sum": round(len(procs) * min(p["samples_per_s"] for p in procs) / rate["samples_per_s"], 4)}
+            "slowest_x_n_to_sum": round(len(procs) * min(p["samples_per_s"] for p in procs) / rate["samples_per_s"], 4),
+            "step_cv": [round(statistics.pstdev(s) / statistics.mean(s), 3) for s in steps],
+            "step_correlation_to_first": [correlation(steps[0][:n], s[:n]) for s in steps[1:]]}
 
 
 def _failure(r):
@@ -151,15 +156,15 @@ def parts(item, mirror=False, total=2):
     return out
 
 
-def one(name, scripts, work, env, limit, nproc, gpus=None):
-    """One launch: `single` (the converted script on GPU 0, or gpus[0]), or a configuration of CONFIGS on every
-    GPU or on `gpus` ("23")."""
-    key = f"{name}@{gpus}" if gpus and name != "single" else name
+def one(part, scripts, work, env, limit, nproc):
+    """One part of a launch, (key, name, GPUs) as parts() gives it: `single` (the converted script on its GPU), or
+    a configuration of CONFIGS on every GPU or on the GPUs named ("23")."""
+    key, name, gpus = part
     workdir = os.path.join(work, key)
     subprocess.run(["rm", "-rf", workdir])
     log = os.path.join(work, f"{os.path.basename(work)}-{key}.log")
     if name == "single":
-        return rn.launch(scripts["converted"], workdir, log, env, limit, nproc, gpu=int(gpus[0]) if gpus else 0)
+        return rn.launch(scripts["converted"], workdir, log, env, limit, nproc, gpu=int(gpus[0]))
     order = [int(g) for g in gpus] if gpus else list(range(nproc))
     nproc = len(order)
     config = CONFIGS[name]
@@ -181,7 +186,7 @@ def together(launch, scripts, work, env, limit, nproc, skip):
     """{key: rate} of one launch's parts, started at once (each part on its own GPUs); a part run beside others
     names them under `beside` and its rate over theirs under `to_beside`."""
     with concurrent.futures.ThreadPoolExecutor(len(launch)) as pool:
-        runs = list(pool.map(lambda p: one(p[1], scripts, work, env, limit, nproc, p[2]), launch))
+        runs = list(pool.map(lambda part: one(part, scripts, work, env, limit, nproc), launch))
     rates = {key: dict(launch_rate(r, skip), gpus=gpus or "all") for (key, _, gpus), r in zip(launch, runs)}
     if len(launch) > 1:
         for key, rate in rates.items():
@@ -201,7 +206,7 @@ def run(args):
                                                                           os.path.basename(args.script)))}
     names = args.configs.split(",")
     names = names if "single" in names else ["single"] + names
-    pairs, notes = [], []
+    pairs, notes, hub = [], [], stand_ins()
     for i in range(args.first_round, args.first_round + args.pairs):
         pair, work = {}, os.path.join(args.work, f"pair{i}")
         os.makedirs(work, exist_ok=True)
@@ -211,14 +216,14 @@ def run(args):
                 break
             launch = parts(item, mirror=args.swap_halves and i % 2 == 1, total=args.nproc)
             pair.update(together(launch, scripts, work, env, args.timeout, args.nproc, args.skip))
-            write(args, pairs + [pair], notes)  # a call cut off mid-round keeps the launches it finished
+            write(args, pairs + [pair], notes, hub)  # a call cut off mid-round keeps the launches it finished
         if pair:
             pairs.append(pair)
             print(f"round {i}: " + json.dumps({k: v.get("samples_per_s", v.get("errors")) for k, v in pair.items()}),
                   flush=True)
-        if notes:
+        if notes:  # only a stop for time writes a note
             break
-    write(args, pairs, notes)
+    write(args, pairs, notes, hub)
     if args.artifacts:  # every launch's log and the probe's files
         with tarfile.open(args.artifacts, "w:gz") as tar:
             for f in sorted(glob.glob(os.path.join(args.work, "pair*", "**", "*"), recursive=True)):
@@ -256,7 +261,7 @@ def summary(pairs, name):
 
 def label(key):
     """A run's key without its GPU set, with their number: ddp@23 -> ddp@2 (ddp on 2 of the machine's GPUs)."""
-    name, _, gpus = key.partition("@")
+    name, _, gpus = _base(key).partition("@")
     return f"{name}@{len(gpus)}" if gpus else name
 
 
@@ -282,15 +287,16 @@ def on_gpu_sets(pairs):
 
 
 def lockstep_summary(pairs):
-    """Per label of the concurrent launches: lockstep_to_sum and slowest_x_n_to_sum, each round's and the median."""
+    """Per label of the concurrent launches: every launch's lockstep() figures pooled, and their medians."""
+    fields = ("lockstep_to_sum", "slowest_x_n_to_sum", "step_cv", "step_correlation_to_first")
     out = {}
     for p in pairs:
         for key, run in p.items():
             if "lockstep_to_sum" in run:
-                entry = out.setdefault(label(key), {"lockstep_to_sum": [], "slowest_x_n_to_sum": []})
-                for k in entry:
-                    entry[k].append(run[k])
-    return {k: dict(v, **{f"median_{m}": _stat(statistics.median, v[m], 4) for m in list(v)}) for k, v in out.items()}
+                entry = out.setdefault(label(key), {k: [] for k in fields})
+                for k in fields:
+                    entry[k] += [x for x in (run[k] if isinstance(run[k], list) else [run[k]]) if x is not None]
+    return {k: dict(v, **{f"median_{m}": _stat(statistics.median, v[m], 4) for m in fields}) for k, v in out.items()}
 
 
 def stand_ins():
@@ -299,12 +305,13 @@ def stand_ins():
     return json.load(open(path)).get("models") if os.environ.get("HF_HOME") and os.path.exists(path) else None
 
 
-def write(args, pairs, notes):
+def write(args, pairs, notes, hub=None):
     launches = args.configs.split(",")
+    used = {name for item in launches for _, name, _ in parts(item)}
     configs = [c for c in launches if c != "single" and "@" not in c]
     by_config = {name: summary(pairs, name) for name in configs}
     first = by_config[configs[0]] if configs else {}
-    out = {"device": args.machine, "model": args.model, "full_depth": args.full_depth, "stand_ins": stand_ins(),
+    out = {"device": args.machine, "model": args.model, "full_depth": args.full_depth, "stand_ins": hub,
            "script": os.path.basename(args.script),
            "world_size": args.nproc, "paired_runs": [{"single": p.get("single"), "ddp": p.get(configs[0])}
                                                       for p in pairs] if configs else [],
@@ -312,9 +319,7 @@ def write(args, pairs, notes):
            "on_gpu_sets": on_gpu_sets(pairs), "lockstep": lockstep_summary(pairs), "rounds": pairs, "notes": notes,
            "settings": {"skip_steps": args.skip, "launches": launches, "swap_halves": args.swap_halves,
                         "first_round": args.first_round,
-                        "configs": {c: CONFIGS[c] for c in CONFIGS if any(c == n for _, n, _ in
-                                                                          (x for item in launches
-                                                                           for x in parts(item)))},
+                        "configs": {c: CONFIGS[c] for c in CONFIGS if c in used},
                         "env": rn.parse_env(args.env),
                         "timing": "rank 0's optimizer-step ends: CUDA events read after training"},
            "commit": args.commit}

@@ -16,7 +16,7 @@ import libcst as cst
 from .runtime import MODULES
 
 RUNTIME = Path(__file__).resolve().parent / "runtime"
-SKELETON = frozenset({"nbddp_start", "nbddp_teardown"})  # what templates/ddp_script.py.j2 calls
+SKELETON = frozenset({"nbddp_start", "nbddp_teardown"})  # what nbddp/templates/ddp_script.py.j2 calls
 
 
 @dataclass(frozen=True)

@@ -123,11 +123,15 @@ def test_lockstep_paces_every_step_by_the_slowest_process():
     import scaling
 
     fast, slow = {"samples_per_s": 4.0, "step_s": {"0": [2.0, 2.0]}}, {"samples_per_s": 2.0, "step_s": {"0": [4.0, 4.0]}}
-    assert scaling.lockstep({"samples_per_s": 6.0, "per_process": [fast, slow]}) == {
+    steady = scaling.lockstep({"samples_per_s": 6.0, "per_process": [fast, slow]})
+    assert {k: steady[k] for k in ("lockstep_to_sum", "slowest_x_n_to_sum")} == {
         "lockstep_to_sum": 0.6667, "slowest_x_n_to_sum": 0.6667}  # 2 x 8 samples per 4 s = 4/s of 6/s
+    assert steady["step_cv"] == [0.0, 0.0] and steady["step_correlation_to_first"] == [None]
     jitter = [{"samples_per_s": 4.0, "step_s": {"0": [1.0, 3.0]}}, {"samples_per_s": 4.0, "step_s": {"0": [3.0, 1.0]}}]
-    assert scaling.lockstep({"samples_per_s": 8.0, "per_process": jitter}) == {
+    jittery = scaling.lockstep({"samples_per_s": 8.0, "per_process": jitter})
+    assert {k: jittery[k] for k in ("lockstep_to_sum", "slowest_x_n_to_sum")} == {
         "lockstep_to_sum": 0.6667, "slowest_x_n_to_sum": 1.0}  # equal speeds, but each step waits 3 s
+    assert jittery["step_cv"] == [0.5, 0.5] and jittery["step_correlation_to_first"] == [-1.0]
     assert scaling.lockstep({"samples_per_s": 4.0, "per_process": [fast]}) == {}
 
 

@@ -37,7 +37,8 @@ def count_reductions():
         init(self, *args, **kwargs)
 
         def hook(group, bucket):
-            REDUCTIONS.extend([1] if bucket.index() == 0 else [])
+            if bucket.index() == 0:
+                REDUCTIONS.append(bucket.index())
             return allreduce_hook(group, bucket)
         self.register_comm_hook(None, hook)
     DistributedDataParallel.__init__ = counting_init

@@ -1,0 +1,1 @@
+# Jinja2 templates of the generated script (nbddp/render.py loads them from this package).
