@@ -374,3 +374,15 @@ def test_launch_stopped_at_its_limit_keeps_its_ranks_steps(tmp_path):
     assert scaling.steady_rate(r, 2)["steps_timed"] == 5
 
 
+
+
+def test_allreduce_times_the_gradients_in_ddp_buckets_under_torchrun(tmp_path):
+    out = tmp_path / "ar.json"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                    os.path.join(BENCH, "allreduce.py"), "--numel", "1000", "--bucket-mb", "0.001", "--steps", "2",
+                    "--warmup", "1", "--dtypes", "float32", "--out", str(out)], check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    assert (result["world_size"], result["backend"]) == (2, "gloo")
+    fp32 = result["dtypes"]["float32"]
+    assert (fp32["bytes"], fp32["buckets"]) == (4000, 4)  # 1,048-byte buckets: 262, 262, 262 and 214 elements
+    assert 0 < fp32["min_ms"] <= fp32["median_ms"]
