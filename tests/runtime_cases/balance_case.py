@@ -13,7 +13,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 OUT = sys.argv[1]
-from _layer import load_layer  # noqa: E402
+from _layer import finish, load_layer  # noqa: E402
 
 LAYER = load_layer()  # before transformers is imported, as in a generated script
 
@@ -58,6 +58,7 @@ def main():
         json.dump(SEEN, fh)
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.named_parameters()}, OUT)
+    finish()
 
 
 if __name__ == "__main__":

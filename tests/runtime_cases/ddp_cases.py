@@ -19,6 +19,7 @@ import types
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "fake_zoo"))
 sys.path.insert(0, HERE)
+from _layer import finish, load_layer  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -27,7 +28,6 @@ from torch import nn  # noqa: E402
 WHAT = sys.argv[1]
 LAYER = None
 if WHAT == "layer":
-    from _layer import load_layer
     LAYER = load_layer()
 import unsloth_zoo.gradient_checkpointing as zoo_ckpt  # noqa: E402  (after the layer: its import hook patches)
 import unsloth_zoo.tiled_mlp as zoo_tiled  # noqa: E402
@@ -237,7 +237,7 @@ def main():
         os.makedirs(os.environ["NBDDP_OUTCOME_DIR"], exist_ok=True)
         with open(os.path.join(os.environ["NBDDP_OUTCOME_DIR"], f"ddp_cases_{WHAT}.json"), "w") as fh:
             json.dump(results, fh, indent=1)
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -11,13 +11,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _layer import finish, load_layer  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 if sys.argv[1] == "layer":
-    from _layer import load_layer
     load_layer()
 
 
@@ -56,7 +56,7 @@ def main():
         same = {n: all(torch.equal(other[n], t) for other in every) for n, t in mine.items()}
         print("RESULT " + json.dumps({"synced": same, "packed_broadcasts": len(packed),
                                       "contiguous_after": model.transposed.is_contiguous()}), flush=True)
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

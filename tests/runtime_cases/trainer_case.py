@@ -15,9 +15,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from _layer import finish, load_layer  # noqa: E402
 MODE, OUT = sys.argv[1], sys.argv[2]
 if MODE in ("layer", "accumulate"):
-    from _layer import load_layer
     LAYER = load_layer()  # before transformers is imported, as in a generated script
 
 import torch  # noqa: E402
@@ -95,6 +95,7 @@ def main():
                 json.dump(result, fh, indent=1)
     if result["outcome"] != "trains":
         os._exit(3)  # the failed step leaves DDP's collectives half done: do not wait in teardown
+    finish()
 
 
 if __name__ == "__main__":
