@@ -1,6 +1,6 @@
 """What DDP's gradient all-reduce costs per optimizer step, measured alone: the trainable gradients (default: the
-41,943,040 LoRA parameters Unsloth reports for Llama-3.1-8B at r=16) cut into DDP's 25 MB buckets, each bucket
-all-reduced asynchronously as DDP's reducer does, then waited for. Run it under torchrun on the GPUs (NCCL) or on
+41,943,040 LoRA parameters Unsloth reports for Llama-3.1-8B at r=16) cut into buckets of DDP's bucket_cap_mb (25 MB;
+DDP's own first bucket is smaller), each all-reduced asynchronously as DDP's reducer does, then waited for. Run it under torchrun on the GPUs (NCCL) or on
 CPU (gloo):
 
     python3 -m torch.distributed.run --standalone --nproc_per_node=4 bench/allreduce.py --out allreduce-4.json

@@ -62,7 +62,8 @@ def run(cell_file, out, env):
     outcome = {"load_ext": loaded, "cell": status, "wall_s": round(time.time() - start, 1), "ranks": ranks,
                "adapters": rn.adapter_dirs(work),
                "env": env}
-    json.dump(outcome, open(os.path.join(out, "magic.json"), "w"), indent=1)
+    with open(os.path.join(out, "magic.json"), "w") as fh:
+        json.dump(outcome, fh, indent=1)
     print(json.dumps(outcome))
     return 0 if status == "ok" else 1
 

@@ -16,6 +16,8 @@ import statistics
 import sys
 import textwrap
 
+import scaling  # bench/: a run's key and its GPU count
+
 
 def rounds(result, configs=None):
     """[{name: samples/s}] per round, names without merge's tags; older files have only paired_runs (single, ddp)."""
@@ -60,16 +62,10 @@ SHOWN = {"single": "1 GPU", "ddp": "nbddp DDP", "two-singles": "N independent 1-
          "plain-torchrun": "plain notebook under torchrun (Unsloth's path)"}
 
 
-def split_name(name):
-    """A run's key as (configuration, GPU set): ddp@23[c2] -> ("ddp", "23"), single -> ("single", "")."""
-    config, _, gpus = name.split("[")[0].partition("@")
-    return config, gpus
-
-
 def gpus_used(name, world_size):
     """single -> 1; ddp@23 -> 2; ddp -> the file's world size."""
-    config, gpus = split_name(name)
-    return 1 if config == "single" else (len(gpus) if gpus else world_size)
+    config, _, count = scaling.label(name).partition("@")
+    return 1 if config == "single" else int(count or world_size)
 
 
 def plot_by_gpus(result, out):
@@ -85,7 +81,7 @@ def plot_by_gpus(result, out):
         for name, run in row.items():
             rate = (run or {}).get("samples_per_s")
             if rate:
-                points.setdefault(split_name(name)[0], []).append((gpus_used(name, world), rate, rate / single if single else None))
+                points.setdefault(scaling.label(name).partition("@")[0], []).append((gpus_used(name, world), rate, rate / single if single else None))
     fig, (rate_ax, ratio_ax) = plt.subplots(1, 2, figsize=(10, 4.4))
     counts = sorted({g for pts in points.values() for g, _, _ in pts})
     if points.get("single"):

@@ -234,13 +234,14 @@ def run(args):
 
 def summary(pairs, name):
     """Ratios of one configuration to the single run of the same round (samples/s, label tokens/s) and to the
-    REFERENCES of the same round, and peak memory growth per rank over the single run (allocated, reserved)."""
+    REFERENCES of the same round on as many GPUs, and peak memory growth per rank over the single run (allocated, reserved)."""
     ratios, token_ratios, growth = [], [], {"peak_allocated_gib": [], "peak_reserved_gib": []}
     to_ref = {ref: [] for ref in REFERENCES}
+    size = label(name).partition("@")[2]  # a reference counts only on as many GPUs: ddp@01 -> two-singles@23
     for p in pairs:
         single, run = p.get("single", {}), p.get(name, {})
         for ref, found in to_ref.items():
-            other = next((r for key, r in p.items() if _base(key) == ref), {})
+            other = next((r for key, r in p.items() if label(key) == (f"{ref}@{size}" if size else ref)), {})
             if run.get("samples_per_s") and other.get("samples_per_s") and run is not other:
                 found.append(run["samples_per_s"] / other["samples_per_s"])
         if run.get("samples_per_s") and single.get("samples_per_s"):

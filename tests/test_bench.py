@@ -98,6 +98,9 @@ def test_scaling_summary_pairs_each_configuration_with_its_own_round():
     ddp = scaling.summary(rounds, "ddp")
     assert ddp["ratios_to_plain_torchrun"] == [1.25] and ddp["ratios_to_two_singles"] == [0.975]
     assert "ratios_to_plain_torchrun" not in scaling.summary(rounds, "plain-torchrun")
+    four = {"single": {"samples_per_s": 10.0}, "ddp@01": {"samples_per_s": 19.0},  # a 4-GPU machine's round
+            "two-singles@23": {"samples_per_s": 20.0}, "two-singles": {"samples_per_s": 40.0}}
+    assert scaling.summary([four], "ddp@01")["ratios_to_two_singles"] == [0.95]  # two GPUs against two, not four
 
 
 def test_plot_scaling_writes_a_png(tmp_path):
