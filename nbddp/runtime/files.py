@@ -10,10 +10,10 @@ from .group import NBDDP_IS_LOCAL_MAIN, nbddp_barrier
 def nbddp_main_process_first():
     """Local rank 0 runs the block first (and fills the datasets cache); the others run it after."""
     if not NBDDP_IS_LOCAL_MAIN:
-        nbddp_barrier()
+        nbddp_barrier("data preparation")
     yield
     if NBDDP_IS_LOCAL_MAIN:
-        nbddp_barrier()
+        nbddp_barrier("data preparation")
 
 
 def nbddp_shell(command, shell=True):
@@ -23,7 +23,7 @@ def nbddp_shell(command, shell=True):
         done = subprocess.run(command, shell=True, executable=None if shell is True else shell)
         if done.returncode:
             print(f"nbddp: shell command exited with status {done.returncode}: {command}", file=sys.stderr)
-    nbddp_barrier()
+    nbddp_barrier(f"shell command {command[:60]}")
 
 
 def nbddp_getoutput(command):
@@ -37,4 +37,4 @@ def nbddp_write_file(path, text, append=False):
     if NBDDP_IS_LOCAL_MAIN:
         with open(path, "a" if append else "w", encoding="utf-8") as fh:
             fh.write(text)
-    nbddp_barrier()
+    nbddp_barrier(f"writing {path}")

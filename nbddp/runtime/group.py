@@ -1,4 +1,5 @@
 """Rank facts from torchrun's environment, this rank's device, the process group, and how the job starts."""
+import datetime
 import os
 import sys
 
@@ -6,6 +7,7 @@ import torch
 import torch.distributed
 
 from .launcher import NBDDP_LAUNCHED, nbddp_nproc, nbddp_self_launch
+from .wait import nbddp_store_barrier
 
 NBDDP_RANK = int(os.environ.get("RANK", "0"))
 NBDDP_LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
@@ -14,6 +16,10 @@ NBDDP_IS_MAIN = NBDDP_RANK == 0  # saving, pushing, generation and prints: once 
 NBDDP_IS_LOCAL_MAIN = NBDDP_LOCAL_RANK == 0  # files and caches: once per machine
 NBDDP_DEVICE = f"cuda:{NBDDP_LOCAL_RANK}" if torch.cuda.is_available() else "cpu"
 NBDDP_MODE = "ddp"  # or "split": one process, the model over every GPU (nbddp_fit)
+# The group's collectives (training) wait this long for a late rank; waits for rank-0 work go through the store.
+# 1800 s is the Trainer's own ddp_timeout default (torch's NCCL default is 600 s).
+NBDDP_GROUP_TIMEOUT = float(os.environ.get("NBDDP_GROUP_TIMEOUT", "1800"))
+NBDDP_AT_TEARDOWN = []  # checks every rank runs at the end of a script that did not fail, in this order
 
 
 def nbddp_start(mode="ddp", group=True):
@@ -47,20 +53,31 @@ def nbddp_dist():
     if not torch.distributed.is_initialized():
         cuda = torch.cuda.is_available()
         torch.distributed.init_process_group("nccl" if cuda else "gloo",
-                                             device_id=torch.device(NBDDP_DEVICE) if cuda else None)
+                                             device_id=torch.device(NBDDP_DEVICE) if cuda else None,
+                                             timeout=datetime.timedelta(seconds=NBDDP_GROUP_TIMEOUT))
     return True
 
 
-def nbddp_barrier():
-    """Wait until every rank gets here."""
-    if nbddp_dist():
-        nccl = torch.distributed.get_backend() == "nccl"
-        torch.distributed.barrier(device_ids=[NBDDP_LOCAL_RANK] if nccl else None)
+def nbddp_collective_barrier():
+    """A barrier of the process group itself (bounded by its timeout)."""
+    nccl = torch.distributed.get_backend() == "nccl"
+    torch.distributed.barrier(device_ids=[NBDDP_LOCAL_RANK] if nccl else None)
+
+
+def nbddp_barrier(what=None):
+    """Wait until every rank gets here, however long the rank-0 work named by `what` takes (wait.py)."""
+    if nbddp_dist() and not nbddp_store_barrier(what):
+        nbddp_collective_barrier()
 
 
 def nbddp_teardown():
-    """Wait for every rank, then close the process group; a rank that failed skips the wait."""
+    """Run the end-of-script checks, wait for every rank, then close the process group; a rank that failed skips
+    the checks and the wait. The last, collective barrier keeps a store that rank 0 hosts up until every rank has
+    left it."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         if sys.exc_info()[0] is None:
-            nbddp_barrier()
+            for check in NBDDP_AT_TEARDOWN:
+                check()
+            nbddp_barrier("the end of the script")
+            nbddp_collective_barrier()
         torch.distributed.destroy_process_group()

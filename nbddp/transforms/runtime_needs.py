@@ -164,7 +164,11 @@ def sized_loads(facts: _Facts) -> list:
 
 def needs(facts: _Facts) -> dict[str, str]:
     """Runtime module -> why this notebook needs it."""
-    why = {"group": "every script: ranks from torchrun's environment, this rank's device, the process group"}
+    why = {"group": "every script: ranks from torchrun's environment, this rank's device, the process group",
+           "one_writer": "every script: saving and pushing on rank 0 only, also where the converter cannot see it",
+           "agree": "every script: rank 0 says whether the ranks trained the same weights"}
+    if "input" in facts.names:
+        why["ask"] = "the notebook calls input(): rank 0 asks, every rank gets the answer, or EOFError, never a hang"
     if sized_loads(facts):
         why["fit"] = "the notebook loads a model: DDP if it fits one GPU, else one process split over all of them"
     used = sorted(facts.names & FILE_HELPERS)

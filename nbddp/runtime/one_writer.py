@@ -1,0 +1,136 @@
+"""One writer at run time, a net under the converter's guards: on ranks other than global rank 0, the saving and
+pushing methods of transformers, peft and Unsloth, and wandb's run start, do nothing. That covers saves the
+converter cannot see: in a module the notebook imports, in code built at run time, inside a library helper.
+
+A call the converter already made rank-0-only never runs on the other ranks, so nothing changes there (no second
+barrier). Where every rank makes the call, the other ranks skip it and wait, through the store, until rank 0 has
+finished the same call (the same line, the same time), so a later load of the folder finds it whole; they stop
+waiting if rank 0 reaches the next barrier without making it. The Trainer's own saving is left alone: it already
+writes on the main process only, and its save_model must run on every rank under FSDP or DeepSpeed."""
+import functools
+import sys
+
+from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_RANK, NBDDP_WORLD_SIZE
+from .hooks import NBDDP_IMPORTS, _nbddp_choice, nbddp_say
+from .wait import NBDDP_WAITS, nbddp_store, nbddp_store_barrier, nbddp_wait_until
+
+NBDDP_ONE_WRITER = NBDDP_WORLD_SIZE > 1 and _nbddp_choice("NBDDP_ONE_WRITER") is not False
+_NBDDP_WRITES = {"depth": 0, "sites": {}, "skipped": set()}
+_NBDDP_WRITERS = {  # module -> class -> methods
+    "transformers.modeling_utils": {"PreTrainedModel": ("save_pretrained", "push_to_hub")},
+    "transformers.utils.hub": {"PushToHubMixin": ("push_to_hub",)},
+    "transformers.tokenization_utils_base": {"PreTrainedTokenizerBase": ("save_pretrained",)},
+    "transformers.processing_utils": {"ProcessorMixin": ("save_pretrained",)},
+    "transformers.configuration_utils": {"PretrainedConfig": ("save_pretrained",),
+                                         "PreTrainedConfig": ("save_pretrained",)},
+    "peft.peft_model": {"PeftModel": ("save_pretrained",)},
+}
+
+
+def _nbddp_skipped(name, key=None):
+    """Another rank's call: note it for rank 0's line, then wait until rank 0 has made the same call (`key`)."""
+    store = nbddp_store()
+    if store is None:
+        return
+    if name not in _NBDDP_WRITES["skipped"]:
+        _NBDDP_WRITES["skipped"].add(name)
+        store.set(f"nbddp/skip/{store.add('nbddp/skips', 1)}", f"{NBDDP_RANK} {name}")
+    passed = NBDDP_WAITS[0]
+    if key is not None:
+        nbddp_wait_until(lambda: store.check([key]) or store.check([f"nbddp/barrier/{passed + 1}/0"]),
+                         lambda: f"rank 0: {name}")
+
+
+def nbddp_one_writer(method, name):
+    """`method`, run on global rank 0 only (a call from inside another patched call runs as it is)."""
+    if getattr(method, "_nbddp_one_writer", False):
+        return method
+
+    @functools.wraps(method)
+    def write(*args, **kwargs):
+        state = _NBDDP_WRITES
+        if state["depth"]:
+            return method(*args, **kwargs)
+        frame = sys._getframe(1)
+        site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        count = state["sites"][site] = state["sites"].get(site, 0) + 1
+        key = f"nbddp/wrote/{site}/{count}"
+        if not NBDDP_IS_MAIN:
+            return _nbddp_skipped(name, key)
+        state["depth"] += 1
+        try:
+            return method(*args, **kwargs)
+        finally:
+            state["depth"] -= 1
+            store = nbddp_store()
+            if store is not None:
+                store.set(key, "1")
+
+    write._nbddp_one_writer = True
+    return write
+
+
+def _nbddp_patch_writers(module):
+    for cls_name, methods in _NBDDP_WRITERS.get(module.__name__, {}).items():
+        cls = getattr(module, cls_name, None)
+        for name in methods if NBDDP_ONE_WRITER and cls is not None else ():
+            if name in vars(cls):
+                setattr(cls, name, nbddp_one_writer(vars(cls)[name], name))
+
+
+def nbddp_one_writer_attached(obj):
+    """The saving methods Unsloth attaches to one model or tokenizer (save_pretrained_merged, push_to_hub_gguf, …)."""
+    for name, value in list(vars(obj).items()) if NBDDP_ONE_WRITER and hasattr(obj, "__dict__") else ():
+        if name.startswith(("save_pretrained", "push_to_hub", "save_lora")) and callable(value):
+            setattr(obj, name, nbddp_one_writer(value, name))
+    return obj
+
+
+def _nbddp_patch_unsloth_save(module):
+    attach = module.patch_saving_functions
+    if NBDDP_ONE_WRITER and not getattr(attach, "_nbddp_one_writer", False):
+        @functools.wraps(attach)
+        def patch_saving_functions(model, *args, **kwargs):
+            return nbddp_one_writer_attached(attach(model, *args, **kwargs) or model)
+
+        patch_saving_functions._nbddp_one_writer = True
+        module.patch_saving_functions = patch_saving_functions
+
+
+def _nbddp_patch_wandb(module):
+    init = module.init
+    if NBDDP_ONE_WRITER and not NBDDP_IS_MAIN and not getattr(init, "_nbddp_one_writer", False):
+        @functools.wraps(init)
+        def disabled_init(*args, **kwargs):
+            _nbddp_skipped("wandb.init")
+            return init(*args, **{**kwargs, "mode": "disabled"})
+
+        disabled_init._nbddp_one_writer = True
+        module.init = disabled_init
+
+
+def _nbddp_report_skips():
+    """Rank 0 says which saves the other ranks skipped (their own output is rarely shown)."""
+    store = nbddp_store()
+    if store is None or not NBDDP_ONE_WRITER:
+        return
+    nbddp_store_barrier("the end of the script")  # every rank's skips are in the store after it
+    skipped = {}
+    if NBDDP_IS_MAIN:
+        for i in range(1, store.add("nbddp/skips", 0) + 1):
+            rank, name = store.get(f"nbddp/skip/{i}").decode().split(" ", 1)
+            skipped.setdefault(int(rank), []).append(name)
+    if skipped:
+        said = "; ".join(f"rank {rank} skipped {', '.join(names)}" for rank, names in sorted(skipped.items()))
+        nbddp_say("one-writer", f"saving and pushing run on rank 0 only ({said}; NBDDP_ONE_WRITER=0: every rank)")
+
+
+def _nbddp_watch_writers():
+    for module in _NBDDP_WRITERS:
+        NBDDP_IMPORTS.watch(module, _nbddp_patch_writers)
+    NBDDP_IMPORTS.watch("unsloth.save", _nbddp_patch_unsloth_save)
+    NBDDP_IMPORTS.watch("wandb", _nbddp_patch_wandb)
+    NBDDP_AT_TEARDOWN.append(_nbddp_report_skips)
+
+
+_nbddp_watch_writers()

@@ -1,0 +1,58 @@
+"""Waits that outlast rank-0 work: ranks meet through the process group's key-value store, polled in short steps,
+never in a collective of the group. A collective waits only as long as the group's timeout (NCCL's watchdog then
+kills the rank); a rank polling the store can wait for hours, says once what it waits for, and still dies at once
+when torchrun stops the job because rank 0 failed."""
+import os
+import time
+
+import torch.distributed
+
+NBDDP_WAIT_NOTICE = float(os.environ.get("NBDDP_WAIT_NOTICE", "60"))  # seconds before a waiting rank says so
+NBDDP_STORE_WAIT = os.environ.get("NBDDP_STORE_WAIT", "1").strip().lower() not in ("0", "false", "no", "off")
+NBDDP_WAITS = [0]  # barriers this rank has passed; every rank counts the same ones
+
+
+def nbddp_store():
+    """The process group's store, or None (no group, a torch without it, or NBDDP_STORE_WAIT=0)."""
+    if not (NBDDP_STORE_WAIT and torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    try:
+        return torch.distributed.distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def nbddp_wait_until(ready, waiting_for):
+    """Poll `ready()` in growing steps (1 ms to 0.5 s); after NBDDP_WAIT_NOTICE seconds, print once the line that
+    `waiting_for()` gives (None: say nothing)."""
+    start, step, said = time.monotonic(), 0.001, False
+    while not ready():
+        if not said and time.monotonic() - start >= NBDDP_WAIT_NOTICE:
+            said, line = True, waiting_for()
+            if line:
+                print(f"nbddp: rank {torch.distributed.get_rank()} waiting for {line}", flush=True)
+        time.sleep(step)
+        step = min(step * 2, 0.5)
+
+
+def nbddp_store_barrier(what=None):
+    """Every rank gets here, however long rank 0's work (`what`) takes; the lowest rank that waits says so once."""
+    store = nbddp_store()
+    if store is None:
+        return False
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    NBDDP_WAITS[0] += 1
+    key = f"nbddp/barrier/{NBDDP_WAITS[0]}"
+    store.set(f"{key}/{rank}", "1")
+    store.add(key, 1)
+
+    def waiting_for():
+        absent = [r for r in range(world) if not store.check([f"{key}/{r}"])]
+        if not absent or rank != min(set(range(world)) - set(absent)):
+            return None
+        if absent == [0]:
+            return "rank 0: " + (what or "rank 0's work")
+        return f"rank{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))}" + (f" ({what})" if what else "")
+
+    nbddp_wait_until(lambda: store.add(key, 0) >= world, waiting_for)
+    return True
