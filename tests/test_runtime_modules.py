@@ -9,8 +9,8 @@ import types
 import pytest
 import torch
 
-from nbddp.runtime import (balance, checkpoint, files, global_batch, group, hooks, lean_sync, peft_shim, strategy,
-                           tiled_mlp, xformers_shim)
+from nbddp.runtime import (agree, ask, balance, checkpoint, files, global_batch, group, hooks, lean_sync, one_writer,
+                           peft_shim, strategy, tiled_mlp, wait, xformers_shim)
 
 CASES = os.path.join(os.path.dirname(__file__), "runtime_cases")
 
@@ -32,7 +32,8 @@ def world(monkeypatch, size, *modules):
 
 def test_importing_the_runtime_imports_no_training_library():
     code = ("import sys, nbddp.runtime.group, nbddp.runtime.hooks, nbddp.runtime.strategy, nbddp.runtime.balance, "
-            "nbddp.runtime.lean_sync, nbddp.runtime.tiled_mlp, nbddp.runtime.peft_shim, nbddp.runtime.xformers_shim; "
+            "nbddp.runtime.lean_sync, nbddp.runtime.tiled_mlp, nbddp.runtime.peft_shim, nbddp.runtime.xformers_shim, "
+            "nbddp.runtime.one_writer, nbddp.runtime.agree, nbddp.runtime.ask; "
             "print([m for m in ('transformers', 'trl', 'peft', 'unsloth', 'accelerate') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -478,3 +479,77 @@ def test_balance_patch_wraps_the_trainers_loader_once(monkeypatch):
     balance._nbddp_patch_trainer_loader(module)
     balance._nbddp_patch_trainer_loader(module)
     assert Trainer().get_train_dataloader() == "balanced loader"
+
+
+# ---- what a script guarantees (the 2-rank runs are in test_runtime_guarantees.py) ----
+def test_one_writer_runs_a_save_on_rank_0_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(one_writer, "NBDDP_ONE_WRITER", True)
+
+    def save(path):
+        calls.append(path)
+        inner("nested")  # a save inside a save runs as it is
+        return "saved"
+
+    inner = one_writer.nbddp_one_writer(lambda path: calls.append(path), "save_pretrained")
+    wrapped = one_writer.nbddp_one_writer(save, "save_pretrained")
+    assert one_writer.nbddp_one_writer(wrapped, "save_pretrained") is wrapped  # never twice
+    assert wrapped("a") == "saved" and calls == ["a", "nested"]
+    monkeypatch.setattr(one_writer, "NBDDP_IS_MAIN", False)
+    assert wrapped("b") is None and calls == ["a", "nested"]
+
+
+def test_one_writer_wraps_what_unsloth_attaches_and_wandb_on_other_ranks(monkeypatch):
+    monkeypatch.setattr(one_writer, "NBDDP_ONE_WRITER", True)
+    monkeypatch.setattr(one_writer, "NBDDP_IS_MAIN", False)
+    written = []
+    model = types.SimpleNamespace(save_pretrained_gguf=lambda *a: written.append(a), push_to_hub_merged=print,
+                                  generate=lambda: "kept", original_push_to_hub=print)
+    save = types.SimpleNamespace(patch_saving_functions=lambda m, vision=False: m)
+    one_writer._nbddp_patch_unsloth_save(save)
+    assert save.patch_saving_functions(model) is model
+    model.save_pretrained_gguf("dir")
+    assert written == [] and model.generate() == "kept" and model.original_push_to_hub is print
+    assert model.push_to_hub_merged.__wrapped__ is print
+    wandb = types.SimpleNamespace(init=lambda **kwargs: kwargs)
+    one_writer._nbddp_patch_wandb(wandb)
+    assert wandb.init(project="p") == {"project": "p", "mode": "disabled"}
+
+
+def test_agreement_stats_and_which_ranks_differ():
+    big = torch.arange(-3.0, 5.0)
+    assert agree.nbddp_weight_stats([big, torch.ones(2, 3)]) == [[4.0, 16.0], [6.0, 6.0]]
+    same = [[1.0, 2.0], [0.0, 5.0]]
+    assert agree.nbddp_ranks_that_differ([same, [row[:] for row in same]]) == []
+    assert agree.nbddp_ranks_that_differ([same, [[1.0 + 1e-9, 2.0], [0.0, 5.0]]]) == []  # rounding
+    assert agree.nbddp_ranks_that_differ([same, same, [[1.0, 2.0], [1e-3, 5.0]], same[:1]]) == [2, 3]
+    nan = [[float("nan"), float("nan")]]
+    assert agree.nbddp_ranks_that_differ([nan, nan]) == []
+
+
+def test_input_answer_from_a_terminal_a_pipe_or_no_one(monkeypatch):
+    monkeypatch.setattr(ask, "NBDDP_INPUT_GRACE", 0.05)
+    monkeypatch.setitem(ask._NBDDP_INPUT, "input", lambda prompt: sys.stdin.readline().rstrip("\n") or
+                        (_ for _ in ()).throw(EOFError()))
+    read, write = os.pipe()
+    with os.fdopen(read) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert ask._nbddp_answer("?") == "-stdin is not a terminal and has nothing to read"  # nobody writes
+        os.write(write, b"yes\n")
+        assert ask._nbddp_answer("?") == "+yes"
+        os.close(write)
+        assert ask._nbddp_answer("?") == "-stdin is closed"
+    monkeypatch.setattr(sys, "stdin", None)
+    assert ask._nbddp_answer("?").startswith("-")
+    with pytest.raises(EOFError, match="no one to answer it"):  # one process without a group: no store
+        ask.nbddp_input("?")
+
+
+def test_waits_without_a_group_and_the_waiting_line(monkeypatch, capsys):
+    assert wait.nbddp_store_barrier("x") is False and wait.nbddp_store() is None
+    group.nbddp_barrier("save_pretrained_gguf")  # one process: nothing to wait for
+    monkeypatch.setattr(wait, "NBDDP_WAIT_NOTICE", 0.0)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    polls = iter([False, False, True])
+    wait.nbddp_wait_until(lambda: next(polls), lambda: "rank 0: save_pretrained_gguf")
+    assert capsys.readouterr().out == "nbddp: rank 1 waiting for rank 0: save_pretrained_gguf\n"

@@ -32,9 +32,13 @@ UNSLOTH_SFT = (
 
 
 @pytest.mark.parametrize("cells, options, wanted, not_wanted", [
-    # plain torch, no Trainer: the rank facts, the process group, the self-launch
-    (("import torch\nx = torch.ones(1)\nprint(x)\n",), {}, {"group", "launcher"},
-     {"files", "balance", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "fit"}),
+    # plain torch, no Trainer: the rank facts, the process group, the self-launch, one writer, the agreement check
+    (("import torch\nx = torch.ones(1)\nprint(x)\n",), {}, {"group", "launcher", "wait", "one_writer", "agree"},
+     {"files", "balance", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "fit",
+      "ask"}),
+    # input() is asked on rank 0 only; a variable named input is not a call
+    (("answer = input('Go on? ')\n",), {}, {"ask"}, set()),
+    (("for instruction, input, output in rows:\n    text = input\n",), {}, set(), {"ask"}),
     # a model from the hub is sized at run time; one the notebook saves itself is not there yet at the start
     (("from transformers import AutoModelForCausalLM\nname = 'org/model'\n"
       "model = AutoModelForCausalLM.from_pretrained(name)\n",), {}, {"fit"}, set()),
@@ -119,15 +123,16 @@ def test_a_splitting_placement_stays_for_split_mode():
 def test_each_carried_module_says_why_in_one_line():
     conversion = convert_notebook(make_notebook(*UNSLOTH_SFT))
     lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
-    assert [line.split(":")[0][5:] for line in lines] == ["launcher", "group", "hooks", "fit", "unsloth_group",
-                                                          "lean_sync", "peft_shim", "balance"]
-    assert lines[2] == "# -- hooks: needed by fit, unsloth_group, lean_sync, peft_shim, balance"
+    assert [line.split(":")[0][5:] for line in lines] == ["launcher", "wait", "group", "hooks", "fit", "one_writer",
+                                                          "agree", "unsloth_group", "lean_sync", "peft_shim",
+                                                          "balance"]
+    assert lines[3] == "# -- hooks: needed by fit, one_writer, agree, unsloth_group, lean_sync, peft_shim, balance"
     assert "the notebook trains with a Trainer" in lines[-1]
 
 
 @pytest.mark.parametrize("notebook, most", [
-    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 250),
-    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 400),
+    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 520),
+    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 660),
 ])
 def test_lines_before_the_first_notebook_cell(notebook, most):
     lines = convert_notebook(str(notebook)).script.splitlines()
@@ -175,8 +180,8 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
                   and ast.get_docstring(n) and len(n.body) > 1]
     assert documented == []
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
-        ["launcher", "group", "hooks", "fit", "files", "unsloth_group", "checkpoint", "strategy", "lean_sync",
-         "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance"]
+        ["launcher", "wait", "group", "hooks", "fit", "files", "one_writer", "agree", "ask", "unsloth_group",
+         "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance"]
 
 
 def test_inlining_keeps_what_is_read_and_what_runs_at_import():

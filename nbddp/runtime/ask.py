@@ -25,6 +25,7 @@ def _nbddp_answer(prompt):
     try:
         return "+" + _NBDDP_INPUT["input"](prompt)
     except EOFError:
+        print(flush=True)  # after the prompt
         return "-stdin is closed"
 
 

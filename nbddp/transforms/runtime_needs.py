@@ -43,6 +43,7 @@ class _Facts(cst.CSTVisitor):
         self.models = []  # (model id, bits, cell, the notebook's placement) of each load whose id is a literal
         self.unsized = []  # model loads whose id or size the converter cannot read
         self.saved = set()  # folders the notebook saves a model to (not there when the script starts)
+        self.asks = False  # the notebook calls input()
         self.cell = 0
 
     def literal(self, node):
@@ -108,6 +109,7 @@ class _Facts(cst.CSTVisitor):
 
     def visit_Call(self, node):
         name = callee_tail(node) or ""
+        self.asks = self.asks or name == "input"
         if is_training_arguments(node):
             unused, static = keyword(node, "ddp_find_unused_parameters"), keyword(node, "ddp_static_graph")
             if any(arg.star == "**" for arg in node.args):
@@ -167,7 +169,7 @@ def needs(facts: _Facts) -> dict[str, str]:
     why = {"group": "every script: ranks from torchrun's environment, this rank's device, the process group",
            "one_writer": "every script: saving and pushing on rank 0 only, also where the converter cannot see it",
            "agree": "every script: rank 0 says whether the ranks trained the same weights"}
-    if "input" in facts.names:
+    if facts.asks:
         why["ask"] = "the notebook calls input(): rank 0 asks, every rank gets the answer, or EOFError, never a hang"
     if sized_loads(facts):
         why["fit"] = "the notebook loads a model: DDP if it fits one GPU, else one process split over all of them"
