@@ -16,6 +16,7 @@ from .report import Report
 from .transforms.autocast import Autocast
 from .syntax import newer_syntax
 from .transforms.base import Context, Options, Transform, cell_number
+from .transforms.custom_loop import CustomLoop
 from .transforms.data_prep import DataPrep
 from .transforms.global_batch import GlobalBatch
 from .transforms.magics import Magics
@@ -48,7 +49,7 @@ class CodeCells(Transform):
 
 
 def steps() -> list[Transform]:
-    return [CodeCells(), Magics(), Autocast(), Placement(), Scratch(), TrainerArgs(), DataPrep(), GlobalBatch(), RankGuards(),
+    return [CodeCells(), Magics(), Autocast(), Placement(), Scratch(), TrainerArgs(), CustomLoop(), DataPrep(), GlobalBatch(), RankGuards(),
             RuntimeNeeds()]
 
 
