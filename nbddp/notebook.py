@@ -13,6 +13,10 @@ MAX_BYTES = 1 << 30  # a notebook larger than this is not read (a device or a ru
 CELL_KEYS = {"code": {"id", "cell_type", "metadata", "source", "outputs", "execution_count"},
              "markdown": {"id", "cell_type", "metadata", "source", "attachments"},
              "raw": {"id", "cell_type", "metadata", "source", "attachments"}}
+OUTPUT_KEYS = {"stream": {"output_type", "name", "text"},  # and what each output type may carry
+               "display_data": {"output_type", "data", "metadata"},
+               "execute_result": {"output_type", "execution_count", "data", "metadata"},
+               "error": {"output_type", "ename", "evalue", "traceback"}}
 
 
 def read_notebook(path):
@@ -87,9 +91,14 @@ def _validate(nb) -> list[str]:
         extra = sorted(set(cell) - CELL_KEYS.get(cell.get("cell_type"), set(cell)))
         for key in extra:
             del cell[key]
+        for output in cell.get("outputs", []) if isinstance(cell.get("outputs"), list) else ():
+            dropped = sorted(set(output) - OUTPUT_KEYS.get(output.get("output_type"), set(output)))
+            for key in dropped:
+                del output[key]
+            extra += [f"{key} of a {output.get('output_type')} output" for key in dropped]
         if extra:
-            notes.append(f"cell {number} ({cell.get('cell_type')}): dropped {', '.join(extra)}, which nbformat's "
-                         "schema does not allow there")
+            notes.append(f"cell {number} ({cell.get('cell_type')}): dropped {', '.join(dict.fromkeys(extra))}, which "
+                         "nbformat's schema does not allow there")
     nbformat.validate(nb)
     return notes
 

@@ -3,16 +3,20 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from dataclasses import dataclass, field
 
 from . import __version__
 from .errors import ConversionError, NbddpError, NotebookReadError
 from .cells import cell_at
+from .cst import parse
 from .launch import launch_lines
 from .notebook import as_notebook
 from .report import Report
 from .transforms.autocast import Autocast
-from .transforms.base import Context, Options, Transform
+from .syntax import newer_syntax
+from .transforms.base import Context, Options, Transform, cell_number
+from .transforms.custom_loop import CustomLoop
 from .transforms.data_prep import DataPrep
 from .transforms.global_batch import GlobalBatch
 from .transforms.magics import Magics
@@ -45,7 +49,7 @@ class CodeCells(Transform):
 
 
 def steps() -> list[Transform]:
-    return [CodeCells(), Magics(), Autocast(), Placement(), Scratch(), TrainerArgs(), DataPrep(), GlobalBatch(), RankGuards(),
+    return [CodeCells(), Magics(), Autocast(), Placement(), Scratch(), TrainerArgs(), CustomLoop(), DataPrep(), GlobalBatch(), RankGuards(),
             RuntimeNeeds()]
 
 
@@ -86,17 +90,25 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
         nb.cells, version=__version__, source=source_name,
         launch=launch, installs=ctx.report.installs, script_name=script_name, runtime=ctx.runtime,
     )
-    check_compiles(script, script_name)
+    check_compiles(script, script_name, nb.cells, ctx.report)
     return Conversion(script=script, report=ctx.report, launch=launch, cells=nb.cells, runtime=ctx.runtime)
 
 
-def check_compiles(script: str, script_name: str):
+def check_compiles(script: str, script_name: str, cells=(), report: Report | None = None):
     """Compile the script (nothing runs): what Python refuses is an error naming the notebook cell and line, so no
-    script that does not compile is ever written."""
+    script that does not compile is ever written. Syntax of a newer Python than this one (a notebook from Colab's
+    3.12 converted on 3.11) is a report line naming the Python the script needs instead."""
     try:
         compile(script, script_name, "exec", dont_inherit=True)
     except SyntaxError as exc:
         where = cell_at(script.splitlines(), exc.lineno or 0)
+        newer = _newer_at(cells, *where) if where else None
+        if newer is not None and report is not None:
+            version, what = newer
+            needs, here = ".".join(map(str, version)), ".".join(map(str, sys.version_info[:2]))
+            report.warn(int(where[0]), f"uses {what}, which needs Python {needs}: run the script with Python {needs} "
+                        f"or newer (Python {here}, converting, cannot check that the script compiles)", line=where[1])
+            return
         hint = "; a script cannot await at top level: put the code in an async def and run it with asyncio.run()" \
             if "await" in (exc.msg or "") or "async" in (exc.msg or "") else ""
         raise ConversionError(f"Python cannot compile this cell in a script ({exc.msg}){hint}", step="compile",
@@ -104,6 +116,17 @@ def check_compiles(script: str, script_name: str):
     except ValueError as exc:  # e.g. a NUL character
         raise ConversionError(f"Python cannot compile the script ({exc}); fix the notebook's text",
                               step="compile") from None
+
+
+def _newer_at(cells, cell, line):
+    """(version, what) of syntax newer than this Python on that line of that converted cell, else None."""
+    source = next((c.source for c in cells if str(cell_number(c)) == str(cell)), None)
+    if source is None:
+        return None
+    for lines, version, what in newer_syntax(parse(source)):
+        if line in lines and version > sys.version_info[:2]:
+            return version, what
+    return None
 
 
 def convert(notebook, **kwargs) -> str:

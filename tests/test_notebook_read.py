@@ -76,3 +76,17 @@ def test_notebook_without_code_cells_is_an_error():
 
     with pytest.raises(NotebookReadError, match="no code cells"):
         nbddp.convert(make_notebook(("markdown", "just text"), "  \n"))
+
+
+def test_outputs_with_properties_the_schema_forbids_are_repaired():
+    nb = make_notebook("x = 1\n")
+    data = json.loads(json.dumps(nb))
+    data["cells"][0]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "hi\n", "metadata": {}},
+                                   {"output_type": "display_data", "data": {}, "metadata": {}}]
+    read = notebook_from_bytes(json.dumps(data).encode())
+    nbformat.validate(read)
+    assert read.cells[0].outputs[0] == {"output_type": "stream", "name": "stdout", "text": "hi\n"}
+    assert read.cells[0].outputs[1] == {"output_type": "display_data", "data": {}, "metadata": {}}  # allowed there
+    notes = read.metadata["nbddp"]["read_notes"]
+    assert notes == ["cell 1 (code): dropped metadata of a stream output, which nbformat's schema does not allow "
+                     "there"]

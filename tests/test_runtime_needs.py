@@ -181,7 +181,8 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
     assert documented == []
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
         ["launcher", "wait", "group", "hooks", "fit", "files", "one_writer", "agree", "ask", "unsloth_group",
-         "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance"]
+         "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance",
+         "loop"]
 
 
 def test_inlining_keeps_what_is_read_and_what_runs_at_import():

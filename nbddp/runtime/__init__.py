@@ -8,4 +8,4 @@ through `from .module import name` lines, which inlining drops. Importing this p
 
 # Inlining order where no import decides it; a module's `from .x import` lines put x before it.
 MODULES = ("launcher", "wait", "group", "fit", "files", "hooks", "one_writer", "agree", "ask", "unsloth_group", "checkpoint",
-           "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance")
+           "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance", "loop")

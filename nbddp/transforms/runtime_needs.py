@@ -17,6 +17,7 @@ from .trainer_args import is_training_arguments
 
 TRAINER_HOMES = frozenset({"transformers", "trl", "unsloth"})
 FILE_HELPERS = frozenset({"nbddp_main_process_first", "nbddp_shell", "nbddp_getoutput", "nbddp_write_file"})
+LOOP_HELPERS = frozenset({"nbddp_ddp", "nbddp_distributed", "nbddp_unsynced_loop"})
 CHECKPOINTING = frozenset({"gradient_checkpointing", "use_gradient_checkpointing", "activation_checkpointing"})
 QUANTIZED = frozenset({"load_in_4bit", "load_in_8bit", "quantization_config"})
 
@@ -194,6 +195,9 @@ def needs(facts: _Facts) -> dict[str, str]:
             "from Unsloth's get_peft_model" if unsloth else "in the notebook") + " on any peft version"
     if "nbddp_accumulation" in facts.names:
         why["global_batch"] = "converted with --keep-global-batch: gradient accumulation divided by the processes"
+    loop = sorted(facts.names & LOOP_HELPERS)
+    if loop:
+        why["loop"] = f"the notebook trains in a loop of its own ({', '.join(loop)}): one model over every rank"
     if facts.trainer:
         why["balance"] = "the notebook trains with a Trainer: each step's samples dealt to the ranks by length"
     return why

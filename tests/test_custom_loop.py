@@ -1,0 +1,147 @@
+"""A training loop of the notebook's own (no Trainer): converted, it trains one model on every rank.
+
+Before/after strings for the rewrite, and one real run on CPU: the notebook's loop (inside the notebook's own
+function, over a DataLoader) as a 2-process torchrun job with 2 rows per process, against one process with 4 rows
+a step: the same global batch and data order, so the trained LoRA weights must match, and both ranks must hold the
+same weights. Without the rewrite each rank would train alone on all the rows, 2 a step: other weights.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from conftest import make_notebook
+from e2e import SCRIPT, assert_clean_exit, run_job
+from test_transforms import convert_cells
+from tinymodels import alpaca_texts, save_tiny_llama
+
+SETUP = textwrap.dedent("""\
+    import torch
+    from torch.utils.data import DataLoader
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = DataLoader(rows, batch_size=4, shuffle=True)
+""")
+
+
+def _converted(*cells):
+    sources, report = convert_cells(SETUP, *(textwrap.dedent(c) for c in cells))
+    return sources[1:], report
+
+
+def test_a_top_level_loop_trains_through_ddp_on_each_ranks_share():
+    (loop,), report = _converted("""\
+        for epoch in range(3):
+            for step, batch in enumerate(loader):
+                loss = model(**batch).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    """)
+    assert loop == textwrap.dedent("""\
+        nbddp_ddp(model)
+        for epoch in range(3):
+            for step, batch in enumerate(nbddp_distributed(loader)):
+                loss = model(**batch).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    """)
+    assert any("model trains through DDP" in n.text and n.cell == 2 for n in report.changes)
+
+
+def test_a_loop_in_the_notebooks_function_follows_the_call_and_a_grad_scaler():
+    (loop,), _ = _converted("""\
+        def fit(net, opt, data, scaler):
+            for x in tqdm(data):
+                scaler.scale(net(**x).loss).backward()
+                scaler.step(opt)
+                scaler.update()
+        fit(model, optimizer, loader, torch.amp.GradScaler())
+    """)
+    assert "    nbddp_ddp(net)\n    for x in tqdm(nbddp_distributed(data)):\n" in loop
+
+
+def test_loops_that_do_not_train_or_distribute_themselves_are_left_alone():
+    unchanged = [
+        "for batch in loader:\n    print(model(**batch).loss)\n",              # no backward
+        "for batch in loader:\n    model(**batch).loss.backward()\n",            # backward, no step
+        "def train_step(batch):\n    model(**batch).loss.backward()\n    optimizer.step()\n",  # no loop
+        "if False:\n    for b in loader:\n        model(**b).loss.backward()\n        optimizer.step()\n",
+    ]
+    sources, _ = _converted(*unchanged)
+    assert sources == unchanged
+    own = "from accelerate import Accelerator\naccelerator = Accelerator()\n" \
+          "for b in loader:\n    accelerator.backward(model(**b).loss)\n    optimizer.step()\n"
+    assert _converted(own)[0] == [own]
+
+
+def test_a_loop_whose_model_cannot_be_told_stops_the_script_before_it():
+    (loop,), report = _converted("""\
+        while True:
+            compute().backward()
+            somebody.step()
+    """)
+    assert loop.startswith("nbddp_unsynced_loop('the training loop of cell 2')\nwhile True:\n")
+    assert any("cannot tell" in n.text for n in report.warnings)
+
+
+def test_converting_the_converted_loop_changes_nothing():
+    cell = "for b in loader:\n    model(**b).loss.backward()\n    optimizer.step()\n"
+    (once,), _ = _converted(cell)
+    (twice,), _ = _converted(once)
+    assert twice == once and once.startswith("nbddp_ddp(model)\n")
+
+
+def _notebook(texts):
+    return make_notebook(
+        "import json, os, torch\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "from peft import LoraConfig, get_peft_model\n"
+        "torch.manual_seed(0)\n"
+        "model = AutoModelForCausalLM.from_pretrained('tiny-llama')\n"
+        "tokenizer = AutoTokenizer.from_pretrained('tiny-llama')\n"
+        "model = get_peft_model(model, LoraConfig(r=4, target_modules=['q_proj', 'v_proj'], lora_dropout=0.0))\n",
+        f"from torch.utils.data import DataLoader\ntexts = {texts!r}\n"
+        "enc = tokenizer(texts, padding='max_length', max_length=40, truncation=True, return_tensors='pt')\n"
+        "rows = [{'input_ids': i, 'attention_mask': m} for i, m in zip(enc['input_ids'], enc['attention_mask'])]\n"
+        "loader = DataLoader(rows, batch_size=int(os.environ['LOOP_BATCH']))\n"
+        "optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)\n",
+        "def train(net, opt, data, epochs):\n    net.train()\n    for epoch in range(epochs):\n"
+        "        for batch in data:\n            out = net(**batch, labels=batch['input_ids'])\n"
+        "            out.loss.backward()\n            opt.step()\n            opt.zero_grad()\n"
+        "train(model, optimizer, loader, 2)\n",
+        "weights = {n: p.detach().flatten().tolist() for n, p in model.named_parameters() if p.requires_grad}\n"
+        "with open(f\"weights-{os.environ.get('RANK', '0')}.json\", 'w') as fh:\n    fh.write(json.dumps(weights))\n",
+    )
+
+
+@pytest.mark.ddp
+def test_the_loop_trains_one_model_as_one_process_does_at_the_same_global_batch(tmp_path):
+    import nbddp
+
+    torch = pytest.importorskip("torch")
+    script = nbddp.convert(_notebook(alpaca_texts() * 2))
+    assert "nbddp_ddp(net)" in script and "for batch in nbddp_distributed(data):" in script
+    runs = {}
+    for name, argv, batch in (("ddp", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"], "2"),
+                              ("one", [], "4")):
+        cwd = tmp_path / name
+        save_tiny_llama(cwd / "tiny-llama")
+        (cwd / SCRIPT).write_text(script, encoding="utf-8")
+        job = run_job([sys.executable, *argv, SCRIPT], cwd, env={"LOOP_BATCH": batch, "NBDDP_NPROC": "1"})
+        assert_clean_exit(job)
+        runs[name] = job
+    assert runs["ddp"].count("nbddp: the notebook's training loop trains one PeftModel") == 1, runs["ddp"].explain()
+
+    def weights(path):
+        return {k: torch.tensor(v) for k, v in json.loads(path.read_text()).items()}
+
+    rank0, rank1 = weights(tmp_path / "ddp" / "weights-0.json"), weights(tmp_path / "ddp" / "weights-1.json")
+    one = weights(tmp_path / "one" / "weights-0.json")
+    assert rank0.keys() == one.keys() and len(one) == 8  # lora_A and lora_B of q and v in 2 layers
+    for name in one:
+        assert torch.equal(rank0[name], rank1[name]), name
+        assert torch.allclose(rank0[name], one[name], atol=2e-5, rtol=1e-4), (name, (rank0[name] - one[name]).abs().max())
