@@ -135,6 +135,7 @@ def test_the_loop_trains_one_model_as_one_process_does_at_the_same_global_batch(
         assert_clean_exit(job)
         runs[name] = job
     assert runs["ddp"].count("nbddp: the notebook's training loop trains one PeftModel") == 1, runs["ddp"].explain()
+    assert runs["ddp"].count("nbddp: ranks agree after") == 1, runs["ddp"].explain()  # the runtime's own check
 
     def weights(path):
         return {k: torch.tensor(v) for k, v in json.loads(path.read_text()).items()}
