@@ -8,6 +8,9 @@ the whole job on 4 cores (taskset -c 0-3), as Kaggle's 4 vCPUs.
 
     source bench/gpu_env.sh --models llama31 --layers llama31=32 ... && \\
     python3 bench/kaggle_t4.py --script .gpurun/llama31-alpaca.py --gib 15 --runs self,one --out $OUT/t4.json
+    # T4-class (8 SMs per process), 3 rounds, the one-process run checked against the whole GPU:
+    python3 bench/kaggle_t4.py --script .gpurun/llama31-alpaca.py --gib 15 --runs one+whole,self --rounds 3 \\
+        --sms 8 --skip 1 --env NBDDP_BENCH_ARGS=max_steps=5 --env NBDDP_BENCH_EXIT_AFTER_TRAIN=1 --out $OUT/t4.json
 
 Runs (each `python script`, as a Kaggle Script runs it; the rate and peak memory come from the rank probe):
   self   the script as generated: it starts one process per GPU itself

@@ -420,6 +420,7 @@ def test_t4_class_share_is_chosen_by_matmul_and_checked_by_losses():
     assert t4_class.same_losses(train(1.0), train(1.0, 0.5)) == (False, None)
     figures = [{"sms": 4, "matmul_tflops": 20.0}, {"sms": 8, "matmul_tflops": 45.0}, {"sms": 6, "error": "x"}]
     assert t4_class.choose(figures, 32) == 8 and t4_class.choose(figures, 24) == 4
+    assert t4_class.choose([{"sms": 4, "sms_reported": 8, "matmul_tflops": 55.0}], 32) == 8  # what MPS gave
     assert t4_class.mps_percent(8, 132) == "6.06" and t4_class.mps_percent(6, 132) == "4.54"  # never over N
 
 
