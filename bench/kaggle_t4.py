@@ -8,25 +8,40 @@ the whole job on 4 cores (taskset -c 0-3), as Kaggle's 4 vCPUs.
 
     source bench/gpu_env.sh --models llama31 --layers llama31=32 ... && \\
     python3 bench/kaggle_t4.py --script .gpurun/llama31-alpaca.py --gib 15 --runs self,one --out $OUT/t4.json
+    # T4-class (8 SMs per process), 3 rounds, the one-process run checked against the whole GPU:
+    python3 bench/kaggle_t4.py --script .gpurun/llama31-alpaca.py --gib 15 --runs one+whole,self --rounds 3 \\
+        --sms 8 --skip 1 --env NBDDP_BENCH_ARGS=max_steps=5 --env NBDDP_BENCH_EXIT_AFTER_TRAIN=1 --out $OUT/t4.json
 
 Runs (each `python script`, as a Kaggle Script runs it; the rate and peak memory come from the rank probe):
   self   the script as generated: it starts one process per GPU itself
   one    NBDDP_NPROC=1: one process on one GPU
   ddp    NBDDP_MODE=ddp: one process per GPU whatever the model needs (what the script did before it checked)
+  whole  NBDDP_NPROC=1 on GPU 1 with the whole GPU (no --sms share) and cores 4-7: the reference the share's
+         losses must equal; `one+whole` runs both at once (separate GPUs and cores)
 Several --gib values run the listed runs at each (e.g. 15 for the throughput, a lower one where the model fits only
-split over both GPUs).
+split over both GPUs). --rounds K repeats the runs K times, the order rotated by one each round (--first-round
+goes on from an earlier call); --deadline stops starting runs that would end past it.
+
+T4-class compute (--sms N, bench/t4_class.py): every process of the job runs its kernels on N SMs of its GPU
+(NVIDIA MPS's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, the daemon started here and stopped at the end; --share green
+uses the rank probe's green context instead); the report then has "t4_class": true, the SM count and the share's
+own matmul and copy figures on each GPU, measured first.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run_notebooks as rn  # noqa: E402
+import t4_class  # noqa: E402
 from scaling import launch_rate  # noqa: E402
 
 BALLAST = """
@@ -38,7 +53,9 @@ print("free GiB", [round(torch.cuda.mem_get_info(d)[0] / 2**30, 2) for d in rang
       flush=True)
 time.sleep(10 ** 6)
 """
-RUNS = {"self": {}, "one": {"NBDDP_NPROC": "1"}, "ddp": {"NBDDP_MODE": "ddp"}}
+RUNS = {"self": {}, "one": {"NBDDP_NPROC": "1"}, "ddp": {"NBDDP_MODE": "ddp"},
+        "whole": {"NBDDP_NPROC": "1", "CUDA_VISIBLE_DEVICES": "1"}}
+CORES = {"whole": "4-7"}  # every other run: 0-3, Kaggle's 4 vCPUs
 T4 = {"NBDDP_BENCH_FP16": "1", "NCCL_P2P_DISABLE": "1"}
 
 
@@ -52,12 +69,12 @@ def ballast(gib):
     return proc, json.loads(line[len("free GiB "):])
 
 
-def one(script, workdir, env, limit):
-    """`taskset -c 0-3 python script` in workdir, with the probe; its summary (run_notebooks) and its fit line."""
+def one(script, workdir, env, limit, cores="0-3"):
+    """`taskset -c <cores> python script` in workdir, with the probe; its summary (run_notebooks) and its fit line."""
     os.makedirs(workdir, exist_ok=True)
     env = dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"), NBDDP_BENCH_SCRIPT=os.path.abspath(script))
     log = os.path.join(workdir, "run.log")
-    rc, timed_out, wall = rn._run(["taskset", "-c", "0-3", sys.executable, os.path.abspath(script)], env, workdir,
+    rc, timed_out, wall = rn._run(["taskset", "-c", cores, sys.executable, os.path.abspath(script)], env, workdir,
                                   log, limit)
     world = 1 + sum(1 for name in os.listdir(os.path.join(workdir, "probe")) if name != "rank0.json") \
         if os.path.isdir(os.path.join(workdir, "probe")) else 1
@@ -68,46 +85,122 @@ def one(script, workdir, env, limit):
     return result
 
 
+def share_env(args, total):
+    """The environment that holds a process to --sms SMs (none without --sms), and the whole-GPU one."""
+    if not args.sms:
+        return {}, {}
+    if args.share == "green":
+        return {"NBDDP_BENCH_GREEN_SMS": str(args.sms)}, {"NBDDP_BENCH_GREEN_SMS": ""}
+    return ({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": t4_class.mps_percent(args.sms, total)},
+            {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"})
+
+
+def record(name, gib, free, env, r, skip, started):
+    rate = launch_rate(r, skip)
+    return {"gib": float(gib), "free_gib": free, "run": name, "env": env,
+            "world_size": r["world_size"], "returncode": r["returncode"],
+            "out_of_memory": r["out_of_memory"], "nbddp_lines": r["nbddp_lines"],
+            "losses": r["losses"], "adapter_dirs": r["adapter_dirs"],
+            "peak_reserved_gib_per_gpu": {k: p.get("peak_reserved_gib_per_gpu") for k, p in r["ranks"].items()},
+            "peak_allocated_gib": {k: p.get("peak_allocated_gib") for k, p in r["ranks"].items()},
+            "green_sms": {k: p.get("green_sms") for k, p in r["ranks"].items() if p.get("green_sms")},
+            "rate": rate, "errors": r["errors"][-3:], "wall_s": round(time.time() - started, 1)}
+
+
+def summary(results):
+    """Per round: self (and ddp) over one; each `whole` run's losses against the same round's `one`."""
+    out = {}
+    for key in sorted({(r["gib"], r.get("round", 0)) for r in results}):
+        runs = {r["run"]: r for r in results if (r["gib"], r.get("round", 0)) == key}
+        rate = {k: (v["rate"] or {}).get("samples_per_s") for k, v in runs.items()}
+        row = {f"{k}_over_one": round(rate[k] / rate["one"], 3) for k in ("self", "ddp") if rate.get(k) and rate.get("one")}
+        if "whole" in runs and "one" in runs:
+            a, b = runs["one"]["losses"], runs["whole"]["losses"]
+            ok = len(a) == len(b) and a and all(map(math.isfinite, a + b))
+            row["one_vs_whole_losses"] = {"one": a, "whole": b, "max_rel_diff": round(max(
+                abs(x - y) / abs(y) for x, y in zip(a, b)), 5) if ok else None}
+            row["one_over_whole_step_s"] = [(runs[k]["rate"] or {}).get("median_step_s") for k in ("one", "whole")]
+        out[f"{key[0]:g}gib-round{key[1]}"] = row
+    ratios = [row["self_over_one"] for row in out.values() if "self_over_one" in row]
+    if ratios:
+        out["self_over_one_median"] = statistics.median(ratios)
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--script", required=True)
     parser.add_argument("--gib", default="15", help="free GiB left on each GPU; several: 15,6")
-    parser.add_argument("--runs", default="self,one", help="for each --gib: " + ",".join(RUNS) + "; several: a/b")
+    parser.add_argument("--runs", default="self,one", help="for each --gib: " + ",".join(RUNS) + " (a+b at once); several: a/b")
+    parser.add_argument("--rounds", type=int, default=1, help="the runs this many times, order rotated each round")
+    parser.add_argument("--first-round", type=int, default=0, help="number of the first round (rotation goes on)")
+    parser.add_argument("--sms", type=int, help="T4-class: each process on this many SMs of its GPU")
+    parser.add_argument("--share", choices=("mps", "green"), default="mps", help="how --sms is held")
     parser.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the rate")
     parser.add_argument("--timeout", type=float, default=240)
+    parser.add_argument("--deadline", type=float, help="seconds from start: no run starts that would end past it")
     parser.add_argument("--env", action="append", help="K=V for every run (e.g. NBDDP_BENCH_ARGS=max_steps=20)")
     parser.add_argument("--work", default="/tmp/kaggle-t4")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    env = rn.child_env({**T4, **rn.parse_env(args.env)})
-    results = []
-    for gib, runs in zip(args.gib.split(","), args.runs.split("/") * len(args.gib.split(","))):
-        held, free = ballast(float(gib))
-        try:
-            for name in runs.split(","):
-                print(f"run {name} with {gib} GiB free per GPU", flush=True)
-                started = time.time()
-                r = one(args.script, os.path.join(args.work, f"{gib}-{name}"), dict(env, **RUNS[name]), args.timeout)
-                rate = launch_rate(r, args.skip)
-                results.append({"gib": float(gib), "free_gib": free, "run": name, "env": RUNS[name],
-                                "world_size": r["world_size"], "returncode": r["returncode"],
-                                "out_of_memory": r["out_of_memory"], "nbddp_lines": r["nbddp_lines"],
-                                "losses": r["losses"][-3:], "adapter_dirs": r["adapter_dirs"],
-                                "peak_reserved_gib_per_gpu": {k: p.get("peak_reserved_gib_per_gpu")
-                                                              for k, p in r["ranks"].items()},
-                                "rate": rate, "errors": r["errors"][-3:], "wall_s": round(time.time() - started, 1)})
-                print(json.dumps(results[-1])[:600], flush=True)
-        finally:
-            held.kill()
-            held.wait()
-    report = {"machine": os.environ.get("BENCH_MACHINE"), "script": args.script, "t4_env": T4,
-              "cores": "taskset -c 0-3", "runs": results}
-    for gib in {r["gib"] for r in results}:
-        rates = {r["run"]: (r["rate"] or {}).get("samples_per_s") for r in results if r["gib"] == gib}
-        if rates.get("self") and rates.get("one"):
-            report[f"self_over_one_at_{gib:g}_gib"] = round(rates["self"] / rates["one"], 3)
+    t0 = time.time()
+    total = t4_class.total_sms() if args.sms else None
+    report = {"machine": os.environ.get("BENCH_MACHINE"), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+              "script": args.script, "t4_env": T4, "cores": "taskset -c 0-3", "env": rn.parse_env(args.env),
+              "t4_class": bool(args.sms), "runs": []}
+    mps = args.sms and args.share == "mps"
+    if mps:
+        os.environ.update(t4_class.mps_start())  # every child below is an MPS client
+    try:
+        share, whole = share_env(args, total)
+        if args.sms:
+            figures = t4_class.pair([(share, False), (share, False)])
+            report.update(sms=args.sms, share=args.share, total_sms=total, share_env=share, reference=figures,
+                          t4=t4_class.T4)
+            print("reference:", json.dumps(figures), flush=True)
+        env = rn.child_env({**T4, **share, **rn.parse_env(args.env)})
+        gibs = args.gib.split(",")
+        longest = 0.0
+        for gib, runs in zip(gibs, args.runs.split("/") * len(gibs)):
+            held, free = ballast(float(gib))
+            try:
+                names = runs.split(",")
+                for rnd in range(args.first_round, args.first_round + args.rounds):
+                    k = rnd % len(names)
+                    for item in names[k:] + names[:k]:
+                        if args.deadline and time.time() - t0 + 1.15 * longest > args.deadline:
+                            print(f"deadline: {item} (round {rnd}) not started", flush=True)
+                            continue
+                        started = time.time()
+                        threads, done = [], {}
+                        for name in item.split("+"):
+                            run_env = dict(env, **RUNS[name], **(whole if name == "whole" else {}))
+                            work = os.path.join(args.work, f"{gib}-r{rnd}-{name}")
+                            th = threading.Thread(target=lambda n=name, e=run_env, w=work: done.__setitem__(
+                                n, one(args.script, w, e, args.timeout, CORES.get(n, "0-3"))))
+                            threads.append(th)
+                            th.start()
+                            print(f"run {name} (round {rnd}) with {gib} GiB free per GPU", flush=True)
+                        for th in threads:
+                            th.join()
+                        for name in item.split("+"):
+                            res = dict(record(name, gib, free, RUNS[name], done[name], args.skip, started), round=rnd)
+                            report["runs"].append(res)
+                            print(json.dumps(res)[:700], flush=True)
+                        longest = max(longest, time.time() - started)
+                        report["summary"] = summary(report["runs"])
+                        with open(args.out, "w") as fh:
+                            json.dump(report, fh, indent=1)
+            finally:
+                held.kill()
+                held.wait()
+    finally:
+        if mps:
+            t4_class.mps_stop()
+    report["summary"] = summary(report["runs"])
     with open(args.out, "w") as fh:
         json.dump(report, fh, indent=1)
+    print(json.dumps(report["summary"])[:1500], flush=True)
 
 
 if __name__ == "__main__":

@@ -389,3 +389,79 @@ def test_allreduce_times_the_gradients_in_ddp_buckets_under_torchrun(tmp_path):
     fp32 = result["dtypes"]["float32"]
     assert (fp32["bytes"], fp32["buckets"]) == (4000, 4)  # 1,048-byte buckets: 262, 262, 262 and 214 elements
     assert 0 < fp32["min_ms"] <= fp32["median_ms"]
+
+
+def test_t4_class_summary_pairs_each_round_and_checks_the_whole_gpu_losses():
+    import kaggle_t4
+
+    def run(rnd, name, rate, losses=(12.6, 12.5), step=3.0):
+        return {"gib": 15.0, "round": rnd, "run": name, "losses": list(losses),
+                "rate": {"samples_per_s": rate, "median_step_s": step} if rate else {"returncode": 1}}
+    runs = [run(0, "one", 2.0), run(0, "whole", 4.0, (12.6, 12.51), 1.5), run(0, "self", 3.8),
+            run(1, "self", 4.2), run(1, "one", 2.0), run(1, "whole", 4.1, (12.6, float("nan"))),
+            run(2, "one", None), run(2, "self", 4.0)]
+    out = kaggle_t4.summary(runs)
+    assert out["15gib-round0"]["self_over_one"] == 1.9 and out["15gib-round1"]["self_over_one"] == 2.1
+    assert "self_over_one" not in out["15gib-round2"]  # a failed run pairs with nothing
+    assert out["self_over_one_median"] == 2.0
+    assert out["15gib-round0"]["one_vs_whole_losses"]["max_rel_diff"] == 0.0008
+    assert out["15gib-round0"]["one_over_whole_step_s"] == [3.0, 1.5]
+    assert out["15gib-round1"]["one_vs_whole_losses"]["max_rel_diff"] is None  # a NaN never matches
+
+
+def test_t4_class_share_is_chosen_by_matmul_and_checked_by_losses():
+    import t4_class
+
+    def train(*losses):
+        return {"train": {"losses": list(losses)}}
+    assert t4_class.same_losses(train(1.0, 0.5), train(1.001, 0.5)) == (True, 0.001)
+    assert t4_class.same_losses(train(1.0, 0.5), train(1.0, 0.6))[0] is False
+    assert t4_class.same_losses(train(1.0, float("nan")), train(1.0, float("nan"))) == (False, None)
+    assert t4_class.same_losses(train(1.0), train(1.0, 0.5)) == (False, None)
+    figures = [{"sms": 4, "matmul_tflops": 20.0}, {"sms": 8, "matmul_tflops": 45.0}, {"sms": 6, "error": "x"}]
+    assert t4_class.choose(figures, 32) == 8 and t4_class.choose(figures, 24) == 4
+    assert t4_class.choose([{"sms": 4, "sms_reported": 8, "matmul_tflops": 55.0}], 32) == 8  # what MPS gave
+    assert t4_class.mps_percent(8, 132) == "6.06" and t4_class.mps_percent(6, 132) == "4.54"  # never over N
+
+
+def test_probe_green_context_keeps_one_stream_current_per_device(monkeypatch):
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("rankprobe_site", os.path.join(BENCH, "rankprobe", "sitecustomize.py"))
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+
+    class Stream:
+        def __init__(self, name):
+            self.name, self.waited = name, []
+
+        def wait_stream(self, other):
+            self.waited.append(other.name)
+    made, state = [], {"device": 0, "current": {0: Stream("default0"), 1: Stream("default1")}}
+
+    class Context:
+        def __init__(self, device):
+            self.device = device
+
+        def Stream(self):
+            made.append(self.device)
+            return Stream(f"green{self.device}")
+    cuda = types.SimpleNamespace(
+        set_device=lambda d: state.__setitem__("device", d), current_device=lambda: state["device"],
+        current_stream=lambda d: state["current"][d], set_stream=lambda s: state["current"].__setitem__(state["device"], s),
+        green_contexts=types.SimpleNamespace(GreenContext=types.SimpleNamespace(
+            create=lambda num_sms, device_id: Context(device_id) if num_sms == 8 else None)))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setenv("NBDDP_BENCH_GREEN_SMS", "8")
+    site._green(cuda)
+    cuda.set_device(0)
+    green0 = state["current"][0]
+    assert green0.name == "green0" and green0.waited == ["default0"]  # after the work queued before it
+    cuda.set_device(0)
+    assert made == [0] and state["current"][0] is green0 and green0.waited == ["default0"]
+    cuda.set_device(1)
+    state["current"][0] = Stream("library0")  # something made another stream current on device 0
+    cuda.set_device(0)
+    assert made == [0, 1] and state["current"][0] is green0 and green0.waited == ["default0", "library0"]
+    assert site._COUNTS["green_sms"] == 8

@@ -12,6 +12,10 @@ By environment:
   NBDDP_BENCH_PEFT=k=v,...       override Unsloth get_peft_model keywords (e.g. use_gradient_checkpointing=True)
   NBDDP_BENCH_FP16=1             the GPU claims no bfloat16, as a T4 (torch and Unsloth's check): dtype=None and
                                  `fp16 = not is_bfloat16_supported()` pick float16
+  NBDDP_BENCH_GREEN_SMS=N        a CUDA green context of N SMs on the device the process sets first, one stream of
+                                 it made current (after waiting for the work before it) and kept current at every
+                                 later set_device (bench/t4_class.py probe checks it; bench/kaggle_t4.py --sms uses
+                                 NVIDIA MPS unless --share green)
 SIGUSR1 prints every thread's stack (the runner sends it before killing a run that passed its limit)."""
 import ast
 import atexit
@@ -223,8 +227,35 @@ def _no_bf16(module):
     _COUNTS["bench_fp16"] = True
 
 
+_GREEN = {}  # device index -> (green context, the one stream of it this process runs on)
+
+
+def _green(module):
+    """NBDDP_BENCH_GREEN_SMS: every set_device leaves this process's current stream on the green context of that
+    device, made once (one stream: a new stream per call would leave the calls' work unordered)."""
+    sms = os.environ.get("NBDDP_BENCH_GREEN_SMS")
+    if not sms:
+        return
+    orig = module.set_device
+
+    @functools.wraps(orig)
+    def set_device(device):
+        orig(device)
+        torch = sys.modules["torch"]
+        index = torch.cuda.current_device()
+        if index not in _GREEN:
+            ctx = torch.cuda.green_contexts.GreenContext.create(num_sms=int(sms), device_id=index)
+            _GREEN[index] = (ctx, ctx.Stream())
+            _COUNTS["green_sms"] = int(sms)
+        stream, current = _GREEN[index][1], torch.cuda.current_stream(index)
+        if current != stream:
+            stream.wait_stream(current)
+            torch.cuda.set_stream(stream)
+    module.set_device = set_device
+
+
 _PATCH = {
-    "torch.cuda": _no_bf16,
+    "torch.cuda": lambda m: (_no_bf16(m), _green(m)),
     "unsloth.models._utils": _no_bf16,
     "torch.distributed": _patch_dist,
     "torch.nn.parallel.distributed": _patch_ddp,
