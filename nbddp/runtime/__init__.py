@@ -7,5 +7,5 @@ through `from .module import name` lines, which inlining drops. Importing this p
 """
 
 # Inlining order where no import decides it; a module's `from .x import` lines put x before it.
-MODULES = ("launcher", "group", "fit", "files", "hooks", "unsloth_group", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim",
+MODULES = ("recipe", "launcher", "group", "fit", "files", "hooks", "unsloth_group", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim",
            "xformers_shim", "global_batch", "balance")
