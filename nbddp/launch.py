@@ -6,13 +6,12 @@ the magic need around it: the process count checked, the command shown by a dry 
 from __future__ import annotations
 
 import shlex
+from typing import NamedTuple
 
 from .errors import LaunchError
 from .runtime.recipe import (NBDDP_LOG_DIR_FLAGS as LOG_DIR_FLAGS, NBDDP_MULTI_NODE_FLAGS as MULTI_NODE_FLAGS,
-                             NBDDP_RANK_PREFIX as RANK_PREFIX_TEMPLATE, NbddpLaunch as Launch,
-                             nbddp_cpu_count as cpu_count, nbddp_flag_name as flag_name, nbddp_has_flag as has_flag,
-                             nbddp_launch, nbddp_launch_env as launch_env,
-                             nbddp_torchrun_args)
+                             NBDDP_RANK_PREFIX as RANK_PREFIX_TEMPLATE, nbddp_cpu_count as cpu_count,
+                             nbddp_has_flag as has_flag, nbddp_launch, nbddp_launch_env as launch_env)
 
 __all__ = ["LOG_DIR_FLAGS", "MULTI_NODE_FLAGS", "RANK_PREFIX_TEMPLATE", "Launch", "cpu_count", "has_flag", "launch_env", "build",
            "check_flags", "parse_nproc", "command_line", "torchrun_command", "launch_lines"]
@@ -21,6 +20,12 @@ __all__ = ["LOG_DIR_FLAGS", "MULTI_NODE_FLAGS", "RANK_PREFIX_TEMPLATE", "Launch"
 TORCHRUN_SWITCHES = ("--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path",
                      "--virtual-local-rank", "--virtual_local_rank")
 NPROC_FLAGS = ("--nproc-per-node",)
+
+
+class Launch(NamedTuple):
+    """A launch: the argv to run, and what it sets in the environment on top of the caller's."""
+    argv: list
+    env: dict
 
 
 def parse_nproc(value, device_count=None) -> int:
@@ -52,8 +57,8 @@ def build(script, nproc, *, python, cpus, env, flags=(), script_args=(), all_ran
     """The launch (argv, environment additions) of `script` on `nproc` processes per machine: the recipe
     (runtime/recipe.py), after the flags are checked."""
     check_flags(flags)
-    return nbddp_launch(script, nproc, python=python, cpus=cpus, env=env, flags=flags, script_args=script_args,
-                        all_ranks=all_ranks, log_dir=log_dir, routed=routed)
+    return Launch(*nbddp_launch(script, nproc, python=python, cpus=cpus, env=env, flags=flags,
+                                script_args=script_args, all_ranks=all_ranks, log_dir=log_dir, routed=routed))
 
 
 def command_line(launch: Launch) -> str:
@@ -66,10 +71,11 @@ def is_multi_node(flags) -> bool:
 
 
 def torchrun_command(script, nproc=2, extra=(), script_args=()) -> str:
-    """What a user types, or pastes into a Kaggle Script's "Command" field: the recipe's torchrun flags, run by the
-    `torchrun` command (no output routing: that machine's console shows what torchrun shows)."""
-    check_flags(extra)
-    return shlex.join(["torchrun", *nbddp_torchrun_args(nproc, extra), *extra, str(script), *map(str, script_args)])
+    """What a user types, or pastes into a Kaggle Script's "Command" field: the recipe's argv with the `torchrun`
+    command for `python -m torch.distributed.run`, unrouted (that console shows what torchrun shows); the
+    environment is that machine's."""
+    job = build(script, nproc, python="python", cpus=1, env={}, flags=extra, script_args=script_args, routed=False)
+    return shlex.join(["torchrun", *job.argv[3:]])
 
 
 def accelerate_command(script, nproc=2) -> str:
@@ -93,7 +99,7 @@ def flag_value(torchrun_args, names):
     value = None
     args = list(torchrun_args)
     for i, arg in enumerate(args):
-        if flag_name(arg) in names:
+        if has_flag([arg], names):
             if "=" in arg:
                 value = arg.split("=", 1)[1]
             elif i + 1 < len(args):

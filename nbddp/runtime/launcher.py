@@ -35,7 +35,7 @@ def nbddp_nproc():
 def nbddp_self_launch(nproc):
     """Replace this process by torchrun running this script as `nproc` processes (the mode is decided: DDP)."""
     print(f"nbddp: {torch.cuda.device_count()} GPUs: running as {nproc} processes (NBDDP_NPROC=1 for one)", flush=True)
-    run = nbddp_launch(sys.argv[0], nproc, python=sys.executable, cpus=nbddp_cpu_count(), env=os.environ,
-                       script_args=sys.argv[1:])
-    os.environ.update(run.env, NBDDP_MODE="ddp")
-    os.execv(run.argv[0], run.argv)
+    argv, env = nbddp_launch(sys.argv[0], nproc, python=sys.executable, cpus=nbddp_cpu_count(), env=os.environ,
+                             script_args=sys.argv[1:])
+    os.environ.update(env, NBDDP_MODE="ddp")
+    os.execv(argv[0], argv)

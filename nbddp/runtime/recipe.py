@@ -1,28 +1,19 @@
 """How nbddp starts a job: one pure function that returns the torchrun argv and what the launch sets in the
 environment. `nbddp run`, `%%torchrun`, `%torchrun`, their dry runs and `nbddp command` take their command from it
 (through nbddp/launch.py), and a script that starts itself (runtime/launcher.py) carries it inlined. Standard
-library only, no I/O: the caller gives the interpreter, the core count and the environment."""
-import collections
+library only, no I/O: the caller gives the interpreter, the core count and the environment.
+
+torchrun's flags below are written with `-` (`--log_dir` is `--log-dir`): a rendezvous of several machines (then no
+--standalone), output routing, the log folder."""
 import os
 
-NbddpLaunch = collections.namedtuple("NbddpLaunch", "argv env")  # env: what the launch sets on top of the caller's
-# torchrun's flags, `_` written `-` (nbddp_flag_name): a rendezvous of several machines, output routing, log folder
 NBDDP_MULTI_NODE_FLAGS = ("--nnodes", "--rdzv-endpoint", "--master-addr", "--node-rank", "--rdzv-backend")
 NBDDP_ROUTING_FLAGS, NBDDP_LOG_DIR_FLAGS = ("--tee", "-t", "--redirects", "-r", "--local-ranks-filter"), ("--log-dir",)
 NBDDP_RANK_PREFIX = "[rank ${rank}] "  # torchrun's line prefix for --all-ranks (it puts in the global rank)
 
 
-def nbddp_flag_name(arg):
-    return arg.split("=", 1)[0].replace("_", "-")
-
-
 def nbddp_has_flag(flags, names):
-    return any(nbddp_flag_name(arg) in names for arg in flags)
-
-
-def nbddp_torchrun_args(nproc, flags=()):
-    """torchrun's own first flags: --standalone unless the user's flags set up a rendezvous, and the count."""
-    return ([] if nbddp_has_flag(flags, NBDDP_MULTI_NODE_FLAGS) else ["--standalone"]) + [f"--nproc_per_node={nproc}"]
+    return any(arg.split("=", 1)[0].replace("_", "-") in names for arg in flags)
 
 
 def nbddp_launch_env(env, nproc, cpus, all_ranks=False):
@@ -35,18 +26,18 @@ def nbddp_launch_env(env, nproc, cpus, all_ranks=False):
 
 def nbddp_launch(script, nproc, *, python, cpus, env, flags=(), script_args=(), all_ranks=False, log_dir=None,
                  routed=True):
-    """`script` as `nproc` processes per machine under torchrun (`python -m torch.distributed.run`), the user's
-    torchrun `flags` passed through. Routed: local rank 0 writes to the console (progress bars untouched), the
+    """(argv, environment additions) that run `script` as `nproc` processes per machine under torchrun (`python -m
+    torch.distributed.run`, standalone unless the user's torchrun `flags`, passed through, set up a rendezvous). Routed: local rank 0 writes to the console (progress bars untouched), the
     other local ranks to files under the log folder (`--redirects`), or with all_ranks to the console as well, each
     line prefixed (`--tee`); the user's own routing flags or log folder win. Unrouted: every rank on the console."""
     flags = list(flags)
-    args = nbddp_torchrun_args(nproc, flags)
+    args = ([] if nbddp_has_flag(flags, NBDDP_MULTI_NODE_FLAGS) else ["--standalone"]) + [f"--nproc_per_node={nproc}"]
     if log_dir is not None and not nbddp_has_flag(flags, NBDDP_LOG_DIR_FLAGS):
         args += ["--log-dir", str(log_dir)]
     if routed and nproc > 1 and not nbddp_has_flag(flags, NBDDP_ROUTING_FLAGS):
         args += ["--tee" if all_ranks else "--redirects", ",".join(f"{rank}:3" for rank in range(1, nproc))]
-    return NbddpLaunch([python, "-m", "torch.distributed.run", *args, *flags, str(script), *map(str, script_args)],
-                       nbddp_launch_env(env, nproc, cpus, all_ranks))
+    argv = [python, "-m", "torch.distributed.run", *args, *flags, str(script), *map(str, script_args)]
+    return argv, nbddp_launch_env(env, nproc, cpus, all_ranks)
 
 
 def nbddp_cpu_count():
