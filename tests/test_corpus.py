@@ -225,6 +225,7 @@ try:
     model, tok = FastLanguageModel.from_pretrained("m")
     codec = MyCodecModel.from_pretrained("c")  # a loader nbddp's placement step does not know
     tok = AutoTokenizer.from_pretrained("m")
+    if False:
         model.save_pretrained("dead")  # dead code is fine
     def later():
         model.push_to_hub("x")  # only when called: fine
