@@ -13,8 +13,9 @@ from .runtime.recipe import (NBDDP_LOG_DIR_FLAGS as LOG_DIR_FLAGS, NBDDP_MULTI_N
                              NBDDP_RANK_PREFIX as RANK_PREFIX_TEMPLATE, nbddp_cpu_count as cpu_count,
                              nbddp_has_flag as has_flag, nbddp_launch, nbddp_launch_env as launch_env)
 
-__all__ = ["LOG_DIR_FLAGS", "MULTI_NODE_FLAGS", "RANK_PREFIX_TEMPLATE", "Launch", "cpu_count", "has_flag", "launch_env", "build",
-           "check_flags", "parse_nproc", "command_line", "torchrun_command", "launch_lines"]
+__all__ = ["LOG_DIR_FLAGS", "MULTI_NODE_FLAGS", "RANK_PREFIX_TEMPLATE", "Launch", "build", "check_flags",
+           "command_line", "cpu_count", "flag_value", "glue_values", "has_flag", "launch_env", "launch_lines",
+           "parse_nproc", "torchrun_command"]
 
 #: torchrun flags that take no value (all others take one).
 TORCHRUN_SWITCHES = ("--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path",

@@ -156,7 +156,8 @@ def _pids(folder):
 ])
 def test_the_script_starts_as_many_processes_as_asked(tmp_path, env, under_torchrun, files, launches):
     env = _sleeper(tmp_path, **env)
-    argv, run_env = torchrun_launch("train_ddp.py", 2, env) if under_torchrun else ([sys.executable, "train_ddp.py"], env)
+    argv, run_env = (torchrun_launch("train_ddp.py", 2, env) if under_torchrun
+                     else ([sys.executable, "train_ddp.py"], env))
     done = subprocess.run(argv, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.glob("pid-*")) == files

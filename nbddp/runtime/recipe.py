@@ -1,7 +1,8 @@
 """How nbddp starts a job: one pure function that returns the torchrun argv and what the launch sets in the
 environment. `nbddp run`, `%%torchrun`, `%torchrun`, their dry runs and `nbddp command` take their command from it
 (through nbddp/launch.py), and a script that starts itself (runtime/launcher.py) carries it inlined. Standard
-library only, no I/O: the caller gives the interpreter, the core count and the environment.
+library only, no I/O: the caller gives the interpreter, the core count (nbddp_cpu_count reads it) and the
+environment.
 
 torchrun's flags below are written with `-` (`--log_dir` is `--log-dir`): a rendezvous of several machines (then no
 --standalone), output routing, the log folder."""
@@ -27,9 +28,10 @@ def nbddp_launch_env(env, nproc, cpus, all_ranks=False):
 def nbddp_launch(script, nproc, *, python, cpus, env, flags=(), script_args=(), all_ranks=False, log_dir=None,
                  routed=True):
     """(argv, environment additions) that run `script` as `nproc` processes per machine under torchrun (`python -m
-    torch.distributed.run`, standalone unless the user's torchrun `flags`, passed through, set up a rendezvous). Routed: local rank 0 writes to the console (progress bars untouched), the
-    other local ranks to files under the log folder (`--redirects`), or with all_ranks to the console as well, each
-    line prefixed (`--tee`); the user's own routing flags or log folder win. Unrouted: every rank on the console."""
+    torch.distributed.run`; standalone unless the user's torchrun `flags`, passed through, set up a rendezvous).
+    Routed: local rank 0 writes to the console (progress bars untouched), the other local ranks to files under the
+    log folder (`--redirects`), or with all_ranks to the console as well, each line prefixed (`--tee`); the user's
+    own routing flags or log folder win. Unrouted: every rank on the console."""
     flags = list(flags)
     args = ([] if nbddp_has_flag(flags, NBDDP_MULTI_NODE_FLAGS) else ["--standalone"]) + [f"--nproc_per_node={nproc}"]
     if log_dir is not None and not nbddp_has_flag(flags, NBDDP_LOG_DIR_FLAGS):
