@@ -28,6 +28,8 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # nbddp from the checkout: the GPU machines need not install nbddp
+from nbddp import launch as recipe  # noqa: E402  (standard library only)
 CORPUS = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "notebooks", "unsloth"))  # ../shared beside the checkout
 
 # slug -> notebook file (priority order)
@@ -137,20 +139,21 @@ def child_env(extra):
     return env
 
 
-def launch_argv(script, nproc, gpu=None, mode="ddp"):
-    """(argv, world size, mode): `torchrun --standalone --nproc_per_node=nproc script`; with `gpu` (a GPU index,
-    or several as "0,1") one plain process; mode "self": `python script`, which starts its own processes, one per
-    visible GPU (nproc: how many that is)."""
+def launch_argv(script, nproc, env, gpu=None, mode="ddp"):
+    """(launch, world size, mode), the launch's argv and what it sets on top of `env`: torchrun on nproc processes
+    as nbddp's recipe builds it (`nbddp run`'s argv and environment, every rank's output in the one log); with `gpu`
+    (a GPU index, or several as "0,1") one plain process; mode "self": `python script`, which starts its own
+    processes, one per visible GPU (nproc: how many that is), by the same recipe."""
     if mode == "self":
-        return [sys.executable, script], nproc, "self"
+        return recipe.Launch([sys.executable, script], {}), nproc, "self"
     if gpu is None:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                script], nproc, "ddp"
-    return [sys.executable, script], 1, "single"
+        return recipe.build(script, nproc, python=sys.executable, cpus=recipe.cpu_count(), env=env,
+                            routed=False), nproc, "ddp"
+    return recipe.Launch([sys.executable, script], {}), 1, "single"
 
 
 def launch(script, workdir, log_path, env, limit, nproc, gpu=None, visible=None, mode="ddp"):
-    """One launch of a converted notebook in workdir: `torchrun --nproc_per_node=nproc` (on the GPUs `visible`
+    """One launch of a converted notebook in workdir: torchrun on nproc processes (on the GPUs `visible`
     lists, "2,3", or all), `python script` starting its own processes (mode "self"), or with `gpu` one process
     seeing that GPU (or those, "0,1"). Returns its summary."""
     os.makedirs(workdir, exist_ok=True)
@@ -158,8 +161,8 @@ def launch(script, workdir, log_path, env, limit, nproc, gpu=None, visible=None,
     shown = gpu if gpu is not None else visible
     if shown is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(shown)
-    argv, world, mode = launch_argv(script, nproc, gpu, mode)
-    rc, timed_out, wall = _run(argv, env, workdir, log_path, limit)
+    job, world, mode = launch_argv(script, nproc, env, gpu, mode)
+    rc, timed_out, wall = _run(job.argv, {**env, **job.env}, workdir, log_path, limit)
     r = summarize(mode, rc, timed_out, wall, log_path, workdir, world)
     if shown is not None:
         r["gpu"] = shown

@@ -38,15 +38,20 @@ def _say(text: str, stream):
     print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream)
 
 
-def _count(value: str) -> int:
-    """argparse type of --nproc: a whole number, 1 or more (else a usage error, exit 2)."""
+def _count(value: str, auto: bool = False):
+    """argparse type of --nproc: a whole number, 1 or more (or 'auto' where `auto`); else a usage error, exit 2."""
+    from .launch import parse_nproc
+
+    if auto and value.strip().lower() == "auto":
+        return "auto"
     try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
-    return number
+        return parse_nproc(value)
+    except NbddpError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count_or_auto(value: str):
+    return _count(value, auto=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "code. Other torchrun flags pass through (--nnodes, --rdzv-endpoint, --node-rank, ...: then "
                     "there is no --standalone); arguments after `--` go to the script.")
     run.add_argument("target", metavar="NOTEBOOK_OR_SCRIPT", help="a .ipynb to convert and run, or a .py to run")
-    run.add_argument("--nproc", default="auto",
+    run.add_argument("--nproc", type=_count_or_auto, default="auto",
                      help="processes per node: a number, or 'auto' (one per visible GPU, 2 on CPU; the default)")
     run.add_argument("-o", "--out", default=None, metavar="PATH",
                      help=f"script written from a notebook (default: {DEFAULT_SCRIPT})")
@@ -93,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "\"Command\" field, or run it in a terminal.")
     command.add_argument("script", nargs="?", default=DEFAULT_SCRIPT,
                          help=f"the script to launch (default: {DEFAULT_SCRIPT})")
-    command.add_argument("--nproc", type=int, default=2, help="processes (GPUs) per node (default: 2)")
+    command.add_argument("--nproc", type=_count, default=2, help="processes (GPUs) per node (default: 2)")
     command.set_defaults(func=_command, passthrough=True)
     return parser
 
@@ -126,22 +131,21 @@ def _parse(parser, argv):
 
 
 def _run(args) -> int:
-    from .executor import RankFailedError, resolve_nproc, run_script
-    from .launch import NPROC_FLAGS, has_flag, torchrun_argv
+    import os
 
-    if has_flag(args.torchrun_flags, NPROC_FLAGS):
-        raise NbddpError("give the process count with --nproc, not torchrun's --nproc-per-node")
+    from . import executor
+    from .launch import check_flags, command_line
+
+    check_flags(args.torchrun_flags)
     target = args.target
     kind = target.lower().rsplit(".", 1)[-1] if "." in target else ""
     if kind not in ("ipynb", "py"):
         raise NbddpError(f"{target}: expected a notebook (.ipynb) or a Python script (.py)")
     if kind == "py" and args.out:
         raise NbddpError("--out is for notebooks; a .py script runs as it is")
-    import os
-
     if not os.path.isfile(target):
         raise NbddpError(f"{target}: no such file")
-    nproc = resolve_nproc(args.nproc)
+    nproc = executor.resolve_nproc(args.nproc)
     script = target
     if kind == "ipynb":
         from .pipeline import convert_notebook
@@ -152,14 +156,13 @@ def _run(args) -> int:
         write_script(script, result.script, force=args.force, source=target)
         _say(result.report.format(), sys.stderr)
         _say(f"Wrote {script}", sys.stderr)
+    how = dict(extra=args.torchrun_flags, script_args=args.script_args, all_ranks=args.all_ranks)
     if args.dry_run:
-        import shlex
-
-        print(shlex.join(torchrun_argv(script, nproc, extra=args.torchrun_flags, script_args=args.script_args)))
+        print(command_line(executor.plan(script, nproc, **how)))
         return 0
     try:
-        run_script(script, nproc, extra=args.torchrun_flags, script_args=args.script_args, all_ranks=args.all_ranks)
-    except RankFailedError as exc:
+        executor.run_script(script, nproc, **how)
+    except executor.RankFailedError as exc:
         if exc.traceback:
             print(f"rank {exc.rank} traceback (last lines):", file=sys.stderr)
             print("\n".join("    " + line for line in exc.traceback.splitlines()), file=sys.stderr)
@@ -169,15 +172,11 @@ def _run(args) -> int:
 
 
 def _command(args) -> int:
-    from .launch import NPROC_FLAGS, has_flag, torchrun_command
+    from .launch import torchrun_command
 
     if args.script.endswith(".ipynb"):
         raise NbddpError(f"{args.script} is a notebook; convert it first (nbddp convert {args.script} -o "
                          f"{DEFAULT_SCRIPT}), then give the script")
-    if has_flag(args.torchrun_flags, NPROC_FLAGS):
-        raise NbddpError("give the process count with --nproc, not torchrun's --nproc-per-node")
-    if args.nproc < 1:
-        raise NbddpError(f"--nproc must be at least 1, not {args.nproc}")
     print(torchrun_command(args.script, args.nproc, extra=args.torchrun_flags, script_args=args.script_args))
     return 0
 

@@ -1,32 +1,82 @@
-"""Launch commands, built by pure functions (no GPU, no processes) so they are easy to test."""
+"""What a launch is, built by pure functions (no torch, no processes, no I/O) so they are easy to test.
+
+The recipe itself, argv and environment together, is nbddp/runtime/recipe.py (standard library only, so that a
+generated script carries it inlined and starts itself by the same rule); this module adds what the command line and
+the magic need around it: the process count checked, the command shown by a dry run, torchrun's flags read."""
 from __future__ import annotations
 
 import shlex
-import sys
+from typing import NamedTuple
 
-MULTI_NODE_FLAGS = ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-addr", "--master_addr",
-                    "--node-rank", "--node_rank", "--rdzv-backend", "--rdzv_backend")
+from .errors import LaunchError
+from .runtime.recipe import (NBDDP_LOG_DIR_FLAGS as LOG_DIR_FLAGS, NBDDP_MULTI_NODE_FLAGS as MULTI_NODE_FLAGS,
+                             NBDDP_RANK_PREFIX as RANK_PREFIX_TEMPLATE, nbddp_cpu_count as cpu_count,
+                             nbddp_has_flag as has_flag, nbddp_launch, nbddp_launch_env as launch_env)
+
+__all__ = ["LOG_DIR_FLAGS", "MULTI_NODE_FLAGS", "RANK_PREFIX_TEMPLATE", "Launch", "build", "check_flags",
+           "command_line", "cpu_count", "flag_value", "glue_values", "has_flag", "launch_env", "launch_lines",
+           "parse_nproc", "torchrun_command"]
+
+#: torchrun flags that take no value (all others take one).
+TORCHRUN_SWITCHES = ("--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path",
+                     "--virtual-local-rank", "--virtual_local_rank")
+NPROC_FLAGS = ("--nproc-per-node",)
 
 
-def is_multi_node(torchrun_args) -> bool:
-    return any(arg.split("=", 1)[0] in MULTI_NODE_FLAGS for arg in torchrun_args)
+class Launch(NamedTuple):
+    """A launch: the argv to run, and what it sets in the environment on top of the caller's."""
+    argv: list
+    env: dict
 
 
-def torchrun_args(nproc, extra=()) -> list[str]:
-    """torchrun's own flags: one process per GPU; --standalone unless the user set up a rendezvous."""
-    args = [] if is_multi_node(extra) else ["--standalone"]
-    return args + [f"--nproc_per_node={nproc}", *extra]
+def parse_nproc(value, device_count=None) -> int:
+    """The process count: a whole number, 1 or more; or 'auto' where `device_count` (a function: the GPUs there
+    are) is given: one process per GPU, 2 on a machine without any."""
+    text = str(value).strip().lower()
+    if text == "auto" and device_count is not None:
+        return device_count() or 2
+    try:
+        count = int(text)
+    except ValueError:
+        allowed = "a whole number or 'auto'" if device_count is not None else "a whole number"
+        raise LaunchError(f"the process count must be {allowed}, not {value!r}") from None
+    if count < 1:
+        raise LaunchError(f"the process count must be at least 1, not {count}")
+    return count
 
 
-def torchrun_argv(script, nproc=2, extra=(), script_args=(), python=None) -> list[str]:
-    """The argv that runs `script` under torchrun with the current interpreter (`python -m torch.distributed.run`)."""
-    return [python or sys.executable, "-m", "torch.distributed.run", *torchrun_args(nproc, extra), str(script),
-            *map(str, script_args)]
+def check_flags(flags) -> None:
+    """The process count is nbddp's own argument: torchrun's --nproc-per-node in the passed-through flags is an
+    error (nbddp routes each rank's output by it)."""
+    if has_flag(flags, NPROC_FLAGS):
+        raise LaunchError("give the process count as N (`%%torchrun N`, `nbddp run --nproc N`), not as torchrun's "
+                          "--nproc-per-node")
+
+
+def build(script, nproc, *, python, cpus, env, flags=(), script_args=(), all_ranks=False, log_dir=None,
+          routed=True) -> Launch:
+    """The launch (argv, environment additions) of `script` on `nproc` processes per machine: the recipe
+    (runtime/recipe.py), after the flags are checked."""
+    check_flags(flags)
+    return Launch(*nbddp_launch(script, nproc, python=python, cpus=cpus, env=env, flags=flags,
+                                script_args=script_args, all_ranks=all_ranks, log_dir=log_dir, routed=routed))
+
+
+def command_line(launch: Launch) -> str:
+    """A launch as one shell line, what a dry run prints: the variables it sets, then its argv."""
+    return " ".join([f"{name}={shlex.quote(value)}" for name, value in launch.env.items()] + [shlex.join(launch.argv)])
+
+
+def is_multi_node(flags) -> bool:
+    return has_flag(flags, MULTI_NODE_FLAGS)
 
 
 def torchrun_command(script, nproc=2, extra=(), script_args=()) -> str:
-    """What a user types, or pastes into a Kaggle Script's "Command" field."""
-    return shlex.join(["torchrun", *torchrun_args(nproc, extra), str(script), *map(str, script_args)])
+    """What a user types, or pastes into a Kaggle Script's "Command" field: the recipe's argv with the `torchrun`
+    command for `python -m torch.distributed.run`, unrouted (that console shows what torchrun shows); the
+    environment is that machine's."""
+    job = build(script, nproc, python="python", cpus=1, env={}, flags=extra, script_args=script_args, routed=False)
+    return shlex.join(["torchrun", *job.argv[3:]])
 
 
 def accelerate_command(script, nproc=2) -> str:
@@ -43,38 +93,19 @@ def launch_lines(script, nproc=2) -> list[str]:
     ]
 
 
-# ---- output routing and flag handling for `%%torchrun` and `nbddp run` ----
-
-#: torchrun's line prefix for --all-ranks (torchrun substitutes ${rank}, the global rank).
-RANK_PREFIX_TEMPLATE = "[rank ${rank}] "
-
-#: torchrun flags that take no value (all others take one).
-TORCHRUN_SWITCHES = ("--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path",
-                     "--virtual-local-rank", "--virtual_local_rank")
-ROUTING_FLAGS = ("--tee", "-t", "--redirects", "-r", "--local-ranks-filter", "--local_ranks_filter")
-LOG_DIR_FLAGS = ("--log-dir", "--log_dir")
-NPROC_FLAGS = ("--nproc-per-node", "--nproc_per_node")
-
-
-def _flag_name(arg: str) -> str:
-    return arg.split("=", 1)[0]
-
+# ---- torchrun's flags among the magic's and the command line's own ----
 
 def flag_value(torchrun_args, names):
     """The value of the last of `names` in `torchrun_args` (`--flag=value` or `--flag value`), else None."""
     value = None
     args = list(torchrun_args)
     for i, arg in enumerate(args):
-        if _flag_name(arg) in names:
+        if has_flag([arg], names):
             if "=" in arg:
                 value = arg.split("=", 1)[1]
             elif i + 1 < len(args):
                 value = args[i + 1]
     return value
-
-
-def has_flag(torchrun_args, names) -> bool:
-    return any(_flag_name(arg) in names for arg in torchrun_args)
 
 
 def glue_values(tokens, own_options=()):
@@ -92,20 +123,3 @@ def glue_values(tokens, own_options=()):
         out.append(tok)
         i += 1
     return out
-
-
-def output_args(nproc: int, all_ranks: bool = False, log_dir=None, torchrun_args=()) -> list[str]:
-    """torchrun flags that route the ranks' output, unless the user routes it with torchrun's own flags.
-
-    Local rank 0 always writes straight to the console (carriage-return progress bars pass through untouched).
-    Default: the other local ranks write to files under the log dir (`--redirects 1:3,2:3,...`), read back when one
-    fails. all_ranks: torchrun also tails the other ranks' files to the console (`--tee 1:3,2:3,...`), each of
-    their lines prefixed by torchrun (see RANK_PREFIX_TEMPLATE), so rank 0's bars stay whole."""
-    args = []
-    if log_dir is not None and not has_flag(torchrun_args, LOG_DIR_FLAGS):
-        args += ["--log-dir", str(log_dir)]
-    if has_flag(torchrun_args, ROUTING_FLAGS):
-        return args
-    if int(nproc) > 1:
-        args += ["--tee" if all_ranks else "--redirects", ",".join(f"{rank}:3" for rank in range(1, int(nproc)))]
-    return args

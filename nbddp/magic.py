@@ -5,7 +5,6 @@ Load it with `%load_ext nbddp`. Modelled on IPython's `%%script` (IPython/core/m
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 
 from IPython.core import magic_arguments
@@ -14,7 +13,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.utils.process import arg_split
 
 from . import executor, launch
-from .errors import LaunchError, NbddpError
+from .errors import NbddpError
 
 DEFAULT_SCRIPT = "train_ddp.py"
 CELL_SOURCE = "%%torchrun cell"
@@ -110,30 +109,26 @@ class TorchrunMagics(Magics):
                              "(torchrun flags as --flag=value)")
         try:
             nproc = executor.resolve_nproc(args.nproc)
-        except LaunchError as exc:
-            raise UsageError(str(exc)) from None
-        if launch.has_flag(extra, launch.NPROC_FLAGS):
-            raise UsageError("give the process count as N, not as torchrun's --nproc-per-node")
-        try:
+            launch.check_flags(extra)
             if cell is not None:
                 script = self._write_cell(cell, args.out, nproc, args.force, args.all_ranks)
-            command = shlex.join(launch.torchrun_argv(script, nproc, extra=extra, script_args=script_args))
-            if args.dry_run:
-                print(f"nbddp: script: {script}")
-                print(f"nbddp: command: {command}")
-                return None
-        except LaunchError:
-            raise
-        except NbddpError as exc:  # bad cell, file in the way: one line, like any usage error
+        except NbddpError as exc:  # bad count or flag, bad cell, file in the way: one line, like any usage error
             raise UsageError(str(exc)) from None
+        how = dict(extra=extra, script_args=script_args, all_ranks=args.all_ranks)
+        job = executor.plan(script, nproc, **how)
+        if args.dry_run:
+            print(f"nbddp: script: {script}")
+            print(f"nbddp: command: {launch.command_line(job)}")
+            return None
         warning = cuda_memory_warning()
         if warning:
             print(warning, file=sys.stderr, flush=True)
         shown = "every rank's output" if args.all_ranks else "rank 0's output; --all-ranks shows every rank"
         per_node = " per machine" if launch.is_multi_node(extra) else ""
-        threads = os.environ.get("OMP_NUM_THREADS") or f"{executor.omp_threads(nproc)} each"
+        threads = job.env.get("OMP_NUM_THREADS")
+        threads = f"{threads} each" if threads else os.environ.get("OMP_NUM_THREADS")
         print(f"nbddp: {script} on {nproc} processes{per_node} ({shown}; OMP_NUM_THREADS={threads})", flush=True)
-        executor.run_script(script, nproc, extra=extra, script_args=script_args, all_ranks=args.all_ranks)
+        executor.run_script(script, nproc, **how)
         return None
 
     def _write_cell(self, cell, out, nproc, force, all_ranks=False) -> str:

@@ -1,5 +1,6 @@
 """Running a converted script as a user would, on CPU: the job's output and what it left, and the checks on them.
-Shared by the tests that run the example notebook (test_e2e_ddp.py, test_runtime_launch.py).
+Shared by the tests that run the example notebook (test_e2e_ddp.py, test_runtime_launch.py, test_multinode.py), and
+by the tests that start torchrun (launches built by nbddp's recipe) or check that a dry run said what then ran.
 
 What the example notebook (notebooks/tiny_llama_sft.ipynb) prints and these checks count:
   "N seconds used for training on W process(es)."   trainer.args.world_size, printed by rank 0
@@ -11,14 +12,20 @@ The notebook trains 6 steps of 2 examples per process on 16 rows: epoch 1.5 with
 from __future__ import annotations
 
 import ast
+import json
 import math
 import os
+import shlex
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
+
+from nbddp import launch
 
 MAX_STEPS, ROWS, PER_DEVICE = 6, 16, 2
 SCRIPT = "train_ddp.py"
@@ -61,6 +68,13 @@ def child_env(home: Path) -> dict:
     return env
 
 
+def torchrun_launch(script, nproc: int, env: dict, **how):
+    """(argv, environment) of `script` under torchrun as nbddp's recipe builds them, with this interpreter; every
+    rank's output on the console (the tests read all of it). `how`: the recipe's flags, script_args, ..."""
+    job = launch.build(script, nproc, python=sys.executable, cpus=launch.cpu_count(), env=env, routed=False, **how)
+    return job.argv, {**env, **job.env}
+
+
 def run_job(argv, cwd: Path, timeout: int = 300, env=None) -> Job:
     start = time.monotonic()
     done = subprocess.run(argv, cwd=cwd, env={**child_env(cwd), **(env or {})}, capture_output=True, text=True,
@@ -88,3 +102,39 @@ def assert_trained(job: Job, world_size: int):
     assert all(math.isfinite(log["loss"]) for log in logs), logs
     assert logs[-1]["epoch"] == pytest.approx(MAX_STEPS * PER_DEVICE * world_size / ROWS), logs
     assert job.count(f"seconds used for training on {world_size} process(es).") == 1, job.explain()
+
+
+def alive(pid: int) -> bool:
+    """The process runs (psutil's view; an exited process not yet reaped does not run)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# A rank's lines that record how its launcher (torchrun, the rank's parent) was started: argv and environment.
+LAUNCHER_PROBE = (
+    "import json as _json, os as _os, psutil as _psutil\n"
+    "if _os.environ.get('RANK') == '0':\n"
+    "    _launcher = _psutil.Process(_os.getppid())\n"
+    "    with open('launcher.json', 'w') as _fh:\n"
+    "        _json.dump({'argv': _launcher.cmdline(), 'env': _launcher.environ()}, _fh)\n")
+
+
+def launcher_seen(folder: Path) -> dict:
+    return json.loads((folder / "launcher.json").read_text())
+
+
+def dry_run_command(line: str):
+    """(environment it sets, argv) of a dry run's command line: `K=V ... python -m torch.distributed.run ...`."""
+    tokens = shlex.split(line)
+    count = next(i for i, tok in enumerate(tokens) if "=" not in tok or not tok.split("=")[0].isidentifier())
+    return dict(tok.split("=", 1) for tok in tokens[:count]), tokens[count:]
+
+
+def assert_ran_as_dry_run_said(line: str, folder: Path, base_env: dict):
+    """The launcher that ran had the argv the dry run printed, and exactly `base_env` plus what it printed."""
+    env, argv = dry_run_command(line)
+    seen = launcher_seen(folder)
+    assert seen["argv"] == argv, (seen["argv"], argv)
+    assert env and seen["env"] == {**base_env, **env}, set(seen["env"].items()) ^ set({**base_env, **env}.items())

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from e2e import torchrun_launch
+
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 sys.path.insert(0, BENCH)
 import offline_hub  # noqa: E402
@@ -263,11 +265,15 @@ def test_plain_script_is_the_notebook_without_ddp_changes():
 def test_launch_argv_torchrun_or_one_process():
     import run_notebooks
 
-    argv, world, mode = run_notebooks.launch_argv("s.py", 2)
-    assert argv[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "s.py"]
-    assert (world, mode) == (2, "ddp")
-    assert run_notebooks.launch_argv("s.py", 2, gpu="0,1")[1:] == (1, "single")
-    assert run_notebooks.launch_argv("s.py", 4, mode="self") == ([sys.executable, "s.py"], 4, "self")
+    from nbddp import launch
+
+    env = {"OMP_NUM_THREADS": "3", "NCCL_NVLS_ENABLE": "0"}
+    job, world, mode = run_notebooks.launch_argv("s.py", 2, env)
+    assert job == launch.build("s.py", 2, python=sys.executable, cpus=launch.cpu_count(), env=env, routed=False)
+    assert job.argv[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "s.py"]
+    assert job.env == {"PYTHONUNBUFFERED": "1"} and (world, mode) == (2, "ddp")
+    assert run_notebooks.launch_argv("s.py", 2, env, gpu="0,1")[1:] == (1, "single")
+    assert run_notebooks.launch_argv("s.py", 4, env, mode="self") == (([sys.executable, "s.py"], {}), 4, "self")
 
 
 def test_probe_sets_the_training_argument_levers_under_test(tmp_path):
@@ -381,9 +387,9 @@ def test_launch_stopped_at_its_limit_keeps_its_ranks_steps(tmp_path):
 
 def test_allreduce_times_the_gradients_in_ddp_buckets_under_torchrun(tmp_path):
     out = tmp_path / "ar.json"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                    os.path.join(BENCH, "allreduce.py"), "--numel", "1000", "--bucket-mb", "0.001", "--steps", "2",
-                    "--warmup", "1", "--dtypes", "float32", "--out", str(out)], check=True, capture_output=True)
+    argv, env = torchrun_launch(os.path.join(BENCH, "allreduce.py"), 2, dict(os.environ), script_args=[
+        "--numel", "1000", "--bucket-mb", "0.001", "--steps", "2", "--warmup", "1", "--dtypes", "float32", "--out", out])
+    subprocess.run(argv, env=env, check=True, capture_output=True)
     result = json.loads(out.read_text())
     assert (result["world_size"], result["backend"]) == (2, "gloo")
     fp32 = result["dtypes"]["float32"]

@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import ast
 
-import libcst as cst
 import nbformat
 import pytest
 
 from conftest import CORPUS_NOTEBOOKS, corpus_ids
-from nbddp.transforms.placement import is_model_loader
 
 MAIN_ONLY_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora", "save_model")
 MAIN_ONLY_NAMES = {"generate", "fast_generate"}
 RANK_NAMES = {"NBDDP_IS_MAIN", "NBDDP_RANK", "rank", "local_rank", "is_main_process", "is_world_process_zero",
               "get_rank", "RANK", "LOCAL_RANK", "process_index", "is_local_main_process", "should_save"}
 LATE_LIBRARIES = ("transformers", "trl", "peft")
+# This check's own notion of a model load, written apart from nbddp's placement step (so that it catches a loader the
+# step misses): every `X.from_pretrained(...)` but what puts no model on a device (tokenizers, processors, configs),
+# PEFT's adapters for a model already loaded, and loaders without a device_map (the notebook moves the model itself).
+NOT_A_MODEL = ("Tokenizer", "TokenizerFast", "Processor", "Config", "FeatureExtractor")
+NO_DEVICE_MAP = {"PeftModel", "SNAC"}  # SNAC: Orpheus' audio codec, `.to("cuda")` after loading
 # Work every rank must do together: under a rank-0 guard it would hang the job.
 COLLECTIVE = {"train", "evaluate", "from_pretrained", "get_peft_model", "load_dataset", "nbddp_barrier",
               "barrier", "all_reduce", "broadcast", "nbddp_main_process_first"}
@@ -27,6 +30,14 @@ COLLECTIVE = {"train", "evaluate", "from_pretrained", "get_peft_model", "load_da
 def _tail(call: ast.Call) -> str:
     func = call.func
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def loads_a_model(call: ast.Call) -> bool:
+    func = call.func
+    if not isinstance(func, ast.Attribute) or func.attr != "from_pretrained":
+        return False
+    owner = func.value.attr if isinstance(func.value, ast.Attribute) else getattr(func.value, "id", "")
+    return not owner.endswith(NOT_A_MODEL) and owner not in NO_DEVICE_MAP
 
 
 def _is_if_false(node) -> bool:
@@ -138,7 +149,7 @@ def ddp_rule_problems(script: str, code_cells: list[int], loader_warnings: bool 
                             "`if NBDDP_IS_MAIN:` (the job would hang)")
         if (tail.startswith(MAIN_ONLY_PREFIXES) or tail in MAIN_ONLY_NAMES) and not guarded:
             problems.append(f"line {call.lineno}: {ast.unparse(call.func)}(...) runs on every rank")
-        if tail == "from_pretrained" and is_model_loader(cst.parse_expression(ast.unparse(call))):
+        if loads_a_model(call):
             device_map = next((k.value for k in call.keywords if k.arg == "device_map"), None)
             ours = isinstance(device_map, ast.Call) and _tail(device_map) == "nbddp_device_map"
             if not ours and not loader_warnings:
@@ -212,6 +223,8 @@ try:
     # %%capture
     from unsloth import FastLanguageModel
     model, tok = FastLanguageModel.from_pretrained("m")
+    codec = MyCodecModel.from_pretrained("c")  # a loader nbddp's placement step does not know
+    tok = AutoTokenizer.from_pretrained("m")
     if False:
         model.save_pretrained("dead")  # dead code is fine
     def later():
@@ -240,6 +253,7 @@ def test_the_rule_checker_catches_each_broken_rule():
     assert "model.generate(...) runs on every rank" in text
     assert "save_pretrained" not in text and "push_to_hub" not in text
     assert "FastLanguageModel.from_pretrained without device_map" in text
+    assert "MyCodecModel.from_pretrained without device_map" in text and "AutoTokenizer" not in text
     assert "['transformers'] imported before" in text
     assert "no `# %% cell 3` marker" in text and "cell 1`" not in text
     assert "trainer.train(...) every rank must run is under `if NBDDP_IS_MAIN:`" in text
@@ -247,7 +261,7 @@ def test_the_rule_checker_catches_each_broken_rule():
     assert "reads ['text'], which only rank 0 has" in text
     assert "stray cell marker '# %%capture'" in text
     assert "SFTTrainer(...) inside main-process-first" in text
-    assert len(problems) == 10, problems
+    assert len(problems) == 11, problems
 
 
 def test_the_corpus_is_there():

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from nbddp.executor import _alive
+from e2e import alive
 
 pytestmark = pytest.mark.ddp
 
@@ -107,9 +107,9 @@ def test_a_killed_kernel_takes_its_job_with_it_and_leaves_no_log_folder(kernel, 
     assert [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("nbddp-logs-")]
     kernel.km.shutdown_kernel(now=True)  # a forced restart: the kernel is killed, nothing in it runs again
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [pid for pid in ranks if _alive(pid)], "a rank outlived the kernel"
+    assert not [pid for pid in ranks if alive(pid)], "a rank outlived the kernel"
     again = Kernel(tmp_path, env={"TMPDIR": str(tmp_path / "tmp")})  # the next job clears the dead kernel's logs
     try:
         status, messages = again.run("%%torchrun 2\nx = 1\n")

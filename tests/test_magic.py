@@ -1,5 +1,6 @@
 """`%%torchrun` in a real IPython shell, with real torchrun jobs on CPU (gloo)."""
 import _thread
+import os
 import signal
 import threading
 import textwrap
@@ -11,6 +12,7 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 
+from e2e import LAUNCHER_PROBE, assert_ran_as_dry_run_said
 from nbddp import magic
 from nbddp.executor import RankFailedError
 
@@ -70,18 +72,22 @@ def test_failing_rank_makes_the_cell_raise(ip, tmp_path, monkeypatch, capsys):
 
 @pytest.mark.ddp
 def test_line_magic_all_ranks_shows_rank_0_as_is_and_prefixes_the_others(ip, tmp_path, monkeypatch, capsys):
+    """... and torchrun runs with the argv and the environment that the same line's --dry-run printed."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "show.py").write_text(textwrap.dedent("""\
+    (tmp_path / "show.py").write_text(LAUNCHER_PROBE + textwrap.dedent("""\
         import os, sys
         print(f"hello args={sys.argv[1:]}")
         print("to stderr", file=sys.stderr)
         """))
+    ip.run_line_magic("torchrun", "2 --all-ranks --dry-run show.py --epochs 1")
+    dry_run = capsys.readouterr().out.split("nbddp: command: ", 1)[1].strip()
     ip.run_line_magic("torchrun", "2 --all-ranks show.py --epochs 1")
     out, err = capsys.readouterr()
     lines = (out + err).splitlines()  # rank 0 untouched, so that its \r progress bars stay whole
     assert "hello args=['--epochs', '1']" in lines and "to stderr" in lines
     assert "[rank 1] hello args=['--epochs', '1']" in lines and "[rank 1] to stderr" in lines
     assert not [line for line in lines if line.startswith("[rank 0]")]
+    assert_ran_as_dry_run_said(dry_run, tmp_path, dict(os.environ))
 
 
 @pytest.mark.ddp
@@ -127,11 +133,12 @@ def test_dry_run_writes_the_script_and_prints_the_command(ip, tmp_path, monkeypa
     ip.run_cell_magic("torchrun", "2 --dry-run", "print('hi')")
     out = capsys.readouterr().out
     assert "nbddp: script: train_ddp.py" in out
-    assert "-m torch.distributed.run --standalone --nproc_per_node=2 train_ddp.py" in out
+    assert "-m torch.distributed.run --standalone --nproc_per_node=2 --log-dir " in out
+    assert " --redirects 1:3 train_ddp.py" in out and "PYTHONUNBUFFERED=1 " in out
     ip.run_cell_magic("torchrun", "4 --dry-run --out multi.py --nnodes 2 --rdzv-endpoint host:29400 --node-rank=1",
                       "print('hi')")
     out = capsys.readouterr().out
-    assert "--nproc_per_node=4 --nnodes=2 --rdzv-endpoint=host:29400 --node-rank=1 multi.py" in out
+    assert "--redirects 1:3,2:3,3:3 --nnodes=2 --rdzv-endpoint=host:29400 --node-rank=1 multi.py" in out
     assert "--standalone" not in out
     assert (tmp_path / "multi.py").exists()
 
@@ -198,7 +205,7 @@ def test_kaggle_example_notebook_is_valid_and_its_torchrun_cell_converts(ip, tmp
     script = (tmp_path / "train_ddp.py").read_text()
     compile(script, "train_ddp.py", "exec")
     assert "device_map = nbddp_device_map()" in script and "trainer.train()" in script
-    assert "--nproc_per_node=2 train_ddp.py" in capsys.readouterr().out
+    assert "--nproc_per_node=2 --log-dir " in capsys.readouterr().out
 
 
 def test_the_kaggle_example_notebook_converts_with_dry_run(ip, tmp_path, monkeypatch, capsys):

@@ -16,15 +16,14 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import textwrap
 import time
 
 import nbformat
 import pytest
 
-from e2e import (MAX_STEPS, PER_DEVICE, ROWS, SCRIPT, Job, assert_clean_exit, assert_trained,
-                          child_env)
+from e2e import (MAX_STEPS, PER_DEVICE, ROWS, SCRIPT, Job, assert_clean_exit, assert_trained, child_env,
+                 torchrun_launch)
 from tinymodels import EXAMPLE_NOTEBOOK
 
 pytestmark = pytest.mark.ddp
@@ -52,18 +51,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def node_argv(node_rank: int, port: int, script: str = SCRIPT) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={NODES}", f"--node-rank={node_rank}",
-            f"--nproc_per_node={PER_NODE}", "--master-addr=127.0.0.1", f"--master-port={port}", script]
+def node_launch(node_rank: int, port: int, cwd, script: str = SCRIPT):
+    """(argv, environment) of one node's torchrun launcher, built by nbddp's recipe."""
+    return torchrun_launch(script, PER_NODE, child_env(cwd), flags=[
+        f"--nnodes={NODES}", f"--node-rank={node_rank}", "--master-addr=127.0.0.1", f"--master-port={port}"])
 
 
 def run_two_nodes(cwd, script: str = SCRIPT, timeout: int = 300) -> list[Job]:
     """Both launchers at once in `cwd`; one Job per node, in node order."""
     port = free_port()
-    env = child_env(cwd)
     start = time.monotonic()
-    procs = [subprocess.Popen(node_argv(node, port, script), cwd=cwd, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for node in range(NODES)]
+    launches = [node_launch(node, port, cwd, script) for node in range(NODES)]
+    procs = [subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for argv, env in launches]
     outs = []
     try:
         for proc in procs:
@@ -182,11 +182,11 @@ def test_cell_magic_as_node_0_of_two(ip, tmp_path, monkeypatch, capsys):
     flags = f"--nnodes={NODES} --master-addr=127.0.0.1 --master-port={port}"
     ip.run_cell_magic("torchrun", f"{PER_NODE} --dry-run {flags} --node-rank=0", RANKS_CELL)
     dry = capsys.readouterr().out
-    assert (f"--nproc_per_node={PER_NODE} --nnodes={NODES} --master-addr=127.0.0.1 --master-port={port} "
+    assert (f"--redirects 1:3 --nnodes={NODES} --master-addr=127.0.0.1 --master-port={port} "
             f"--node-rank=0 {SCRIPT}") in dry, dry
     assert "--standalone" not in dry
-    node1 = subprocess.Popen(node_argv(1, port), cwd=tmp_path, env=child_env(tmp_path), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    argv, env = node_launch(1, port, tmp_path)
+    node1 = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ip.run_cell_magic("torchrun", f"{PER_NODE} {flags} --node-rank=0", RANKS_CELL)
         out1, err1 = node1.communicate(timeout=120)
@@ -206,8 +206,9 @@ def test_line_magic_passes_multinode_flags(ip, tmp_path, monkeypatch, capsys):
     ip.run_line_magic("torchrun", "4 --dry-run --nnodes=2 --node-rank=1 --rdzv-backend=c10d "
                                   "--rdzv-endpoint=head:29400 --rdzv-id=job7 train.py --epochs 1")
     out = capsys.readouterr().out
-    assert ("-m torch.distributed.run --nproc_per_node=4 --nnodes=2 --node-rank=1 --rdzv-backend=c10d "
-            "--rdzv-endpoint=head:29400 --rdzv-id=job7 train.py --epochs 1") in out, out
+    assert "-m torch.distributed.run --nproc_per_node=4 --log-dir " in out, out
+    assert (" --redirects 1:3,2:3,3:3 --nnodes=2 --node-rank=1 --rdzv-backend=c10d --rdzv-endpoint=head:29400 "
+            "--rdzv-id=job7 train.py --epochs 1") in out, out
     assert "--standalone" not in out
 
 
@@ -219,9 +220,8 @@ def test_runtime_layer_cases_with_four_processes():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
                                                              "MASTER_PORT", "NBDDP_OUTCOME_DIR")}
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc_per_node={WORLD}", os.path.join(CASES, "ddp_cases.py"), "layer"],
-                          capture_output=True, text=True, timeout=240, env=env, cwd=CASES)
+    argv, env = torchrun_launch(os.path.join(CASES, "ddp_cases.py"), WORLD, env, script_args=["layer"])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=CASES)
     results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and len(results) == 16, done.stdout[-2000:] + done.stderr[-3000:]
     bad = [r for r in results if r["outcome"] != "trains, same weights as one process"]

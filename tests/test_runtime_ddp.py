@@ -11,21 +11,25 @@ import sys
 import pytest
 import torch
 
+from e2e import torchrun_launch
+
 pytestmark = pytest.mark.ddp
 CASES = os.path.join(os.path.dirname(__file__), "runtime_cases")
 SAME = "trains, same weights as one process"
 
 
-def _run(argv, env=None, timeout=240, drop=()):
-    full_env = {k: v for k, v in {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}.items() if k not in drop}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=CASES)
+def _env(env=None, drop=()):
+    return {k: v for k, v in {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}.items() if k not in drop}
+
+
+def _run(argv, env, timeout=240):
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=CASES)
     results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     return done, results
 
 
 def torchrun(script, *args, env=None):
-    return _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                 os.path.join(CASES, script), *args], env)
+    return _run(*torchrun_launch(os.path.join(CASES, script), 2, _env(env), script_args=args))
 
 
 def _key(r):
@@ -121,7 +125,7 @@ def trainer_runs(tmp_path_factory):
     runs["layer"] = (done, res)
     runs["accumulate"] = torchrun("trainer_case.py", "accumulate", str(tmp / "accumulate.pt"))
     done, res = _run([sys.executable, os.path.join(CASES, "trainer_case.py"), "single", str(tmp / "single.pt")],
-                     drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))
+                     _env(drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")))
     runs["single"] = (done, res)
     return tmp, runs
 

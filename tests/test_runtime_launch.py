@@ -10,8 +10,9 @@ import time
 import pytest
 
 from conftest import make_notebook
-from e2e import Job, assert_adapter_saved_once, assert_clean_exit, assert_trained, child_env, run_job
-from nbddp.executor import _alive
+from e2e import (LAUNCHER_PROBE, Job, alive, assert_adapter_saved_once, assert_clean_exit, assert_trained, child_env,
+                 launcher_seen, run_job, torchrun_launch)
+from nbddp import launch
 from nbddp.pipeline import convert_notebook
 from nbddp.runtime import fit, group, hooks, launcher
 
@@ -134,7 +135,7 @@ def test_start_launches_only_a_plain_process_with_several_processes_to_run(monke
 
 
 SLEEPER = make_notebook("import os, time\nopen(f\"pid-{os.environ.get('RANK', 'plain')}-{os.getpid()}\", 'w').close()\n"
-                    "time.sleep(float(os.environ.get('SLEEP', '0')))\n")
+                        "time.sleep(float(os.environ.get('SLEEP', '0')))\n", LAUNCHER_PROBE)
 
 
 def _sleeper(tmp_path, **env):
@@ -147,20 +148,24 @@ def _pids(folder):
 
 
 @pytest.mark.ddp
-@pytest.mark.parametrize("env, argv, files, launches", [
-    ({"NBDDP_NPROC": "2"}, [], ["pid-0", "pid-1"], True),  # two ranks of one job, started by the script
-    ({"NBDDP_NPROC": "1"}, [], ["pid-plain"], False),  # stays one process
-    ({}, [], ["pid-plain"], False),  # no GPU, no NBDDP_NPROC: one process
-    ({"NBDDP_NPROC": "2"}, ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
-     ["pid-0", "pid-1"], False),  # under torchrun: no second launch
+@pytest.mark.parametrize("env, under_torchrun, files, launches", [
+    ({"NBDDP_NPROC": "2"}, False, ["pid-0", "pid-1"], True),  # two ranks of one job, started by the script
+    ({"NBDDP_NPROC": "1"}, False, ["pid-plain"], False),  # stays one process
+    ({}, False, ["pid-plain"], False),  # no GPU, no NBDDP_NPROC: one process
+    ({"NBDDP_NPROC": "2"}, True, ["pid-0", "pid-1"], False),  # under torchrun: no second launch
 ])
-def test_the_script_starts_as_many_processes_as_asked(tmp_path, env, argv, files, launches):
-    done = subprocess.run([sys.executable, *argv, "train_ddp.py"], cwd=tmp_path, env=_sleeper(tmp_path, **env),
-                          capture_output=True, text=True, timeout=120)
+def test_the_script_starts_as_many_processes_as_asked(tmp_path, env, under_torchrun, files, launches):
+    env = _sleeper(tmp_path, **env)
+    argv, run_env = (torchrun_launch("train_ddp.py", 2, env) if under_torchrun
+                     else ([sys.executable, "train_ddp.py"], env))
+    done = subprocess.run(argv, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.glob("pid-*")) == files
     said = "nbddp: 0 GPUs: running as 2 processes (NBDDP_NPROC=1 for one)"
     assert done.stdout.count(said) == int(launches), done.stdout
+    if launches:  # the script became torchrun as nbddp's recipe says, as `nbddp run` would start it
+        recipe = launch.build("train_ddp.py", 2, python=sys.executable, cpus=launch.cpu_count(), env=env)
+        assert launcher_seen(tmp_path) == {"argv": recipe.argv, "env": {**env, **recipe.env, "NBDDP_MODE": "ddp"}}
 
 
 @pytest.mark.ddp
@@ -191,9 +196,9 @@ def test_stopping_the_script_stops_every_rank(tmp_path, how):
         os.killpg(job.pid, signal.SIGINT)  # a terminal sends it to the whole foreground group
     assert job.wait(timeout=60) != 0
     deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [pid for pid in ranks if _alive(pid)], "a rank outlived the job"
+    assert not [pid for pid in ranks if alive(pid)], "a rank outlived the job"
 
 
 @pytest.fixture(scope="module")
@@ -234,8 +239,8 @@ def test_the_process_group_is_up_before_the_notebook_can_use_it(tmp_path, cells,
     script = convert_notebook(make_notebook(*cells)).script
     assert ("group=False" in script) == ("import unsloth" in cells[0])
     (tmp_path / "train_ddp.py").write_text(script, encoding="utf-8")
-    env = {**child_env(tmp_path), "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "train_ddp.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    argv, env = torchrun_launch("train_ddp.py", 2, {**child_env(tmp_path),
+                                                    "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert expected in done.stdout and "sum 2.0 initialized True" in done.stdout, done.stdout

@@ -123,16 +123,16 @@ def test_a_splitting_placement_stays_for_split_mode():
 def test_each_carried_module_says_why_in_one_line():
     conversion = convert_notebook(make_notebook(*UNSLOTH_SFT))
     lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
-    assert [line.split(":")[0][5:] for line in lines] == ["launcher", "wait", "group", "hooks", "fit", "one_writer",
-                                                          "agree", "unsloth_group", "lean_sync", "peft_shim",
-                                                          "balance"]
-    assert lines[3] == "# -- hooks: needed by fit, one_writer, agree, unsloth_group, lean_sync, peft_shim, balance"
+    assert [line.split(":")[0][5:] for line in lines] == ["recipe", "launcher", "wait", "group", "hooks", "fit",
+                                                          "one_writer", "agree", "unsloth_group", "lean_sync",
+                                                          "peft_shim", "balance"]
+    assert lines[4] == "# -- hooks: needed by fit, one_writer, agree, unsloth_group, lean_sync, peft_shim, balance"
     assert "the notebook trains with a Trainer" in lines[-1]
 
 
 @pytest.mark.parametrize("notebook, most", [
-    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 520),
-    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 660),
+    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 540),
+    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 680),
 ])
 def test_lines_before_the_first_notebook_cell(notebook, most):
     lines = convert_notebook(str(notebook)).script.splitlines()
@@ -180,15 +180,16 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
                   and ast.get_docstring(n) and len(n.body) > 1]
     assert documented == []
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
-        ["launcher", "wait", "group", "hooks", "fit", "files", "one_writer", "agree", "ask", "unsloth_group",
-         "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance",
-         "loop"]
+        ["recipe", "launcher", "wait", "group", "hooks", "fit", "files", "one_writer", "agree", "ask",
+         "unsloth_group", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim",
+         "global_batch", "balance", "loop"]
 
 
 def test_inlining_keeps_what_is_read_and_what_runs_at_import():
     code = inline.render(inline.Choice({"group": "why"}, frozenset({"nbddp_device_map"})))
     assert "def nbddp_device_map" in code and "def nbddp_start" in code and "def nbddp_teardown" in code
     assert "def nbddp_self_launch" in code and "# -- launcher: needed by group" in code  # every script launches itself
+    assert "def nbddp_launch(" in code and "# -- recipe: needed by launcher" in code  # by nbddp's one recipe
     assert "NBDDP_IS_LOCAL_MAIN" not in code and "subprocess" not in code
     code = inline.render(inline.Choice({"files": "why"}, frozenset({"nbddp_shell"})))
     assert "def nbddp_shell" in code and "NBDDP_IS_LOCAL_MAIN =" in code and "import subprocess" in code

@@ -1,12 +1,15 @@
 """`python train_ddp.py` on a machine with several GPUs trains on all of them: the script becomes torch's own
 launcher (torch.distributed.run, standalone, the same Python and arguments), which runs it as one process per GPU;
 Ctrl-C and SIGTERM reach that launcher, which stops every rank, and its exit status is the script's. Rank 0 writes
-to the console, the other ranks to torchrun's log files. NBDDP_NPROC=N sets the count (1: one process). Under
-torchrun, accelerate, `nbddp run` or `%%torchrun` the script is already one of the job's processes."""
+to the console, the other ranks to torchrun's log files; the launch is nbddp's one recipe (runtime/recipe.py), as
+`nbddp run` and `%%torchrun` start theirs. NBDDP_NPROC=N sets the count (1: one process). Under torchrun,
+accelerate, `nbddp run` or `%%torchrun` the script is already one of the job's processes."""
 import os
 import sys
 
 import torch
+
+from .recipe import nbddp_cpu_count, nbddp_launch
 
 NBDDP_LAUNCHED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "ACCELERATE_USE_CPU")
 
@@ -32,6 +35,7 @@ def nbddp_nproc():
 def nbddp_self_launch(nproc):
     """Replace this process by torchrun running this script as `nproc` processes (the mode is decided: DDP)."""
     print(f"nbddp: {torch.cuda.device_count()} GPUs: running as {nproc} processes (NBDDP_NPROC=1 for one)", flush=True)
-    os.environ["NBDDP_MODE"] = "ddp"
-    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                              "--redirects", ",".join(f"{r}:3" for r in range(1, nproc)), sys.argv[0], *sys.argv[1:]])
+    argv, env = nbddp_launch(sys.argv[0], nproc, python=sys.executable, cpus=nbddp_cpu_count(), env=os.environ,
+                             script_args=sys.argv[1:])
+    os.environ.update(env, NBDDP_MODE="ddp")
+    os.execv(argv[0], argv)

@@ -18,6 +18,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
     uv pip install --system -qqq --no-deps accelerate peft "trl==0.22.2"
 """
 # ---- nbddp runtime: the parts of nbddp/runtime/ this notebook needs (no notebook code above this line) ----
+# -- recipe: needed by launcher
 # -- launcher: needed by group, fit
 # -- wait: needed by group, one_writer, agree
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group

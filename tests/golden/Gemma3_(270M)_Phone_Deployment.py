@@ -17,6 +17,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
     pip install git+https://github.com/huggingface/optimum-executorch.git@v0.1.0 --no-deps
 """
 # ---- nbddp runtime: the parts of nbddp/runtime/ this notebook needs (no notebook code above this line) ----
+# -- recipe: needed by launcher
 # -- launcher: needed by group, fit
 # -- wait: needed by group, one_writer, agree
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group

@@ -1,0 +1,19 @@
+"""Running a torchrun job from a notebook kernel or a shell, one module per job:
+
+- `job`: the job planned by the launch recipe (nbddp.launch), run with its output streamed live, stopped whole on
+  interrupt; its log folder swept;
+- `failures`: torchrun's report read, its noise held back, the failed rank's error (`RankFailedError`) with its
+  frames as cell lines;
+- `processes`: torchrun and its ranks as a process tree (psutil), liveness, dying with the kernel.
+
+Shared by the `%%torchrun` magic (nbddp.magic) and `nbddp run` (nbddp.cli); the names below are the API.
+"""
+from .failures import (LauncherNoise, RankFailedError, all_failures, cell_frames, job_failure, last_traceback,
+                       parse_failure, rank_log)
+from .job import (FLUSH_EVERY, GRACE, LOG_PREFIX, TorchrunJob, child_env, log_dir, plan, resolve_nproc, run_argv,
+                  run_script, sweep_log_dirs)
+from .processes import alive, process_tree
+
+__all__ = ["FLUSH_EVERY", "GRACE", "LOG_PREFIX", "LauncherNoise", "RankFailedError", "TorchrunJob", "all_failures", "alive", "cell_frames",
+           "child_env", "job_failure", "last_traceback", "log_dir", "parse_failure", "plan", "process_tree",
+           "rank_log", "resolve_nproc", "run_argv", "run_script", "sweep_log_dirs"]

@@ -1,0 +1,82 @@
+"""The processes of a job: torchrun and its ranks (psutil walks the tree), whether one still runs, signals to all
+of them, and torchrun dying with the kernel that started it."""
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def alive(pid: int) -> bool:
+    """The process runs (an exited one that its parent has not reaped yet does not)."""
+    try:
+        return psutil.Process(pid).status() not in _GONE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # another user's process: it exists
+        return True
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (the ranks run in sessions of their own, so a process-group signal to torchrun
+    does not reach them)."""
+    try:
+        return [pid] + [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return [pid]
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() not in _GONE  # is_running: the pid is not a new process's
+    except psutil.NoSuchProcess:
+        return False
+
+
+class JobProcesses:
+    """torchrun (`root`, leading a session of its own) and every descendant seen while it ran: a rank whose
+    torchrun is already gone is still found, and signalled."""
+
+    def __init__(self, root: int):
+        self.root, self.top, self.seen = root, psutil.Process(root), {}
+
+    def live(self) -> list[psutil.Process]:
+        """The job's processes still running, the tree walked again while torchrun runs."""
+        try:
+            if _running(self.top):
+                for proc in [self.top, *self.top.children(recursive=True)]:
+                    self.seen.setdefault(proc.pid, proc)
+        except psutil.NoSuchProcess:
+            pass
+        self.seen = {pid: proc for pid, proc in self.seen.items() if _running(proc)}
+        return list(self.seen.values())
+
+    def signal(self, sig) -> None:
+        """`sig` to torchrun's process group and to each rank's (a rank leads its own session; its children share
+        it), and to each process itself."""
+        _send(os.killpg, self.root, sig)
+        for proc in self.live():
+            if proc.pid != self.root:
+                _send(os.killpg, proc.pid, sig)
+                _send(os.kill, proc.pid, sig)
+
+
+def _send(send, pid, sig):
+    try:
+        send(pid, sig)
+    except OSError:
+        pass
+
+
+def die_with_parent():
+    """In the launcher, before it runs: SIGTERM when the process that started it dies (a killed or crashed kernel),
+    on which torchrun stops its ranks. Linux only; elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
