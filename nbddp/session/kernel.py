@@ -1,0 +1,278 @@
+"""The kernel's side of a `%ddp` session: torchrun started once, one connection per rank, each cell sent to every
+rank and its outcome gathered.
+
+While a cell runs, one loop (in the kernel's main thread, so that the kernel's interrupt lands in it) waits on
+torchrun's output pipes and every rank's connection together. Rank 0 writes to torchrun's own stdout and stderr,
+which stream into the cell as they come, a few writes a second; the other ranks write to torchrun's log files (shown
+prefixed `[rank N]` with `--all-ranks`, torchrun's `--tee`). Rank 0 flushes its output before each message it sends,
+and the kernel reads what the pipes hold before it acts on a message, so a display comes after what was printed
+before it.
+
+Outcome of a cell:
+- every rank done: the cell succeeds;
+- a rank failed: the others get a moment to fail too (an ordinary exception fails on every rank), then are
+  interrupted; the cell raises RankFailedError with the first failing rank's traceback, and the session goes on;
+- interrupted (the kernel's interrupt): SIGINT to every rank still running (stop.py: inside a Trainer's loop, after
+  the same step on every rank); the cell raises KeyboardInterrupt, and the session goes on;
+- a rank that does not stop (it waits in a collective for a rank that failed), a rank's process that died, or
+  torchrun gone: the ranks can no longer agree, the session ends, and the cell says so.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import selectors
+import sys
+import tempfile
+import threading
+import time
+from queue import Empty, Queue
+
+from . import wire
+from .glue import RankFailedError, child_env, torchrun_argv
+from .procs import Processes
+
+FLUSH_EVERY = 0.25  # seconds between two writes of the ranks' output into the cell
+AGREE_WAIT = 3.0  # after one rank fails, how long the others may take to fail on their own before the interrupt
+STOP_WAIT = 60.0  # after the interrupt, how long the ranks may take to stop (a training step must end first)
+FAILED_STOP_WAIT = 10.0  # after a rank failed and the others were interrupted, how long they may take to stop
+START_WAIT = 600.0  # torch's import and the process group, on every rank
+_TAIL = 64 * 1024
+
+
+def ended(rank, why, traceback="", nproc=2):
+    error = RankFailedError(rank, None, traceback)
+    error.args = (f"{why}; the ranks can no longer agree, so the session has ended: %ddp {nproc} starts a new one",)
+    return error
+
+
+class Session:
+    def __init__(self, nproc: int, all_ranks=False):
+        self.nproc, self.all_ranks = nproc, all_ranks
+        self.conns, self.pending_text = {}, {"stdout": "", "stderr": ""}
+        self.stderr_tail, self.flushed, self.echo = "", 0.0, True
+        self.cells_run, self.started = 0, None
+        self.dead = None  # why the session ended
+
+    # ---- start and stop ----
+
+    def start(self):
+        self.logs = tempfile.TemporaryDirectory(prefix=f"nbddp-session-{os.getpid()}-")
+        listener, reach = wire.listen()
+        env = {**child_env(all_ranks=self.all_ranks, nproc=self.nproc), **reach}
+        routing = ["--tee" if self.all_ranks else "--redirects", ",".join(f"{r}:3" for r in range(1, self.nproc))]
+        extra = ["--log-dir", self.logs.name, *(routing if self.nproc > 1 else []), "-m"]
+        self.procs = Processes(torchrun_argv("nbddp.session.worker", self.nproc, extra=extra), env).start()
+        accepted = Queue()
+
+        def accept():
+            try:
+                for _ in range(self.nproc):
+                    accepted.put(listener.accept())
+            except OSError:
+                pass
+
+        threading.Thread(target=accept, daemon=True, name="nbddp-session-accept").start()
+        self.selector = selectors.DefaultSelector()
+        for pipe, dest in ((self.procs.proc.stdout, "stdout"), (self.procs.proc.stderr, "stderr")):
+            self.selector.register(pipe, selectors.EVENT_READ, dest)
+        deadline, ready = time.monotonic() + START_WAIT, set()
+        try:
+            while len(ready) < self.nproc:
+                try:
+                    conn = accepted.get_nowait()
+                    kind, fields = conn.recv()
+                    self.conns[fields["rank"]] = conn
+                    self.procs.ranks[fields["rank"]] = fields["pid"]
+                    self.selector.register(conn, selectors.EVENT_READ, fields["rank"])
+                except Empty:
+                    pass
+                for rank, message in self._events(0.1):
+                    if message is None:
+                        raise self._die(rank, f"rank {rank} ended while the session started")
+                    if message[0] == wire.READY:
+                        ready.add(rank)
+                if not self.procs.running():
+                    raise self._die(None, "torchrun exited while the session started")
+                if time.monotonic() > deadline:
+                    raise self._die(None, f"the ranks were not ready after {START_WAIT:.0f} s")
+        except KeyboardInterrupt:
+            self.end()
+            raise
+        finally:
+            listener.close()
+            self._flush()
+        self.started = time.time()
+        return self
+
+    def end(self):
+        if self.dead is None:
+            self.dead = "stopped"
+        self.echo = False
+        for conn in self.conns.values():
+            conn.close()
+        self.procs.end()
+        self.logs.cleanup()
+
+    def stop(self):
+        """`%ddp stop`: every rank closes the process group (a barrier) and leaves; then the processes go."""
+        for conn in self.conns.values():
+            try:
+                conn.send((wire.STOP, {}))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 30
+        while self.procs.running() and time.monotonic() < deadline:
+            self._events(0.1)
+        self._flush()
+        self.end()
+
+    # ---- one cell ----
+
+    def run(self, fields: dict):
+        """Run one converted cell on every rank; returns when every rank finished it, else raises."""
+        self._events(0)  # what came between cells
+        for conn in self.conns.values():
+            conn.send((wire.CELL, fields))
+        self.cells_run += 1
+        pending, failures = set(self.conns), {}
+        signalled = interrupts = 0
+        stop_at = give_up_at = None
+        while pending:
+            try:
+                for rank, message in self._events(0.2):
+                    if message is None:
+                        raise self._die(rank, f"rank {rank}'s process ended during the cell")
+                    kind, got = message
+                    if kind in (wire.DONE, wire.FAILED) and got.get("id") == fields["id"]:
+                        pending.discard(rank)
+                        if kind == wire.FAILED:
+                            failures[rank] = got
+                            if stop_at is None:
+                                stop_at = time.monotonic() + AGREE_WAIT
+                if not self.procs.running():
+                    raise self._die(None, "torchrun exited during the cell")
+                now = time.monotonic()
+                if pending and stop_at is not None and signalled < 2 and now >= stop_at:
+                    # twice: the second SIGINT stops a rank at once, also inside a Trainer's loop (a rank failed,
+                    # so the ranks are out of step already)
+                    self.procs.interrupt(pending)
+                    signalled += 1
+                    stop_at, give_up_at = now + 0.5, give_up_at or now + FAILED_STOP_WAIT
+                if pending and give_up_at is not None and now >= give_up_at:
+                    names = ", ".join(f"rank {r}" for r in sorted(pending))
+                    raise self._die(min(pending), f"{names} did not stop (waiting in a collective for a rank that "
+                                                  "stopped?)", failures)
+            except KeyboardInterrupt:
+                interrupts += 1
+                if interrupts >= 3:
+                    raise self._die(None, "interrupted three times", failures) from None
+                self.procs.interrupt(pending)  # the second time a rank raises at once, even in training
+                signalled = 2
+                give_up_at = time.monotonic() + (STOP_WAIT if interrupts == 1 else 5.0)
+        self._settle()
+        failed = [got for got in failures.values() if not got["interrupted"]]
+        if failed:
+            first = next(r for r, got in failures.items() if not got["interrupted"])
+            error = RankFailedError(first, None, failed[0]["traceback"])
+            last = failed[0]["traceback"].strip().splitlines()[-1]
+            others = sorted(r for r in failures if r != first and not failures[r]["interrupted"])
+            also = f" (also on rank {', '.join(map(str, others))})" if others else ""
+            error.args = (f"rank {first} raised {last}{also}; the session goes on: fix the cell and run it again",)
+            raise error
+        if failures or interrupts:
+            stopped = KeyboardInterrupt()
+            stopped._render_traceback_ = lambda: ["KeyboardInterrupt: the cell stopped on every rank; the session "
+                                                  "goes on"]  # IPython shows this instead of nbddp's own stack
+            raise stopped
+
+    # ---- events and output ----
+
+    def _events(self, timeout):
+        """Wait up to `timeout` for output or messages; output is written, messages returned as (rank, message),
+        (rank, None) for a closed connection. A display is shown here, after the output that came before it."""
+        out = []
+        for key, _ in self.selector.select(timeout):
+            if isinstance(key.data, str):
+                self._read(key)
+                continue
+            try:
+                message = key.fileobj.recv()
+            except (EOFError, OSError):
+                self.selector.unregister(key.fileobj)
+                out.append((key.data, None))
+                continue
+            if message[0] == wire.DISPLAY:
+                self._drain()
+                self._show(message[1])
+            else:
+                out.append((key.data, message))
+        if time.monotonic() - self.flushed >= FLUSH_EVERY:
+            self._flush()
+        return out
+
+    def _read(self, key):
+        try:
+            data = os.read(key.fileobj.fileno(), 65536)
+        except BlockingIOError:
+            return
+        if not data:
+            self.selector.unregister(key.fileobj)
+            return
+        text = data.decode("utf-8", errors="replace")
+        if key.data == "stderr":
+            self.stderr_tail = (self.stderr_tail + text)[-_TAIL:]
+        if self.echo:
+            self.pending_text[key.data] += text
+
+    def _drain(self):
+        for key in list(self.selector.get_map().values()):
+            if isinstance(key.data, str):
+                self._read(key)
+        self._flush()
+
+    def _settle(self):
+        """The last output of a cell: rank 0's is in the pipes already; the other ranks' (--all-ranks) comes from
+        torchrun tailing their log files, a moment later."""
+        end = time.monotonic() + (0.5 if self.all_ranks else 0)
+        while True:
+            self._drain()
+            if time.monotonic() >= end:
+                return
+            self._events(0.1)
+
+    def _flush(self):
+        self.flushed = time.monotonic()
+        for dest, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+            if self.pending_text[dest]:
+                stream.write(self.pending_text[dest])
+                stream.flush()
+                self.pending_text[dest] = ""
+
+    @staticmethod
+    def _show(fields):
+        from IPython.display import clear_output, publish_display_data
+
+        if fields.get("clear"):
+            clear_output(wait=fields["wait"])
+        else:
+            publish_display_data(fields["data"], fields["metadata"], transient=fields["transient"],
+                                 update=fields["update"])
+
+    def _die(self, rank, why, failures=None):
+        """End the session; the error to raise: the rank's own traceback where one is known."""
+        self._drain()
+        text = ""
+        for failed, got in (failures or {}).items():
+            if not got["interrupted"]:  # the rank whose own error left the others waiting
+                rank, text = failed, got["traceback"]
+                why += f" after rank {failed} failed"
+                break
+        if not text and rank is not None:
+            logs = glob.glob(os.path.join(glob.escape(self.logs.name), "*", "attempt_*", str(rank), "stderr.log"))
+            if logs:
+                with open(max(logs, key=os.path.getmtime), encoding="utf-8", errors="replace") as fh:
+                    text = "\n".join(fh.read().splitlines()[-12:])
+        self.dead = why
+        self.end()
+        return ended(rank, why, text, self.nproc)

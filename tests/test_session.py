@@ -1,0 +1,214 @@
+"""`%ddp 2` in a real Jupyter kernel (ipykernel driven by jupyter_client), on CPU with 2 gloo ranks: the example
+notebook run cell by cell on both ranks, then what a user does between and after (a collective read in the next
+cell, failing cells, an interrupt during training, a killed kernel). One kernel and one session for all of it; the
+tests below check what it recorded. The training is compared with the same notebook converted by `nbddp convert`
+and run by torchrun (conftest.py's example_ddp_job, shared with test_e2e_ddp.py).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import sys
+import time
+
+import nbformat
+import pytest
+
+from e2e import child_env
+from test_kernel import Kernel, streamed
+from nbddp.executor import _alive
+from tinymodels import EXAMPLE_NOTEBOOK
+
+pytestmark = pytest.mark.ddp
+
+FAKE_UNSLOTH = ("import torch.distributed as dist\n"
+                "GROUP_DURING_IMPORT = dist.is_initialized()\n")
+COUNT_SAVES = ("saves = []\n"
+               "_save = model.save_pretrained\n"
+               "model.save_pretrained = lambda *args, **kwargs: (saves.append(1), _save(*args, **kwargs))[1]\n")
+COUNTS = ("import torch.distributed as dist\n"
+          "from IPython.display import HTML, display\n"
+          "counts = torch.tensor([float(len(saves)), float('outputs' in globals())])\n"
+          "dist.all_reduce(counts)\n"
+          "display(HTML(f'<b>{type(model).__name__}</b>'))\n"
+          "counts.tolist()\n")
+NEXT = "print('read in the next cell:', counts.tolist(), 'world', dist.get_world_size())\n"
+FAIL_EVERYWHERE = "x = 1\nraise ValueError('boom on every rank')\n"
+FAIL_ON_ONE = "import os\nif os.environ['RANK'] == '1':\n    raise KeyError('missing-key')\n"
+LONG_TRAINING = "trainer.args.max_steps = 100000\ntrainer.train()\n"
+AFTER_INTERRUPT = ("steps = torch.tensor([float(trainer.state.global_step)])\n"
+                   "dist.all_reduce(steps)\n"
+                   "print('steps agree:', steps.item() == 2 * trainer.state.global_step, trainer.state.global_step)\n")
+
+
+def _errors(messages):
+    return [m["content"] for m in messages if m["msg_type"] == "error"]
+
+
+def _shown(messages):
+    return streamed(messages) + "".join("\n".join(e["traceback"]) for e in _errors(messages))
+
+
+def _displays(messages):
+    return [m["content"]["data"] for m in messages if m["msg_type"] in ("display_data", "execute_result")]
+
+
+def _pids(ran):
+    """torchrun's and the ranks' process ids, as `%ddp` tells them."""
+    return [int(pid) for pid in re.findall(r"pid (\d+)", streamed(ran[1]))]
+
+
+def _interrupt_when(kernel, code, seen_text, timeout=240):
+    """Run `code`, interrupt the kernel once `seen_text` was streamed; the cell's status and messages."""
+    msg_id = kernel.kc.execute(code)
+    messages, interrupted, deadline = [], False, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = kernel.kc.get_iopub_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if not interrupted and seen_text in streamed(messages):
+            kernel.km.interrupt_kernel()
+            interrupted = True
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kernel.kc.get_shell_msg(timeout=30)
+    return reply["content"]["status"], messages, interrupted
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    """Everything one kernel did, by name: (status, messages) per cell, and what the end left."""
+    cwd = tmp_path_factory.mktemp("session")
+    (cwd / "pkgs" / "unsloth").mkdir(parents=True)
+    (cwd / "pkgs" / "unsloth" / "__init__.py").write_text(FAKE_UNSLOTH)
+    (cwd / "tmp").mkdir()
+    env = {**child_env(cwd), "TMPDIR": str(cwd / "tmp"),
+           "PYTHONPATH": os.pathsep.join([str(cwd / "pkgs"), *sys.path])}
+    kernel = Kernel(cwd, env=env)
+    done = {"cwd": cwd, "cells": []}
+    try:
+        done["torch in the kernel"] = kernel.run("import torch\nlocal_value = 7\n")
+        done["start"] = kernel.run("%ddp 2", timeout=300)
+        done["import unsloth"] = kernel.run("import unsloth\nimport torch.distributed as dist\n"
+                                            "print('group during', unsloth.GROUP_DURING_IMPORT, 'after', "
+                                            "dist.is_initialized())\n")
+        nb = nbformat.read(str(EXAMPLE_NOTEBOOK), as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                if cell.source.startswith("model.save_pretrained"):
+                    done["count saves"] = kernel.run(COUNT_SAVES)
+                done["cells"].append(kernel.run(cell.source))
+        for name, code in (("counts", COUNTS), ("next", NEXT), ("fail everywhere", FAIL_EVERYWHERE),
+                           ("after failure", NEXT), ("fail on one", FAIL_ON_ONE), ("local", "%%local\nlocal_value\n"),
+                           ("where", "%ddp")):
+            done[name] = kernel.run(code)
+        done["interrupt"] = _interrupt_when(kernel, LONG_TRAINING, "'loss'")
+        done["after interrupt"] = kernel.run(AFTER_INTERRUPT)
+        done["stop"] = kernel.run("%ddp stop")
+        done["stopped"] = [pid for pid in _pids(done["where"]) if _alive(pid)]
+        done["in the kernel again"] = kernel.run("print(local_value)")
+        done["restart"] = kernel.run("%ddp 2 --all-ranks", timeout=300)
+        done["all ranks"] = kernel.run("import os\nprint('hello from rank', os.environ['RANK'])\n")
+        pids = done["pids"] = _pids(kernel.run("%ddp"))
+        kernel.km.shutdown_kernel(now=True)  # a forced restart: the kernel is killed, nothing in it runs again
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        done["left"] = [pid for pid in pids if _alive(pid)]
+    finally:
+        if kernel.km.is_alive():
+            kernel.close()
+    return done
+
+
+def test_the_session_starts_in_a_kernel_that_imported_torch_and_says_so(session):
+    status, messages = session["start"]
+    assert session["torch in the kernel"][0] == "ok"
+    assert status == "ok" and "nbddp: 2 ranks ready" in streamed(messages), _shown(messages)
+    status, messages = session["import unsloth"]  # Unsloth installed: the group waits for its import
+    assert status == "ok" and "group during False after True" in streamed(messages), _shown(messages)
+
+
+def test_the_notebook_runs_cell_by_cell_on_both_ranks(session):
+    for status, messages in session["cells"]:
+        assert status == "ok", _shown(messages)
+    out = "".join(streamed(messages) for _, messages in session["cells"])
+    assert "seconds used for training on 2 process(es)." in out, out[-3000:]
+    assert out.count("Generated:") == 1 and out.count("Saved the LoRA adapters") == 1, out[-3000:]
+    assert "not run on the ranks: pip install transformers" in out  # the install cell: a note, nothing run
+
+
+def test_one_save_and_one_generation_over_both_ranks_read_by_an_all_reduce_in_the_next_cell(session):
+    status, messages = session["counts"]
+    assert status == "ok", _shown(messages)
+    displays = _displays(messages)
+    assert {"text/html": "<b>PeftModelForCausalLM</b>"}.items() <= next(d for d in displays if "text/html" in d).items()
+    assert any(d.get("text/plain") == "[1.0, 1.0]" for d in displays), displays  # the cell's last expression
+    status, messages = session["next"]
+    assert status == "ok" and "read in the next cell: [1.0, 1.0] world 2" in streamed(messages), _shown(messages)
+
+
+def test_the_session_trains_the_weights_that_convert_and_torchrun_train(session, example_ddp_job):
+    from safetensors.torch import load_file
+    import torch
+
+    assert example_ddp_job.returncode == 0, example_ddp_job.explain()
+    ours = load_file(session["cwd"] / "lora_model" / "adapter_model.safetensors")
+    reference = load_file(example_ddp_job.cwd / "lora_model" / "adapter_model.safetensors")
+    assert ours.keys() == reference.keys() and ours
+    for name in ours:
+        assert torch.allclose(ours[name], reference[name], rtol=1e-5, atol=1e-7), name
+
+
+def test_a_failing_cell_raises_rank_failed_error_and_the_next_cell_runs(session):
+    status, messages = session["fail everywhere"]
+    [error] = _errors(messages)
+    assert status == "error" and error["ename"] == "RankFailedError", _shown(messages)
+    assert "ValueError: boom on every rank" in error["evalue"] and "session goes on" in error["evalue"]
+    assert re.search(r"Cell In\[\d+\], line 2: raise ValueError\('boom on every rank'\)", _shown(messages))
+    status, messages = session["after failure"]
+    assert status == "ok" and "read in the next cell: [1.0, 1.0]" in streamed(messages), _shown(messages)
+    status, messages = session["fail on one"]
+    [error] = _errors(messages)
+    assert error["ename"] == "RankFailedError" and error["evalue"].startswith("rank 1 raised KeyError: 'missing-key'")
+    assert re.search(r"Cell In\[\d+\], line 3: raise KeyError\('missing-key'\)", _shown(messages))
+
+
+def test_local_and_where_stay_in_the_kernel(session):
+    status, messages = session["local"]
+    assert status == "ok" and any(d.get("text/plain") == "7" for d in _displays(messages)), _shown(messages)
+    status, messages = session["where"]
+    assert status == "ok" and "once, on rank 0: saving" in streamed(messages), _shown(messages)
+
+
+def test_an_interrupt_stops_training_on_both_ranks_at_the_same_step_and_the_session_goes_on(session):
+    status, messages, interrupted = session["interrupt"]
+    assert interrupted, _shown(messages)[-3000:]
+    assert status == "error" and [e["ename"] for e in _errors(messages)] == ["KeyboardInterrupt"], _shown(messages)
+    assert _errors(messages)[0]["traceback"] == ["KeyboardInterrupt: the cell stopped on every rank; the session goes on"]
+    assert "training stopped by the interrupt after step" in streamed(messages)
+    status, messages = session["after interrupt"]
+    assert status == "ok" and "steps agree: True" in streamed(messages), _shown(messages)
+    steps = int(streamed(messages).split("steps agree: True")[1].split()[0])
+    assert 0 < steps < 100000  # train() began again at step 0
+
+
+def test_stop_ends_the_session_and_a_new_one_shows_every_rank(session):
+    status, messages = session["stop"]
+    assert status == "ok" and "the 2 ranks have stopped" in streamed(messages), _shown(messages)
+    assert session["stopped"] == []
+    status, messages = session["in the kernel again"]
+    assert status == "ok" and streamed(messages) == "7\n", _shown(messages)
+    status, messages = session["all ranks"]
+    lines = streamed(messages).splitlines()
+    assert status == "ok" and "hello from rank 0" in lines and "[rank 1] hello from rank 1" in lines, lines
+
+
+def test_a_killed_kernel_leaves_no_rank_or_torchrun(session):
+    assert len(session["pids"]) == 3, session["pids"]  # torchrun and two ranks
+    assert session["left"] == [], "a process outlived the kernel by 10 s"
