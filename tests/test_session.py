@@ -41,6 +41,8 @@ AFTER_INTERRUPT = ("steps = torch.tensor([float(trainer.state.global_step)])\n"
                    "dist.all_reduce(steps)\n"
                    "print('steps agree:', steps.item() == 2 * trainer.state.global_step, trainer.state.global_step)\n")
 
+DEATH = "import os, time\nif os.environ['RANK'] == '1':\n    os._exit(3)\ntime.sleep(60)\n"
+
 
 def _errors(messages):
     return [m["content"] for m in messages if m["msg_type"] == "error"]
@@ -114,6 +116,10 @@ def session(tmp_path_factory):
         done["in the kernel again"] = kernel.run("print(local_value)")
         done["restart"] = kernel.run("%ddp 2 --all-ranks", timeout=300)
         done["all ranks"] = kernel.run("import os\nprint('hello from rank', os.environ['RANK'])\n")
+        second = _pids(kernel.run("%ddp"))
+        done["death"] = kernel.run(DEATH)
+        done["after death"] = [pid for pid in second if _alive(pid)]
+        done["third"] = kernel.run("%ddp 2", timeout=300)
         pids = done["pids"] = _pids(kernel.run("%ddp"))
         kernel.km.shutdown_kernel(now=True)  # a forced restart: the kernel is killed, nothing in it runs again
         deadline = time.monotonic() + 10
@@ -209,6 +215,92 @@ def test_stop_ends_the_session_and_a_new_one_shows_every_rank(session):
     assert status == "ok" and "hello from rank 0" in lines and "[rank 1] hello from rank 1" in lines, lines
 
 
+def test_a_rank_that_dies_ends_the_session_and_its_processes_and_says_so(session):
+    status, messages = session["death"]
+    [error] = _errors(messages)
+    assert error["ename"] == "RankFailedError", _shown(messages)
+    assert error["evalue"].startswith("rank 1's process ended during the cell") and "%ddp 2 starts a new one" in \
+        error["evalue"], error["evalue"]
+    assert session["after death"] == []
+    assert session["third"][0] == "ok", _shown(session["third"][1])  # a new session starts
+
+
 def test_a_killed_kernel_leaves_no_rank_or_torchrun(session):
     assert len(session["pids"]) == 3, session["pids"]  # torchrun and two ranks
     assert session["left"] == [], "a process outlived the kernel by 10 s"
+
+
+# ---- pure parts: no kernel, no ranks ----
+
+def _run_compiled(code, **names):
+    from nbddp.session.worker import SHOW, compile_cell
+
+    shown = []
+    namespace = {SHOW: shown.append, "nbddp_barrier": lambda: None, **names}
+    exec(compile_cell(code, "<cell>"), namespace)
+    return shown
+
+
+@pytest.mark.parametrize("code, shown", [
+    ("x = 2\nx * 3\n", [6]),
+    ("x = 2\nx * 3;\n", []),  # a trailing semicolon hides it, as in a notebook
+    ("x = 2\n", []),
+    ("if NBDDP_IS_MAIN:\n    y = 5\n    y + 1\nnbddp_barrier()\n", [6]),  # the converter's rank-0 guard
+    ("if NBDDP_IS_MAIN:\n    y = 5\n    y + 1\nelse:\n    pass\nnbddp_barrier()\n", []),
+    ("print\n3\nnbddp_barrier()\n", []),
+])
+def test_a_cells_last_expression_goes_to_the_display_hook(code, shown):
+    assert _run_compiled(code, NBDDP_IS_MAIN=True) == shown
+
+
+def test_a_ranks_traceback_names_the_users_cell_lines():
+    from nbddp.session.worker import SHOW, compile_cell, format_failure
+
+    source = "def f(d):\n    return d['key']\nprint('x')\nf({})\n"
+    converted = "def f(d):\n    return d['key']\nif NBDDP_IS_MAIN:\n    print('x')\nnbddp_barrier()\nf({})\n"
+    import linecache
+
+    linecache.cache["<nbddp In[4]>"] = (len(converted), None, converted.splitlines(True), "<nbddp In[4]>")
+    try:
+        exec(compile_cell(converted, "<nbddp In[4]>"), {"NBDDP_IS_MAIN": False, "nbddp_barrier": lambda: None,
+                                                        SHOW: print})
+    except KeyError as exc:
+        text = format_failure(exc, "<nbddp In[4]>", "Cell In[4]", source)
+    assert text.splitlines() == ["Traceback (most recent call last):",
+                                 "  Cell In[4], line 4: f({})",  # line 6 of the converted cell, line 4 of the user's
+                                 "  Cell In[4], line 2: return d['key']",
+                                 "KeyError: 'key'"]
+
+
+def test_cells_converted_one_by_one_are_the_script_cells(converted):
+    """Each cell converted with the cells run before it is what `nbddp convert` makes of it in the whole notebook."""
+    from nbddp.session.history import History
+
+    for path in (EXAMPLE_NOTEBOOK,):  # (every corpus notebook agrees too: about 150 s, not in the suite)
+        nb = nbformat.read(str(path), as_version=4)
+        history, one_by_one = History(), []
+        for cell in nb.cells:
+            if cell.cell_type == "code" and cell.source.strip():
+                done = history.convert(cell.source)
+                history.accept(cell.source, done)
+                one_by_one.append(done.code)
+        assert one_by_one == [cell.source for cell in converted(path).cells], path.name
+
+
+def test_the_example_session_notebook_is_valid_and_its_cells_convert_one_by_one():
+    from nbddp.session.history import History
+
+    path = EXAMPLE_NOTEBOOK.parent / "ddp_session.ipynb"
+    nb = nbformat.read(str(path), as_version=4)
+    nbformat.validate(nb)
+    sources = [cell.source for cell in nb.cells if cell.cell_type == "code"]
+    start = sources.index("%load_ext nbddp\n%ddp 2")
+    assert sources[-1] == "%ddp stop"
+    history, done = History(), []
+    for source in sources[start + 1:-1]:
+        done.append(history.convert(source))
+        history.accept(source, done[-1])
+    assert "device_map = nbddp_device_map()" in done[0].code and "unsloth_group" in done[0].modules
+    assert "with nbddp_main_process_first():" in done[2].code
+    assert "if NBDDP_IS_MAIN:\n    outputs = model.generate(" in done[-2].code
+    assert done[-1].code.startswith("if NBDDP_IS_MAIN:\n    model.save_pretrained(")
