@@ -35,7 +35,8 @@ COUNTS = ("import torch.distributed as dist\n"
           "counts.tolist()\n")
 NEXT = "print('read in the next cell:', counts.tolist(), 'world', dist.get_world_size())\n"
 FAIL_EVERYWHERE = "x = 1\nraise ValueError('boom on every rank')\n"
-FAIL_ON_ONE = "import os\nif os.environ['RANK'] == '1':\n    raise KeyError('missing-key')\n"
+FAIL_ON_ONE = ("import os\nif os.environ['RANK'] == '1':\n    raise KeyError('missing-key')\n"
+               "print('rank 0 waits at the barrier after this print')\n")
 LONG_TRAINING = "trainer.args.max_steps = 100000\ntrainer.train()\n"
 AFTER_INTERRUPT = ("steps = torch.tensor([float(trainer.state.global_step)])\n"
                    "dist.all_reduce(steps)\n"
@@ -106,7 +107,7 @@ def session(tmp_path_factory):
                     done["count saves"] = kernel.run(COUNT_SAVES)
                 done["cells"].append(kernel.run(cell.source))
         for name, code in (("counts", COUNTS), ("next", NEXT), ("fail everywhere", FAIL_EVERYWHERE),
-                           ("after failure", NEXT), ("fail on one", FAIL_ON_ONE), ("local", "%%local\nlocal_value\n"),
+                           ("fail on one", FAIL_ON_ONE), ("after failure", NEXT), ("local", "%%local\nlocal_value\n"),
                            ("where", "%ddp")):
             done[name] = kernel.run(code)
         done["interrupt"] = _interrupt_when(kernel, LONG_TRAINING, "'loss'")
@@ -177,12 +178,13 @@ def test_a_failing_cell_raises_rank_failed_error_and_the_next_cell_runs(session)
     assert status == "error" and error["ename"] == "RankFailedError", _shown(messages)
     assert "ValueError: boom on every rank" in error["evalue"] and "session goes on" in error["evalue"]
     assert re.search(r"Cell In\[\d+\], line 2: raise ValueError\('boom on every rank'\)", _shown(messages))
-    status, messages = session["after failure"]
-    assert status == "ok" and "read in the next cell: [1.0, 1.0]" in streamed(messages), _shown(messages)
-    status, messages = session["fail on one"]
+    status, messages = session["fail on one"]  # rank 0 waits for rank 1 at nbddp's barrier, and is stopped there
     [error] = _errors(messages)
     assert error["ename"] == "RankFailedError" and error["evalue"].startswith("rank 1 raised KeyError: 'missing-key'")
     assert re.search(r"Cell In\[\d+\], line 3: raise KeyError\('missing-key'\)", _shown(messages))
+    assert "rank 0 waits at the barrier after this print" in streamed(messages)
+    status, messages = session["after failure"]
+    assert status == "ok" and "read in the next cell: [1.0, 1.0]" in streamed(messages), _shown(messages)
 
 
 def test_local_and_where_stay_in_the_kernel(session):
@@ -304,3 +306,61 @@ def test_the_example_session_notebook_is_valid_and_its_cells_convert_one_by_one(
     assert "with nbddp_main_process_first():" in done[2].code
     assert "if NBDDP_IS_MAIN:\n    outputs = model.generate(" in done[-2].code
     assert done[-1].code.startswith("if NBDDP_IS_MAIN:\n    model.save_pretrained(")
+
+
+def _answers(run, now, *answers):
+    """Feed (rank, kind, fields) answers to a CellRun at time `now`; the barrier numbers it let pass."""
+    return [run.message(rank, kind, {"id": 1, **fields}, now) for rank, kind, fields in answers]
+
+
+def test_cellrun_passes_barriers_when_every_rank_is_there_and_succeeds_when_all_are_done():
+    from nbddp.session import wire
+    from nbddp.session.cellrun import CellRun
+
+    run = CellRun(1, [0, 1])
+    assert _answers(run, 0, (0, wire.BARRIER, {"n": 1}), (1, wire.BARRIER, {"n": 1})) == [None, 1]
+    assert run.message(0, wire.DONE, {"id": 2}, 0) is None and run.pending == {0, 1}  # another cell's answer
+    _answers(run, 0, (0, wire.DONE, {}), (1, wire.DONE, {}))
+    assert not run.pending and run.outcome() is None and run.due(100) == (set(), False)
+
+
+def test_cellrun_interrupts_the_others_after_one_fails_and_names_the_failing_rank():
+    from nbddp.executor import RankFailedError
+    from nbddp.session import wire
+    from nbddp.session.cellrun import AGREE_WAIT, FAILED_STOP_WAIT, CellRun
+
+    run = CellRun(1, [0, 1])
+    _answers(run, 0, (0, wire.BARRIER, {"n": 1}), (1, wire.FAILED, {"traceback": "KeyError: 'k'", "interrupted": False}))
+    assert run.due(AGREE_WAIT - 0.1) == (set(), False)  # rank 0 may still fail on its own
+    assert run.due(AGREE_WAIT) == ({0}, False) and run.due(AGREE_WAIT + 0.5) == ({0}, False)  # twice
+    assert run.due(AGREE_WAIT + 1) == (set(), False)
+    stuck = CellRun(1, [0, 1])  # the same, but rank 0 never stops: the session must end
+    _answers(stuck, 0, (1, wire.FAILED, {"traceback": "KeyError: 'k'", "interrupted": False}))
+    assert stuck.due(AGREE_WAIT) == stuck.due(AGREE_WAIT + 0.5) == ({0}, False)
+    assert stuck.due(AGREE_WAIT + FAILED_STOP_WAIT) == (set(), True)
+    _answers(run, 4, (0, wire.FAILED, {"traceback": "KeyboardInterrupt", "interrupted": True}))
+    error = run.outcome()
+    assert isinstance(error, RankFailedError) and error.rank == 1
+    assert str(error) == "rank 1 raised KeyError: 'k'; the session goes on: fix the cell and run it again"
+
+
+def test_cellrun_stops_a_rank_waiting_at_a_barrier_that_the_others_left_behind():
+    from nbddp.session import wire
+    from nbddp.session.cellrun import CellRun
+
+    run = CellRun(1, [0, 1])
+    _answers(run, 0, (1, wire.DONE, {}), (0, wire.BARRIER, {"n": 2}))
+    assert run.due(0) == ({0}, False)  # at once: no rank can ever come
+    _answers(run, 0, (0, wire.FAILED, {"traceback": "KeyboardInterrupt", "interrupted": True}))
+    assert "rank 0 waited at nbddp_barrier #2 of the cell, which rank 1 never reached" in str(run.outcome())
+
+
+def test_cellrun_interrupted_by_the_kernel_raises_keyboard_interrupt():
+    from nbddp.session import wire
+    from nbddp.session.cellrun import STOP_WAIT, CellRun
+
+    run = CellRun(1, [0, 1])
+    assert run.interrupted(0) == {0, 1}
+    assert run.due(STOP_WAIT - 1) == (set(), False) and run.due(STOP_WAIT) == (set(), True)
+    _answers(run, 1, *((rank, wire.FAILED, {"traceback": "KeyboardInterrupt", "interrupted": True}) for rank in (0, 1)))
+    assert type(run.outcome()) is KeyboardInterrupt

@@ -8,14 +8,11 @@ prefixed `[rank N]` with `--all-ranks`, torchrun's `--tee`). Rank 0 flushes its 
 and the kernel reads what the pipes hold before it acts on a message, so a display comes after what was printed
 before it.
 
-Outcome of a cell:
-- every rank done: the cell succeeds;
-- a rank failed: the others get a moment to fail too (an ordinary exception fails on every rank), then are
-  interrupted; the cell raises RankFailedError with the first failing rank's traceback, and the session goes on;
-- interrupted (the kernel's interrupt): SIGINT to every rank still running (stop.py: inside a Trainer's loop, after
-  the same step on every rank); the cell raises KeyboardInterrupt, and the session goes on;
-- a rank that does not stop (it waits in a collective for a rank that failed), a rank's process that died, or
-  torchrun gone: the ranks can no longer agree, the session ends, and the cell says so.
+What a cell's answers mean (done, failed, interrupted, a rank that cannot stop): cellrun.py. A rank's process
+that dies, or torchrun gone, ends the session, and the cell says so.
+
+Between cells nothing reads the pipes: a rank that prints more than a pipe holds (64 KiB) between cells, from a
+thread of its own, waits until the next cell starts.
 """
 from __future__ import annotations
 
@@ -29,21 +26,13 @@ import time
 from queue import Empty, Queue
 
 from . import wire
-from .glue import RankFailedError, child_env, torchrun_argv
+from .cellrun import CellRun, ended
+from .glue import child_env, torchrun_argv
 from .procs import Processes
 
 FLUSH_EVERY = 0.25  # seconds between two writes of the ranks' output into the cell
-AGREE_WAIT = 3.0  # after one rank fails, how long the others may take to fail on their own before the interrupt
-STOP_WAIT = 60.0  # after the interrupt, how long the ranks may take to stop (a training step must end first)
-FAILED_STOP_WAIT = 10.0  # after a rank failed and the others were interrupted, how long they may take to stop
 START_WAIT = 600.0  # torch's import and the process group, on every rank
 _TAIL = 64 * 1024
-
-
-def ended(rank, why, traceback="", nproc=2):
-    error = RankFailedError(rank, None, traceback)
-    error.args = (f"{why}; the ranks can no longer agree, so the session has ended: %ddp {nproc} starts a new one",)
-    return error
 
 
 class Session:
@@ -131,60 +120,42 @@ class Session:
 
     def run(self, fields: dict):
         """Run one converted cell on every rank; returns when every rank finished it, else raises."""
-        self._events(0)  # what came between cells
-        for conn in self.conns.values():
-            conn.send((wire.CELL, fields))
+        for rank, message in self._events(0):  # what came between cells
+            if message is None:
+                raise self._die(rank, f"rank {rank}'s process ended between cells")
+        for rank, conn in self.conns.items():
+            try:
+                conn.send((wire.CELL, fields))
+            except OSError:
+                raise self._die(rank, f"rank {rank}'s process ended between cells") from None
         self.cells_run += 1
-        pending, failures = set(self.conns), {}
-        signalled = interrupts = 0
-        stop_at = give_up_at = None
-        while pending:
+        cell = CellRun(fields["id"], self.conns)
+        while cell.pending:
             try:
                 for rank, message in self._events(0.2):
                     if message is None:
-                        raise self._die(rank, f"rank {rank}'s process ended during the cell")
-                    kind, got = message
-                    if kind in (wire.DONE, wire.FAILED) and got.get("id") == fields["id"]:
-                        pending.discard(rank)
-                        if kind == wire.FAILED:
-                            failures[rank] = got
-                            if stop_at is None:
-                                stop_at = time.monotonic() + AGREE_WAIT
+                        raise self._die(rank, f"rank {rank}'s process ended during the cell",
+                                        cell.real_failures())
+                    go = cell.message(rank, *message, time.monotonic())
+                    if go is not None:
+                        for conn in self.conns.values():
+                            conn.send((wire.GO, {"id": fields["id"], "n": go}))
                 if not self.procs.running():
-                    raise self._die(None, "torchrun exited during the cell")
-                now = time.monotonic()
-                if pending and stop_at is not None and signalled < 2 and now >= stop_at:
-                    # twice: the second SIGINT stops a rank at once, also inside a Trainer's loop (a rank failed,
-                    # so the ranks are out of step already)
-                    self.procs.interrupt(pending)
-                    signalled += 1
-                    stop_at, give_up_at = now + 0.5, give_up_at or now + FAILED_STOP_WAIT
-                if pending and give_up_at is not None and now >= give_up_at:
-                    names = ", ".join(f"rank {r}" for r in sorted(pending))
-                    raise self._die(min(pending), f"{names} did not stop (waiting in a collective for a rank that "
-                                                  "stopped?)", failures)
+                    raise self._die(None, "torchrun exited during the cell", cell.real_failures())
+                signal, late = cell.due(time.monotonic())
+                self.procs.interrupt(signal)
+                if late:
+                    names = ", ".join(f"rank {r}" for r in sorted(cell.pending))
+                    raise self._die(min(cell.pending), f"{names} did not stop (waiting in a collective?)",
+                                    cell.real_failures(), ": the ranks can no longer agree")
             except KeyboardInterrupt:
-                interrupts += 1
-                if interrupts >= 3:
-                    raise self._die(None, "interrupted three times", failures) from None
-                self.procs.interrupt(pending)  # the second time a rank raises at once, even in training
-                signalled = 2
-                give_up_at = time.monotonic() + (STOP_WAIT if interrupts == 1 else 5.0)
+                if cell.interrupts >= 2:
+                    raise self._die(None, "interrupted three times", cell.real_failures()) from None
+                self.procs.interrupt(cell.interrupted(time.monotonic()))
         self._settle()
-        failed = [got for got in failures.values() if not got["interrupted"]]
-        if failed:
-            first = next(r for r, got in failures.items() if not got["interrupted"])
-            error = RankFailedError(first, None, failed[0]["traceback"])
-            last = failed[0]["traceback"].strip().splitlines()[-1]
-            others = sorted(r for r in failures if r != first and not failures[r]["interrupted"])
-            also = f" (also on rank {', '.join(map(str, others))})" if others else ""
-            error.args = (f"rank {first} raised {last}{also}; the session goes on: fix the cell and run it again",)
+        error = cell.outcome()
+        if error is not None:
             raise error
-        if failures or interrupts:
-            stopped = KeyboardInterrupt()
-            stopped._render_traceback_ = lambda: ["KeyboardInterrupt: the cell stopped on every rank; the session "
-                                                  "goes on"]  # IPython shows this instead of nbddp's own stack
-            raise stopped
 
     # ---- events and output ----
 
@@ -242,12 +213,12 @@ class Session:
             self._events(0.1)
 
     def _flush(self):
+        """What came since the last write, one write per stream (a front end shows each write as one message)."""
         self.flushed = time.monotonic()
-        for dest, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
-            if self.pending_text[dest]:
-                stream.write(self.pending_text[dest])
-                stream.flush()
-                self.pending_text[dest] = ""
+        pending, self.pending_text = self.pending_text, {"stdout": "", "stderr": ""}
+        for dest in (name for name, text in pending.items() if text):
+            getattr(sys, dest).write(pending[dest])
+            getattr(sys, dest).flush()
 
     @staticmethod
     def _show(fields):
@@ -259,7 +230,7 @@ class Session:
             publish_display_data(fields["data"], fields["metadata"], transient=fields["transient"],
                                  update=fields["update"])
 
-    def _die(self, rank, why, failures=None):
+    def _die(self, rank, why, failures=None, tail=""):
         """End the session; the error to raise: the rank's own traceback where one is known."""
         self._drain()
         text = ""
@@ -273,6 +244,6 @@ class Session:
             if logs:
                 with open(max(logs, key=os.path.getmtime), encoding="utf-8", errors="replace") as fh:
                     text = "\n".join(fh.read().splitlines()[-12:])
-        self.dead = why
+        self.dead = why + tail
         self.end()
-        return ended(rank, why, text, self.nproc)
+        return ended(rank, why + tail, text, self.nproc)

@@ -5,9 +5,9 @@ The kernel listens; each rank connects once, says who it is, and then the two ex
 `(kind, fields)`. The address and the key reach the ranks through their environment (torchrun passes the kernel's
 environment on), never on a command line.
 
-kernel -> rank: CELL {id, name, code, modules}, STOP {}
+kernel -> rank: CELL {id, name, label, code, source, modules}, GO {id, n}, STOP {}
 rank -> kernel: HELLO {rank, local_rank, pid}, READY {}, DISPLAY {data, metadata, transient, update},
-                DONE {id}, FAILED {id, traceback, exception, interrupted}
+                BARRIER {id, n}, DONE {id}, FAILED {id, traceback, interrupted}
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from multiprocessing.connection import Client, Listener
 ADDRESS_ENV = "NBDDP_SESSION_ADDRESS"
 KEY_ENV = "NBDDP_SESSION_KEY"
 
-CELL, STOP = "cell", "stop"
-HELLO, READY, DISPLAY, DONE, FAILED = "hello", "ready", "display", "done", "failed"
+CELL, GO, STOP = "cell", "go", "stop"
+HELLO, READY, DISPLAY, BARRIER, DONE, FAILED = "hello", "ready", "display", "barrier", "done", "failed"
 
 
 def listen() -> tuple[Listener, dict]:

@@ -7,7 +7,11 @@ modules, then runs the cells the kernel sends, one at a time, in one namespace t
 
 Where Unsloth is installed and not yet imported, the process group waits for the notebook's `import unsloth`
 (runtime/unsloth_group.py, as in a generated script): the session cannot know whether a later cell imports it, and
-Unsloth's import must not find a group. nbddp's own barriers and the Trainer start it when they need it earlier.
+Unsloth's import must not find a group. The Trainer (accelerate) starts it if it is needed earlier.
+
+nbddp's own barriers (after rank-0 work, main-process-first data, shell lines) go through the kernel instead of
+torch.distributed (`Worker.barrier`), so that a rank waiting there can be interrupted and the session survives a
+rank that failed while the others waited for it.
 
 A cell's last expression is shown (rank 0) as the notebook shows it: the cell is compiled from its syntax tree with
 that expression handed to the display hook, as IPython itself does (`ast`, at run time; the converter's rewrites
@@ -42,11 +46,13 @@ _FRAMES = 10
 
 
 class Runtime:
-    """nbddp's runtime modules, imported as a cell first needs them, and the cells' namespace."""
+    """nbddp's runtime modules, imported as a cell first needs them, and the cells' namespace. Their
+    `nbddp_barrier` is the session's own (`Worker.barrier`)."""
 
-    def __init__(self):
+    def __init__(self, barrier):
         import torch
 
+        self.barrier = barrier
         self.main = types.ModuleType("__main__")
         self.main.__dict__.update(__builtins__=builtins, os=os, sys=sys, torch=torch)
         sys.modules["__main__"] = self.main
@@ -56,6 +62,8 @@ class Runtime:
         for name in names:
             if name not in self.loaded:
                 module = importlib.import_module(f"nbddp.runtime.{name}")
+                if hasattr(module, "nbddp_barrier"):
+                    module.nbddp_barrier = self.barrier
                 self.main.__dict__.update({k: v for k, v in vars(module).items() if k.startswith(PUBLIC)})
                 self.loaded.append(name)
 
@@ -120,6 +128,7 @@ class Worker:
         self.rank = int(os.environ.get("RANK", "0"))
         self.inbox = queue.Queue()
         self.stopper = Stopper()
+        self.cell, self.barriers = None, 0
 
     def send(self, message):
         """One message; an interrupt during it waits until it is sent whole (then raises as usual)."""
@@ -148,9 +157,11 @@ class Worker:
         self.send((wire.HELLO, {"rank": self.rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
                                 "pid": os.getpid()}))
         threading.Thread(target=self._read, daemon=True, name="nbddp-session-inbox").start()
-        self.runtime = Runtime()
-        self.runtime.need(["group", "hooks"])
         from ..runtime import group, hooks
+
+        self.torch_barrier = group.nbddp_barrier
+        self.runtime = Runtime(self.barrier)
+        self.runtime.need(["group", "hooks"])
 
         self.display = Display(self.send, main=group.NBDDP_IS_MAIN)
         self.runtime.main.__dict__[SHOW] = self.display.show
@@ -170,7 +181,8 @@ class Worker:
                 kind, fields = self.inbox.get()
                 if kind == wire.STOP:
                     return
-                self.run(fields)
+                if kind == wire.CELL:
+                    self.run(fields)  # (a GO here is late: its barrier was interrupted)
             except KeyboardInterrupt:  # an interrupt that came after this rank finished its cell
                 continue
 
@@ -179,6 +191,7 @@ class Worker:
         code, source = fields["code"], fields["source"]
         linecache.cache[name] = (len(code), None, code.splitlines(True), name)
         self.stopper.new_cell()
+        self.cell, self.barriers = fields["id"], 0
         try:
             self.runtime.need(fields["modules"])
             exec(compile_cell(code, name), self.runtime.main.__dict__)
@@ -191,6 +204,18 @@ class Worker:
         self._flush()
         self.send((wire.DONE, {"id": fields["id"]}))
 
+    def barrier(self, *args, **kwargs):
+        """The session's `nbddp_barrier`: every rank tells the kernel it got here and waits for the kernel's go.
+        Unlike a collective, the wait is Python's, so an interrupt stops it, and a rank that failed leaves the
+        others stoppable where they wait for it (the ranks that follow the converter's rank-0 guards wait here)."""
+        self.barriers += 1
+        self._flush()
+        self.send((wire.BARRIER, {"id": self.cell, "n": self.barriers}))
+        while True:
+            kind, fields = self.inbox.get()
+            if kind == wire.GO and (fields["id"], fields["n"]) == (self.cell, self.barriers):
+                return
+
     @staticmethod
     def _flush():
         for stream in (sys.stdout, sys.stderr):
@@ -202,6 +227,7 @@ class Worker:
     def leave(self):
         from ..runtime import group
 
+        group.nbddp_barrier = self.torch_barrier  # the kernel no longer answers: torch's own barrier
         group.nbddp_teardown()
         self._flush()
 
