@@ -31,7 +31,8 @@ COUNTS = ("import torch.distributed as dist\n"
           "from IPython.display import HTML, display\n"
           "counts = torch.tensor([float(len(saves)), float('outputs' in globals())])\n"
           "dist.all_reduce(counts)\n"
-          "display(HTML(f'<b>{type(model).__name__}</b>'))\n"
+          "handle = display(HTML(f'<b>{type(model).__name__}</b>'), display_id=True)\n"
+          "handle.update(HTML('<i>updated</i>'))\n"
           "counts.tolist()\n")
 NEXT = "print('read in the next cell:', counts.tolist(), 'world', dist.get_world_size())\n"
 FAIL_EVERYWHERE = "x = 1\nraise ValueError('boom on every rank')\n"
@@ -156,6 +157,8 @@ def test_one_save_and_one_generation_over_both_ranks_read_by_an_all_reduce_in_th
     displays = _displays(messages)
     assert {"text/html": "<b>PeftModelForCausalLM</b>"}.items() <= next(d for d in displays if "text/html" in d).items()
     assert any(d.get("text/plain") == "[1.0, 1.0]" for d in displays), displays  # the cell's last expression
+    [update] = [m["content"] for m in messages if m["msg_type"] == "update_display_data"]
+    assert update["data"]["text/html"] == "<i>updated</i>" and update["transient"]["display_id"]
     status, messages = session["next"]
     assert status == "ok" and "read in the next cell: [1.0, 1.0] world 2" in streamed(messages), _shown(messages)
 
@@ -278,7 +281,7 @@ def test_cells_converted_one_by_one_are_the_script_cells(converted):
     """Each cell converted with the cells run before it is what `nbddp convert` makes of it in the whole notebook."""
     from nbddp.session.history import History
 
-    for path in (EXAMPLE_NOTEBOOK,):  # (every corpus notebook agrees too: about 150 s, not in the suite)
+    for path in (EXAMPLE_NOTEBOOK,):  # (all 31 corpus notebooks agree too: minutes, so not in the suite)
         nb = nbformat.read(str(path), as_version=4)
         history, one_by_one = History(), []
         for cell in nb.cells:

@@ -100,6 +100,8 @@ class Session:
         self.echo = False
         for conn in self.conns.values():
             conn.close()
+        if getattr(self, "selector", None) is not None:
+            self.selector.close()
         self.procs.end()
         self.logs.cleanup()
 
@@ -107,7 +109,7 @@ class Session:
         """`%ddp stop`: every rank closes the process group (a barrier) and leaves; then the processes go."""
         for conn in self.conns.values():
             try:
-                conn.send((wire.STOP, {}))
+                wire.send(conn, (wire.STOP, {}))
             except OSError:
                 pass
         deadline = time.monotonic() + 30
@@ -123,11 +125,7 @@ class Session:
         for rank, message in self._events(0):  # what came between cells
             if message is None:
                 raise self._die(rank, f"rank {rank}'s process ended between cells")
-        for rank, conn in self.conns.items():
-            try:
-                conn.send((wire.CELL, fields))
-            except OSError:
-                raise self._die(rank, f"rank {rank}'s process ended between cells") from None
+        self._send_all((wire.CELL, fields), "between cells")
         self.cells_run += 1
         cell = CellRun(fields["id"], self.conns)
         while cell.pending:
@@ -138,8 +136,7 @@ class Session:
                                         cell.real_failures())
                     go = cell.message(rank, *message, time.monotonic())
                     if go is not None:
-                        for conn in self.conns.values():
-                            conn.send((wire.GO, {"id": fields["id"], "n": go}))
+                        self._send_all((wire.GO, {"id": fields["id"], "n": go}), "during the cell")
                 if not self.procs.running():
                     raise self._die(None, "torchrun exited during the cell", cell.real_failures())
                 signal, late = cell.due(time.monotonic())
@@ -156,6 +153,13 @@ class Session:
         error = cell.outcome()
         if error is not None:
             raise error
+
+    def _send_all(self, message, when):
+        for rank, conn in self.conns.items():
+            try:
+                wire.send(conn, message)
+            except OSError:
+                raise self._die(rank, f"rank {rank}'s process ended {when}") from None
 
     # ---- events and output ----
 
@@ -239,7 +243,9 @@ class Session:
                 rank, text = failed, got["traceback"]
                 why += f" after rank {failed} failed"
                 break
-        if not text and rank is not None:
+        if not text and rank == 0:  # rank 0 writes to the kernel's own pipes
+            text = "\n".join(self.stderr_tail.splitlines()[-12:])
+        elif not text and rank is not None:
             logs = glob.glob(os.path.join(glob.escape(self.logs.name), "*", "attempt_*", str(rank), "stderr.log"))
             if logs:
                 with open(max(logs, key=os.path.getmtime), encoding="utf-8", errors="replace") as fh:

@@ -150,13 +150,13 @@ class DdpMagics(Magics):
     @cell_magic
     def local(self, line, cell):
         """Run the cell in this kernel, not on the ranks (the input transformer does this without the magic)."""
-        self.shell.run_cell(cell, store_history=False)
+        self.shell.run_cell(f"{LOCAL}\n{cell}", store_history=False)  # marked, so that route() leaves it here
 
     def route(self, lines):
         """IPython cleanup transform: a `%%local` cell loses that line; with a session on, every other cell (but
         `%ddp`, `%%ddp...` and extension commands) becomes a `%%ddp_cell` cell."""
         head = next((line.lstrip() for line in lines if line.strip()), "")
-        if head.startswith(LOCAL) and lines and lines[0].lstrip().startswith(LOCAL):
+        if lines and lines[0].split()[:1] == [LOCAL]:
             return lines[1:]
         if not head or head.startswith(KERNEL_CELLS) or self.live() is None:
             return lines

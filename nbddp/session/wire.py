@@ -12,6 +12,8 @@ rank -> kernel: HELLO {rank, local_rank, pid}, READY {}, DISPLAY {data, metadata
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from multiprocessing.connection import Client, Listener
 
 ADDRESS_ENV = "NBDDP_SESSION_ADDRESS"
@@ -37,3 +39,16 @@ def connect(environ=None):
     key = bytes.fromhex(environ.pop(KEY_ENV))
     environ.pop(ADDRESS_ENV, None)
     return Client((host, int(port)), authkey=key)
+
+
+def send(conn, message):
+    """Send one message whole: an interrupt (SIGINT) that comes meanwhile is held until it is sent, then raises as
+    usual. A half-sent message would leave the other side unable to read any further."""
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        conn.send(message)
+    finally:
+        if main:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

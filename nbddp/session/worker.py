@@ -131,16 +131,8 @@ class Worker:
         self.cell, self.barriers = None, 0
 
     def send(self, message):
-        """One message; an interrupt during it waits until it is sent whole (then raises as usual)."""
-        main = threading.current_thread() is threading.main_thread()
-        if main:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            with self.lock:
-                self.conn.send(message)
-        finally:
-            if main:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        with self.lock:  # displays may come from other threads
+            wire.send(self.conn, message)
 
     def _read(self):
         """The kernel's messages, into the inbox; a connection closed without STOP means the kernel is gone."""
