@@ -107,8 +107,9 @@ def session(tmp_path_factory):
                 if cell.source.startswith("model.save_pretrained"):
                     done["count saves"] = kernel.run(COUNT_SAVES)
                 done["cells"].append(kernel.run(cell.source))
+        kernel.kc.execute_interactive("silent_value = 1", silent=True, timeout=30)  # a front end's own request
         for name, code in (("counts", COUNTS), ("next", NEXT), ("fail everywhere", FAIL_EVERYWHERE),
-                           ("fail on one", FAIL_ON_ONE), ("after failure", NEXT), ("local", "%%local\nlocal_value\n"),
+                           ("fail on one", FAIL_ON_ONE), ("after failure", NEXT), ("local", "%%local\nlocal_value + silent_value\n"),
                            ("where", "%ddp")):
             done[name] = kernel.run(code)
         done["interrupt"] = _interrupt_when(kernel, LONG_TRAINING, "'loss'")
@@ -190,9 +191,9 @@ def test_a_failing_cell_raises_rank_failed_error_and_the_next_cell_runs(session)
     assert status == "ok" and "read in the next cell: [1.0, 1.0]" in streamed(messages), _shown(messages)
 
 
-def test_local_and_where_stay_in_the_kernel(session):
+def test_local_where_and_silent_requests_stay_in_the_kernel(session):
     status, messages = session["local"]
-    assert status == "ok" and any(d.get("text/plain") == "7" for d in _displays(messages)), _shown(messages)
+    assert status == "ok" and any(d.get("text/plain") == "8" for d in _displays(messages)), _shown(messages)
     status, messages = session["where"]
     assert status == "ok" and "once, on rank 0: saving" in streamed(messages), _shown(messages)
 

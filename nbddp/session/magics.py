@@ -1,9 +1,9 @@
 """`%ddp N|auto [--all-ranks]`, `%ddp stop`, `%ddp` and `%%local`: the notebook's cells on N DDP ranks.
 
 While a session is on, an input transformer (IPython's `input_transformers_cleanup`, which sees each cell before
-IPython's own magic handling) routes every cell into the `%%ddp_cell` magic, which converts it (history.py) and runs
-it on every rank (kernel.py). Cells that begin with `%ddp` (so `%ddp stop`), `%%local` or an extension command
-stay in the kernel; `%%local` itself only marks a cell that runs in the kernel, with the kernel's own display,
+IPython's own magic handling) routes every cell the user runs (not a front end's silent requests) into the
+`%%ddp_cell` magic, which converts it (history.py) and runs it on every rank (kernel.py). Cells that begin with
+`%ddp` (so `%ddp stop`), `%%local` or an extension command stay in the kernel; `%%local` itself only marks a cell that runs in the kernel, with the kernel's own display,
 errors and namespace.
 """
 from __future__ import annotations
@@ -158,9 +158,14 @@ class DdpMagics(Magics):
         head = next((line.lstrip() for line in lines if line.strip()), "")
         if lines and lines[0].split()[:1] == [LOCAL]:
             return lines[1:]
-        if not head or head.startswith(KERNEL_CELLS) or self.live() is None:
+        if not head or head.startswith(KERNEL_CELLS) or self.live() is None or self._silent():
             return lines
         return ["%%ddp_cell\n", *lines]
+
+    def _silent(self) -> bool:
+        """A front end's own hidden request (`silent`: Colab's and editors' internals), not a cell of the user's."""
+        request = getattr(self.shell, "parent_header", None) or {}
+        return bool(request.get("content", {}).get("silent"))
 
 
 def register(ipython):
