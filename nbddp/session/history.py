@@ -24,7 +24,7 @@ NOT_IN_A_SESSION = frozenset({"launcher", "fit"})
 class Converted:
     code: str  # the cell as the ranks run it
     number: int  # its position among the cells the session ran (1-based)
-    modules: list  # nbddp/runtime modules it needs, in import order
+    modules: list  # nbddp/runtime modules it needs (what they import from comes with them, by Python's import)
     warnings: list = field(default_factory=list)  # what the converter could not convert safely in this cell
     installs: list = field(default_factory=list)  # install commands removed from it
 
@@ -42,8 +42,8 @@ class History:
         The cell joins the history only once `accept` is called (a cell that cannot run is forgotten)."""
         import nbformat
 
-        from ..inline import closure
         from ..pipeline import run_pipeline
+        from ..runtime import MODULES
         from ..report import Report
         from ..transforms.base import Context, Options
 
@@ -53,7 +53,7 @@ class History:
         nb = run_pipeline(nb, ctx)
         number = len(cells)
         code = next((cell.source for cell in nb.cells if cell.metadata["nbddp"]["cell"] == number), "")
-        modules = [name for name in closure(ctx.runtime.reasons) if name not in NOT_IN_A_SESSION]
+        modules = [name for name in MODULES if name in ctx.runtime.reasons and name not in NOT_IN_A_SESSION]
         warnings = [note.text for note in ctx.report.warnings if note.cell == number]
         installs = [command for command in ctx.report.installs if command not in self._installs]
         return Converted(code, number, modules, warnings, installs)

@@ -62,8 +62,9 @@ class Runtime:
         for name in names:
             if name not in self.loaded:
                 module = importlib.import_module(f"nbddp.runtime.{name}")
-                if hasattr(module, "nbddp_barrier"):
-                    module.nbddp_barrier = self.barrier
+                for loaded in [m for key, m in sys.modules.items() if key.startswith("nbddp.runtime.")]:
+                    if getattr(loaded, "nbddp_barrier", self.barrier) is not self.barrier:
+                        loaded.nbddp_barrier = self.barrier  # also in the modules this one imported
                 self.main.__dict__.update({k: v for k, v in vars(module).items() if k.startswith(PUBLIC)})
                 self.loaded.append(name)
 
