@@ -8,6 +8,8 @@ The parts, each small:
   that what earlier cells made on rank 0 only is remembered);
 - `kernel`: the kernel's side of a session: torchrun started once, one connection per rank, a cell sent to every
   rank, rank 0's output streamed into the cell, the ranks' answers turned into the cell's outcome;
+- `cellrun`: one cell's bookkeeping in the kernel (who finished, failed, waits at a barrier; when to interrupt;
+  what the cell raises), pure code;
 - `procs`: the torchrun process and its ranks (start, signal, stop);
 - `wire`: the connection between the kernel and a rank (one local socket each, with an authentication key);
 - `worker`: what each rank runs (`python -m nbddp.session.worker` under torchrun): the runtime's rank facts and
