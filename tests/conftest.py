@@ -52,3 +52,19 @@ def ip():
     shell = globalipapp.get_ipython()
     shell.run_line_magic("load_ext", "nbddp")
     return shell
+
+
+@pytest.fixture(scope="session")
+def example_ddp_job(tmp_path_factory):
+    """The example notebook, converted by `nbddp convert` and run once by `torchrun --nproc_per_node=2` (gloo):
+    the reference the end-to-end tests check (test_e2e_ddp.py) and the `%ddp` session's training is compared with
+    (test_session.py)."""
+    import sys
+
+    import nbddp
+    from e2e import SCRIPT, run_job
+    from tinymodels import EXAMPLE_NOTEBOOK
+
+    cwd = tmp_path_factory.mktemp("ddp")
+    (cwd / SCRIPT).write_text(nbddp.convert(str(EXAMPLE_NOTEBOOK)), encoding="utf-8")
+    return run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", SCRIPT], cwd)

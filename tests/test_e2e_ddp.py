@@ -29,9 +29,8 @@ def _job(tmp_path_factory, script, name, argv) -> Job:
 
 
 @pytest.fixture(scope="module")
-def ddp_job(tmp_path_factory, script) -> Job:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", SCRIPT]
-    return _job(tmp_path_factory, script, "ddp", argv)
+def ddp_job(example_ddp_job) -> Job:
+    return example_ddp_job  # conftest.py: one run shared with test_session.py
 
 
 @pytest.fixture(scope="module")

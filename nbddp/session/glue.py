@@ -1,0 +1,16 @@
+"""Every name the session takes from nbddp's launcher (nbddp.launch, nbddp.executor), in one place."""
+import os
+import sys
+
+from .. import launch
+from ..executor import RankFailedError, resolve_nproc
+from ..executor.processes import alive, die_with_parent
+
+__all__ = ["RankFailedError", "alive", "die_with_parent", "resolve_nproc", "session_launch"]
+
+
+def session_launch(nproc, *, all_ranks=False, log_dir=None) -> launch.Launch:
+    """The workers' launch, by the recipe every nbddp launch follows: torchrun running `-m nbddp.session.worker` on
+    `nproc` processes, rank 0 on the console (every rank with all_ranks), the kernel's interpreter and cores."""
+    return launch.build("nbddp.session.worker", nproc, python=sys.executable, cpus=launch.cpu_count(), env=os.environ,
+                        flags=["-m"], all_ranks=all_ranks, log_dir=log_dir)
