@@ -154,10 +154,13 @@ def live_calls(node) -> list[cst.Call]:
     return collector.calls
 
 
-def statement_blocks(stmt) -> list[cst.IndentedBlock]:
-    """The blocks of a compound statement that run at the statement's own level (not def/class bodies)."""
+def statement_blocks(stmt, defs: bool = False) -> list[cst.IndentedBlock]:
+    """The blocks of a compound statement that run at the statement's own level; with `defs`, def and class bodies
+    too (they run when called)."""
     blocks = []
-    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt):
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return [stmt.body] if defs and isinstance(stmt.body, cst.IndentedBlock) else []
+    if is_if_false(stmt):
         return blocks
     if isinstance(stmt, cst.If):
         blocks.append(stmt.body)
@@ -192,12 +195,16 @@ def call_stmt(func: str, *args: cst.BaseExpression) -> cst.SimpleStatementLine:
 TAKE, LEAVE, DESCEND = "take", "leave", "descend"
 
 
-def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable) -> list:
-    """Group consecutive statements that `select` takes and replace each group with `wrap(group)`.
+def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable, nested: bool = False) -> list:
+    """Group consecutive statements that `select` takes and replace each group with `wrap(group, nested)`.
 
-    `select(stmt)` answers TAKE, LEAVE or DESCEND (look inside the statement's own blocks instead). The first
-    statement's leading comments move in front of the wrapper, so `# @title` lines stay where they were.
+    `select(stmt, nested)` answers TAKE, LEAVE, DESCEND (look inside the statement's own blocks instead, def and
+    class bodies included), or a statement to put in its place. A group never spans two notebook cells. The first
+    statement's leading comments move in front of the wrapper, so `# @title` lines and cell markers stay where they
+    were. `nested`: the statements are inside a block (a loop, a function), not at the notebook's top level.
     """
+    from .tree import starts_cell
+
     out: list = []
     group: list = []
 
@@ -205,20 +212,24 @@ def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable)
         if group:
             lead = group[0].leading_lines
             group[0] = group[0].with_changes(leading_lines=())
-            wrapped = list(wrap(list(group)))
+            wrapped = list(wrap(list(group), nested))
             wrapped[0] = wrapped[0].with_changes(leading_lines=tuple(lead) + tuple(wrapped[0].leading_lines))
             out.extend(wrapped)
             group.clear()
 
     for stmt in body:
-        verdict = select(stmt)
+        if starts_cell(stmt) is not None:
+            flush()
+        verdict = select(stmt, nested)
         if verdict == TAKE:
             group.append(stmt)
             continue
         flush()
-        if verdict == DESCEND:
-            for block in statement_blocks(stmt):
-                stmt = stmt.deep_replace(block, block.with_changes(body=regroup(block.body, select, wrap)))
+        if isinstance(verdict, cst.CSTNode):
+            stmt = verdict
+        elif verdict == DESCEND:
+            for block in statement_blocks(stmt, defs=True):
+                stmt = stmt.deep_replace(block, block.with_changes(body=regroup(block.body, select, wrap, True)))
         out.append(stmt)
     flush()
     return out

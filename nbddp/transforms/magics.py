@@ -207,14 +207,22 @@ class _IPythonCalls(cst.CSTTransformer):
 
 
 class _Tidy(cst.CSTTransformer):
-    """Markers stay as `pass` only where a block would otherwise be empty; elsewhere they become comments."""
+    """Markers stay as `pass` only where a block would otherwise be empty; elsewhere they become comments.
+    `only`: tidy just these markers (a later step's own), not those the magics step left."""
+
+    def __init__(self, only=None):
+        super().__init__()
+        self.only = only
+
+    def _mine(self, stmt) -> bool:
+        return _is_marker(stmt) and (self.only is None or stmt in self.only)
 
     def _tidy(self, body, footer):
-        if all(_is_marker(s) for s in body):
+        if all(_is_marker(s) for s in body) or not any(self._mine(s) for s in body):
             return body, footer
         out, pending = [], []
         for stmt in body:
-            if _is_marker(stmt):
+            if self._mine(stmt):
                 pending += list(stmt.leading_lines) + [cst.EmptyLine(comment=stmt.trailing_whitespace.comment)]
                 continue
             if pending:

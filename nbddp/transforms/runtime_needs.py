@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import callee_owner, callee_tail, code_of, is_if_false, keyword, parse
+from ..cst import code_of, is_if_false, keyword
 from ..inline import Choice
-from .base import Transform, cell_number
-from .placement import OURS, is_model_loader, unsloth_loaders
-from .trainer_args import is_training_arguments
+from ..tree import starts_cell
+from ..vocabulary import CONFIG, LOAD, is_unsloth_loader, kinds, parts
+from .base import TreeStep
+from .placement import OURS
 
 TRAINER_HOMES = frozenset({"transformers", "trl", "unsloth"})
 FILE_HELPERS = frozenset({"nbddp_main_process_first", "nbddp_shell", "nbddp_getoutput", "nbddp_write_file"})
@@ -31,8 +32,8 @@ def _off(value) -> bool:
 
 
 class _Facts(cst.CSTVisitor):
-    def __init__(self, loaders=frozenset()):
-        self.loaders = loaders  # Unsloth's loaders under the notebook's own names (placement.unsloth_loaders)
+    def __init__(self, names):
+        self.analysis = names  # nbddp.names.Names: what the notebook's calls are
         self.modules: set[str] = set()  # top-level packages imported
         self.aliases: dict[str, str] = {}  # local name of an imported module -> its top-level package
         self.names: set[str] = set()
@@ -44,6 +45,11 @@ class _Facts(cst.CSTVisitor):
         self.unsized = []  # model loads whose id or size the converter cannot read
         self.saved = set()  # folders the notebook saves a model to (not there when the script starts)
         self.cell = 0
+
+    def on_visit(self, node):
+        if isinstance(node, cst.BaseStatement):
+            self.cell = starts_cell(node) or self.cell
+        return super().on_visit(node)
 
     def literal(self, node):
         """The value of a literal, or of a name last assigned one; else `...` (unknown)."""
@@ -69,8 +75,7 @@ class _Facts(cst.CSTVisitor):
             return self.literal(keyword(node, key).value) if keyword(node, key) is not None else None
 
         dtype = keyword(node, "dtype") or keyword(node, "torch_dtype")
-        owner = callee_owner(node) or ""
-        unsloth = owner.startswith("Fast") or owner in self.loaders
+        unsloth = any(map(is_unsloth_loader, self.analysis.meanings(node.func)))
         unsloth_default = unsloth and flag("load_in_4bit") is None and not any(
             flag(key) for key in ("load_in_8bit", "load_in_16bit", "full_finetuning"))
         if flag("load_in_4bit") or unsloth_default:
@@ -107,8 +112,9 @@ class _Facts(cst.CSTVisitor):
                 self.trainer = True
 
     def visit_Call(self, node):
-        name = callee_tail(node) or ""
-        if is_training_arguments(node):
+        name = parts(code_of(node.func))[-1]
+        what = kinds(self.analysis.meanings(node.func))
+        if CONFIG in what:
             unused, static = keyword(node, "ddp_find_unused_parameters"), keyword(node, "ddp_static_graph")
             if any(arg.star == "**" for arg in node.args):
                 self.own_ddp.append(f"{name}(**kwargs)")
@@ -121,11 +127,11 @@ class _Facts(cst.CSTVisitor):
             self.own_ddp.append(f"{name}() without args")
         elif name in ("save_pretrained", "save_model") and node.args and node.args[0].keyword is None:
             self.saved.add(self.literal(node.args[0].value))
-        elif is_model_loader(node, self.loaders):
+        elif LOAD in what:
             self._model(node)
             device_map = keyword(node, "device_map")
             if device_map is None or not isinstance(device_map.value, cst.Call) \
-                    or callee_tail(device_map.value) != OURS or device_map.value.args:
+                    or code_of(device_map.value.func) != OURS or device_map.value.args:
                 self.split_model = True
 
     def visit_Attribute(self, node):  # transformers.Trainer(...), trl.SFTTrainer
@@ -193,16 +199,14 @@ def needs(facts: _Facts) -> dict[str, str]:
     return why
 
 
-class RuntimeNeeds(Transform):
+class RuntimeNeeds(TreeStep):
     """Records in the context which runtime modules the script carries; the notebook is not changed."""
 
     name = "runtime"
 
-    def preprocess(self, nb, ctx):
-        facts = _Facts(unsloth_loaders(nb.cells, self.name))
-        for cell in nb.cells:
-            facts.cell = cell_number(cell)
-            parse(cell.source, cell=cell_number(cell), step=self.name).visit(facts)
+    def run(self, tree, ctx):
+        facts = _Facts(tree.names)
+        tree.module.visit(facts)
         loads = sized_loads(facts)
         models = tuple(dict.fromkeys((model, bits) for model, bits, _, _ in loads))
         for model, bits, cell, placement in loads[:1]:
@@ -213,4 +217,4 @@ class RuntimeNeeds(Transform):
             ctx.report.warn(cell, f"from_pretrained({shown}, ...): nbddp cannot read which model or how it loads, "
                                   "so the script cannot check that it fits one GPU (it runs one process per GPU)")
         ctx.runtime = Choice(needs(facts), frozenset(facts.names), models)
-        return nb
+        return tree.module

@@ -1,0 +1,188 @@
+"""The notebook as one libcst tree: every code cell after the magics step, parsed once, in order.
+
+Each cell starts with the line `# %% cell N` (N: the cell's position in the notebook), the first leading line of its
+first statement (of the module's footer for trailing cells without statements): the marker the script keeps, so a
+traceback leads back to the cell. Steps take the tree and return a new one; `Tree.names` (nbddp.names) is computed
+once on the first tree and shared by every step; what a step rewrites is recorded in `names.origin` (TreeTransformer
+does it for every node it replaces), so later steps still classify the nodes. The text is rendered once, by
+nbddp.render; `cells()` gives each cell's code back (the converter's API and tests read it).
+"""
+from __future__ import annotations
+
+from functools import cached_property
+
+import libcst as cst
+
+from .cells import MARKER
+from .cst import parse
+from .names import Names
+
+
+def marker(number) -> cst.EmptyLine:
+    return cst.EmptyLine(comment=cst.Comment(f"{MARKER}{number}"))
+
+
+def marker_number(line: cst.EmptyLine) -> int | None:
+    comment = line.comment.value if line.comment is not None else ""
+    return int(comment[len(MARKER):]) if comment.startswith(MARKER) and comment[len(MARKER):].isdigit() else None
+
+
+def starts_cell(stmt) -> int | None:
+    """The number of the last cell that starts at this statement, or None."""
+    numbers = [n for n in map(marker_number, getattr(stmt, "leading_lines", ())) if n is not None]
+    return numbers[-1] if numbers else None
+
+
+def build(cells, step: str) -> cst.Module:
+    """One module of all cells: each cell's lines after a marker, a blank line between cells."""
+    from .transforms.base import cell_number
+
+    body, pending = [], []
+    for cell in cells:
+        module = parse(cell.source, cell=cell_number(cell), step=step)
+        if body or pending:
+            pending.append(cst.EmptyLine(indent=False))
+        pending += [marker(cell_number(cell))] + list(module.header)
+        for stmt in module.body:
+            body.append(stmt.with_changes(leading_lines=tuple(pending) + tuple(stmt.leading_lines)))
+            pending = []
+        pending += list(module.footer)
+    return cst.Module(body=body, footer=tuple(pending))
+
+
+def _split_lines(lines, cells):
+    """Distribute leading lines over cells at their markers (the blank line before a marker is the separator)."""
+    lines = list(lines)
+    while True:
+        at = next((i for i, line in enumerate(lines) if marker_number(line) is not None), None)
+        if at is None:
+            return lines
+        before = lines[:at]
+        if cells and before and before[-1].comment is None:
+            before = before[:-1]
+        if cells:
+            cells[-1][2] += before
+        cells.append([marker_number(lines[at]), [], []])  # number, statements, footer lines
+        lines = lines[at + 1:]
+
+
+def split(module: cst.Module) -> list[tuple[int, str]]:
+    """(cell number, code) of each cell of a tree `build` made."""
+    cells: list = []
+    for stmt in module.body:
+        rest = _split_lines(stmt.leading_lines, cells)
+        cells[-1][1].append(stmt.with_changes(leading_lines=tuple(rest)))
+    tail = _split_lines(module.footer, cells)
+    cells[-1][2] += tail
+    return [(n, cst.Module(body=stmts, footer=tuple(footer)).code) for n, stmts, footer in cells]
+
+
+class _Facts(cst.CSTVisitor):
+    """What a statement holds, for steps to skip the statements that cannot concern them: the vocabulary's kinds of
+    its calls, DEVICE for a `device=` keyword or a GPU literal, ENV for CUDA_VISIBLE_DEVICES, AMP for an import."""
+
+    def __init__(self, names):
+        self.names, self.found = names, set()
+
+    def visit_Call(self, node):
+        from .vocabulary import kinds
+
+        self.found |= kinds(self.names.meanings(node.func))
+        if any(a.keyword is not None and a.keyword.value == "device" for a in node.args):
+            self.found.add("device")
+
+    def visit_SimpleString(self, node):
+        value = node.evaluated_value
+        if value == "CUDA_VISIBLE_DEVICES":
+            self.found.add("env")
+        elif isinstance(value, str) and value.startswith("cuda:"):
+            self.found.add("device")
+
+    def visit_Assign(self, node):
+        if isinstance(node.value, cst.Integer):
+            self.found.add("device")  # `gpu = 0`, perhaps used as a device later
+
+    def visit_ImportFrom(self, node):
+        if node.module is not None and cst.Module([]).code_for_node(node.module).startswith("torch.cuda.amp"):
+            self.found.add("amp")
+
+
+class Tree:
+    def __init__(self, cells, step: str = "tree"):
+        self.module = build(cells, step)
+        self.first = self.module
+        self._facts: dict = {}
+        self.at = None  # the statement a step is at (an error names its cell and line)
+        self.notebook = None  # the notebook whose code cells these are
+
+    @cached_property
+    def names(self) -> Names:
+        return Names(self.first)
+
+    def facts(self, stmt) -> frozenset:
+        """What a top-level statement holds (see _Facts), read once from the first tree."""
+        stmt = self.names.orig(stmt)
+        if stmt not in self._facts:
+            found = _Facts(self.names)
+            stmt.visit(found)
+            self._facts[stmt] = frozenset(found.found)
+        return self._facts[stmt]
+
+    def visit(self, transformer, wants=None) -> cst.Module:
+        """The tree through a transformer; with `wants`, only the top-level statements whose facts meet it."""
+        if wants is None:
+            return self.module.visit(transformer)
+        body = []
+        for stmt in self.module.body:
+            transformer.cell = starts_cell(stmt) or transformer.cell
+            new = stmt.visit(transformer) if self.facts(stmt) & wants else stmt
+            body += new.nodes if isinstance(new, cst.FlattenSentinel) else [] if isinstance(
+                new, cst.RemovalSentinel) else [new]
+        return self.module.with_changes(body=body)
+
+    def cells(self) -> list[tuple[int, str]]:
+        return split(self.module)
+
+    def where(self, node) -> tuple[int | None, int | None]:
+        """(cell, line in the cell) of a node of the first tree (computed only when an error needs it)."""
+        from libcst.metadata import MetadataWrapper, PositionProvider
+
+        node = self.names.orig(node)
+        positions = MetadataWrapper(self.first, unsafe_skip_copy=True).resolve(PositionProvider)
+        if node not in positions:
+            return None, None
+        line = positions[node].start.line
+        lines = self.first.code.splitlines()
+        from .cells import cell_at
+
+        found = cell_at(lines, line)
+        return (int(found[0]), found[1]) if found else (None, None)
+
+
+class TreeTransformer(cst.CSTTransformer):
+    """A step's rewrite of the whole tree: `self.cell` is the cell being visited; each node it replaces is recorded
+    in `names.origin`, so later steps classify the new node as the old one; `if False:` blocks are left alone."""
+
+    def __init__(self, tree: Tree, ctx):
+        super().__init__()
+        self.tree, self.names, self.report, self.options = tree, tree.names, ctx.report, ctx.options
+        self.cell = None
+
+    def on_visit(self, node):
+        number = starts_cell(node) if isinstance(node, cst.BaseStatement) else None
+        if number is not None:
+            self.cell = number
+        if isinstance(node, cst.BaseStatement):
+            self.tree.at = node
+        if isinstance(node, cst.If):
+            from .cst import is_if_false
+
+            if is_if_false(node):
+                return False
+        return super().on_visit(node)
+
+    def on_leave(self, original_node, updated_node):
+        result = super().on_leave(original_node, updated_node)
+        if isinstance(result, cst.CSTNode) and result is not original_node:
+            self.names.origin[result] = self.names.orig(original_node)
+        return result
