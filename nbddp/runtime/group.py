@@ -51,8 +51,8 @@ def nbddp_dist():
     return True
 
 
-def nbddp_barrier():
-    """Wait until every rank gets here."""
+def nbddp_barrier(what=None):
+    """Wait until every rank gets here; `what`: the rank-0 work it waits for (the converter writes it)."""
     if nbddp_dist():
         nccl = torch.distributed.get_backend() == "nccl"
         torch.distributed.barrier(device_ids=[NBDDP_LOCAL_RANK] if nccl else None)
