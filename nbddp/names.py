@@ -86,10 +86,11 @@ class Names:
 
     def _assignments(self, name: cst.Name):
         """The bindings a read of `name` may see: at a notebook's top level, the latest one before it (cells run in
-        order); in a function, every binding of its scope and the enclosing ones (it may run at any time)."""
+        order); in a function, every binding of its scope and the enclosing ones (it may run at any time). A name a
+        step wrote (not in the analysed tree) reads the notebook's global bindings of that name."""
         referents = self.referents.get(name)
         if referents is None:
-            scope = self.scopes.get(name)
+            scope = self.scopes.get(name, self.scopes.get(self.module))
             return None if scope is None else scope[name.value]
         scope = self.scopes.get(name)
         if isinstance(scope, GlobalScope) and len(referents) > 1:
@@ -112,7 +113,10 @@ class Names:
         if isinstance(expr, cst.Attribute):
             return {f"{m}.{expr.attr.value}" for m in self.meanings(expr.value, depth + 1)}
         if isinstance(expr, cst.Call):
-            return {f"{m}()" for m in self.meanings(expr.func, depth + 1)}
+            called = self.meanings(expr.func, depth + 1)
+            if called & PARTIALS and expr.args:  # partial(f, ...) is f, with some arguments given
+                return set(self.meanings(expr.args[0].value, depth + 1))
+            return {f"{m}()" for m in called}
         if isinstance(expr, cst.Subscript):
             return {f"{m}[]" for m in self.meanings(expr.value, depth + 1)}
         if not isinstance(expr, cst.Name):

@@ -159,7 +159,20 @@ class Tree:
         return (int(found[0]), found[1]) if found else (None, None)
 
 
-class TreeTransformer(cst.CSTTransformer):
+class Recording:
+    """A transformer mixin: each node it replaces is recorded in `self.names.origin`, so later steps classify the
+    new node as the old one."""
+
+    names = None
+
+    def on_leave(self, original_node, updated_node):
+        result = super().on_leave(original_node, updated_node)
+        if isinstance(result, cst.CSTNode) and result is not original_node:
+            self.names.origin[result] = self.names.orig(original_node)
+        return result
+
+
+class TreeTransformer(Recording, cst.CSTTransformer):
     """A step's rewrite of the whole tree: `self.cell` is the cell being visited; each node it replaces is recorded
     in `names.origin`, so later steps classify the new node as the old one; `if False:` blocks are left alone."""
 
@@ -181,8 +194,3 @@ class TreeTransformer(cst.CSTTransformer):
                 return False
         return super().on_visit(node)
 
-    def on_leave(self, original_node, updated_node):
-        result = super().on_leave(original_node, updated_node)
-        if isinstance(result, cst.CSTNode) and result is not original_node:
-            self.names.origin[result] = self.names.orig(original_node)
-        return result

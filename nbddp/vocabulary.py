@@ -73,8 +73,11 @@ def is_model_class(owner: str, root: str = "") -> bool:
 
 
 def is_unsloth_loader(meaning: str) -> bool:
+    """`FastLanguageModel.get_peft_model` and the like: Unsloth's, or a name the notebook never imports."""
     names = parts(meaning)
     owner = names[-2] if len(names) > 1 else ""
+    if len(names) > 2 and names[0] != "unsloth" and "(" not in meaning:
+        return False  # imported from another library
     return owner in UNSLOTH_LOADERS or (owner.startswith("Fast") and owner.endswith("Model")) or (
         names[0] == "unsloth" and owner.startswith("Fast"))
 

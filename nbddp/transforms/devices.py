@@ -13,7 +13,7 @@ import libcst as cst
 
 from ..cst import code_of, keyword
 from ..vocabulary import DEVICE, parts
-from ..tree import TreeTransformer
+from ..tree import Recording, TreeTransformer
 from .base import TreeStep
 from .magics import _Tidy, _marker
 
@@ -85,10 +85,17 @@ class _Devices(TreeTransformer):
                 self.report.change(self.cell, f"{code_of(original.func)}(...{code_of(arg.value)}...) → {name}, this "
                                               f"rank's own GPU; {WHY}")
                 args[at] = args[at].with_changes(value=cst.Name(name))
-            elif "set_device" in tails and not (isinstance(arg.value, cst.Name) and arg.value.value.startswith("NBDDP_")):
+            elif "set_device" in tails and not self._ours(arg.value):
                 self.report.warn(self.cell, f"{code_of(original)}: nbddp cannot tell which GPU this picks; under DDP "
                                             f"each rank must use its own ({RANK_INDEX})")
         return updated.with_changes(args=args)
+
+    def _ours(self, value) -> bool:
+        """The rank's own device already: NBDDP_*, or a name this step points at it."""
+        if isinstance(value, cst.Name) and any(getattr(a, "node", None) in self.targets
+                                               for a in self.names._assignments(self.names.orig(value)) or ()):
+            return True
+        return any(m.startswith("NBDDP_") for m in self.names.meanings(value))
 
     def leave_Assign(self, original, updated):
         if any(self.names.orig(t.target) in self.targets for t in original.targets if isinstance(t.target, cst.Name)):
@@ -142,4 +149,12 @@ class Devices(TreeStep):
         uses.targets.discard(None)
         devices = _Devices(tree, ctx, uses.targets)
         module = tree.visit(devices, frozenset({DEVICE, "env"}))
-        return module.visit(_Tidy(only=devices.removed)) if devices.removed else module
+        return module.visit(_Tidied(tree.names, devices.removed)) if devices.removed else module
+
+
+class _Tidied(Recording, _Tidy):
+    """The magics step's tidying of the markers this step left, recording what it rewrites."""
+
+    def __init__(self, names, only):
+        super().__init__(only)
+        self.names = names

@@ -217,12 +217,13 @@ class _Tidy(cst.CSTTransformer):
     def _mine(self, stmt) -> bool:
         return _is_marker(stmt) and (self.only is None or stmt in self.only)
 
-    def _tidy(self, body, footer):
-        if all(_is_marker(s) for s in body) or not any(self._mine(s) for s in body):
+    def _tidy(self, body, footer, originals):
+        mine = [self._mine(s) for s in originals]
+        if all(_is_marker(s) for s in body) or not any(mine):
             return body, footer
         out, pending = [], []
-        for stmt in body:
-            if self._mine(stmt):
+        for stmt, marked in zip(body, mine):
+            if marked:
                 pending += list(stmt.leading_lines) + [cst.EmptyLine(comment=stmt.trailing_whitespace.comment)]
                 continue
             if pending:
@@ -232,11 +233,11 @@ class _Tidy(cst.CSTTransformer):
         return out, tuple(pending) + tuple(footer)
 
     def leave_IndentedBlock(self, original, updated):
-        body, footer = self._tidy(list(updated.body), updated.footer)
+        body, footer = self._tidy(list(updated.body), updated.footer, original.body)
         return updated.with_changes(body=body, footer=footer)
 
     def leave_Module(self, original, updated):
-        body, footer = self._tidy(list(updated.body), updated.footer)
+        body, footer = self._tidy(list(updated.body), updated.footer, original.body)
         return updated.with_changes(body=body, footer=footer)
 
 

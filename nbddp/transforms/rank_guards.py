@@ -19,11 +19,13 @@ from ..cst import (DESCEND, LEAVE, TAKE, code_of, is_if_false, is_rank_test, liv
 from ..effects import Effects
 from ..names import header_of, reads_writes
 from ..tree import starts_cell
-from ..vocabulary import GENERATE, PUSH, SAVE, TRACK, parts
+from ..vocabulary import DISPLAY, GENERATE, MEMORY, PUSH, SAVE, TRACK, parts
 from .base import TreeStep
 from .hoist import hoist
 
 USES = "uses"
+VERBS = {SAVE: "saves", PUSH: "pushes", GENERATE: "generates", DISPLAY: "displays", MEMORY: "reads GPU memory",
+         TRACK: "logs"}
 
 
 def _is_print(stmt, names) -> bool:
@@ -61,9 +63,11 @@ class _Guards:
         if handed:
             return kinds, f"{name}({code_of(handed[0])})", handed[0].attr.value
         if self.effects.helper(call):
-            verbs = sorted(k for k in kinds if k not in (TRACK,)) or ["logs"]
-            return kinds, f"{name}(), which {'/'.join(verbs)}", name
-        return kinds, name, name
+            verbs = [VERBS[k] for k in sorted(kinds) if k in VERBS]
+            return kinds, f"{name}(), which {' and '.join(verbs)}", name
+        if TRACK in kinds:  # wandb.init, writer.add_scalar: the tracker's own name says more
+            name = ".".join(parts(code_of(call.func))[-2:])
+        return kinds, name, name.split(".")[-1]
 
     def select(self, stmt, nested):
         self.cell = starts_cell(stmt) or self.cell
@@ -90,7 +94,7 @@ class _Guards:
         why = [r for r in map(self.reason, header_calls if blocks else calls) if r]
         collective = any(self.effects.collective(c) for c in calls)
         if why and blocks and collective:
-            self.report.warn(self.cell, f"{why[0][2]}(...) opens a block that also does work every rank must do; it "
+            self.report.warn(self.cell, f"{why[0][1]}(...) opens a block that also does work every rank must do; it "
                                         "runs on every rank: check it")
             return DESCEND
         if header_reads & self.tainted:

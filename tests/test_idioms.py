@@ -1,0 +1,186 @@
+"""Before/after tests for what the converter follows through the notebook's own code (issue 28): calls recognised by
+what their names were imported or assigned as, effects through functions, lambdas, partials, methods and loops,
+collectives inside prints, experiment trackers, GPU pins, and where errors point. Each idiom is written several ways
+(inside a function, through an alias, in a loop, over two cells), with what must NOT change beside it.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from conftest import make_notebook
+from nbddp.errors import ConversionError
+from nbddp.pipeline import run_pipeline
+from nbddp.report import Report
+from nbddp.transforms.base import Context
+
+
+def convert(*sources):
+    ctx = Context(report=Report(source="idioms.ipynb"))
+    nb = run_pipeline(make_notebook(*(s if isinstance(s, tuple) else textwrap.dedent(s) for s in sources)), ctx)
+    return [cell.source for cell in nb.cells], ctx.report
+
+
+def cells(befores, afters, name):
+    """One idiom: the code cells a notebook holds, and those the script holds."""
+    return pytest.param([textwrap.dedent(b) for b in befores], [textwrap.dedent(a) for a in afters], id=name)
+
+
+NAMES = [
+    # the builtins are not a dataset's map/filter
+    cells(["xs = list(map(str, rows))\nys = list(filter(None, xs))\n"],
+          ["xs = list(map(str, rows))\nys = list(filter(None, xs))\n"], "builtin map/filter"),
+    cells(["ds = load_dataset('x')\nds = ds.filter(ok)\nn = len(list(filter(None, ds)))\n"],
+          ["with nbddp_main_process_first():\n    ds = load_dataset('x')\n    ds = ds.filter(ok)\n"
+           "n = len(list(filter(None, ds)))\n"], "dataset filter, builtin filter"),
+    # a loader under the notebook's own names: an import alias, an assignment, across cells
+    cells(["from unsloth import FastLanguageModel as FLM\n",
+           "model, tok = FLM.from_pretrained('m')\nmodel = FLM.get_peft_model(model, target_modules=['lm_head'])\n"],
+          ["from unsloth import FastLanguageModel as FLM\n",
+           "model, tok = FLM.from_pretrained('m', device_map=nbddp_device_map())\nmodel = FLM.get_peft_model(model, "
+           "target_modules=['lm_head'], temporary_location=f\"_unsloth_temporary_saved_buffers/rank{NBDDP_RANK}\")\n"],
+          "alias get_peft_model"),
+    cells(["from unsloth import FastLanguageModel\nLoader = FastLanguageModel\n"
+           "m = Loader.get_peft_model(m, target_modules=['embed_tokens'])\n"],
+          ["from unsloth import FastLanguageModel\nLoader = FastLanguageModel\n"
+           "m = Loader.get_peft_model(m, target_modules=['embed_tokens'], "
+           "temporary_location=f\"_unsloth_temporary_saved_buffers/rank{NBDDP_RANK}\")\n"], "assigned loader"),
+    # a name imported from elsewhere is not Unsloth's loader
+    cells(["from mylib import FastLanguageModel as FLM\nm = FLM.get_peft_model(m, target_modules=['lm_head'])\n"],
+          ["from mylib import FastLanguageModel as FLM\nm = FLM.get_peft_model(m, target_modules=['lm_head'])\n"],
+          "not unsloth's loader"),
+]
+
+FUNCTIONS = [
+    # trains and saves: runs on every rank, the save guarded where it stands (the issue's first failure)
+    cells(["def train_and_save():\n    trainer.train()\n    model.save_pretrained('out')\n", "train_and_save()\n"],
+          ["def train_and_save():\n    trainer.train()\n    if NBDDP_IS_MAIN:\n        model.save_pretrained('out')\n"
+           "    nbddp_barrier(\"save_pretrained\")\n", "train_and_save()\n"], "trains and saves, two cells"),
+    # through a helper that saves, a method of the notebook's class, a lambda, a partial
+    cells(["def save():\n    model.save_pretrained('out')\n\ndef run():\n    trainer.train()\n    save()\n\nrun()\n"],
+          ["def save():\n    model.save_pretrained('out')\n\ndef run():\n    trainer.train()\n    if NBDDP_IS_MAIN:\n"
+           "        save()\n    nbddp_barrier(\"save\")\n\nrun()\n"], "helper of a training function"),
+    cells(["class Saver:\n    def save(self, path):\n        model.save_pretrained(path)\n\ns = Saver()\ns.save('o')\n"],
+          ["class Saver:\n    def save(self, path):\n        model.save_pretrained(path)\n\ns = Saver()\n"
+           "if NBDDP_IS_MAIN:\n    s.save('o')\nnbddp_barrier(\"save\")\n"], "method"),
+    cells(["push = lambda: model.push_to_hub('me/m')\npush()\n"],
+          ["push = lambda: model.push_to_hub('me/m')\nif NBDDP_IS_MAIN:\n    push()\nnbddp_barrier(\"push\")\n"],
+          "lambda"),
+    cells(["from functools import partial\nsave = partial(model.save_pretrained, 'out')\nsave()\n"],
+          ["from functools import partial\nsave = partial(model.save_pretrained, 'out')\nif NBDDP_IS_MAIN:\n    save()\n"
+           "nbddp_barrier(\"save\")\n"], "partial"),
+    # a loop that trains and saves each epoch; a loop that trains and logs (no barrier per step)
+    cells(["for epoch in range(3):\n    trainer.train()\n    model.save_pretrained(f'ep{epoch}')\n"],
+          ["for epoch in range(3):\n    trainer.train()\n    if NBDDP_IS_MAIN:\n        model.save_pretrained(f'ep{epoch}')\n"
+           "    nbddp_barrier(\"save_pretrained\")\n"], "loop trains and saves"),
+    cells(["import wandb\nfor step in range(9):\n    loss = train_step()\n    wandb.log({'loss': loss})\n"],
+          ["import wandb\nfor step in range(9):\n    loss = train_step()\n    if NBDDP_IS_MAIN:\n"
+           "        wandb.log({'loss': loss})\n"], "loop logs, no barrier"),
+]
+
+SHOWN = [
+    cells(["print(trainer.evaluate())\n"],
+          ["nbddp_evaluate = trainer.evaluate()\nif NBDDP_IS_MAIN:\n    print(nbddp_evaluate)\nnbddp_barrier(\"print\")\n"],
+          "print(evaluate)"),
+    cells(["print(f\"eval: {trainer.evaluate()['eval_loss']:.3f}\")\n"],
+          ["nbddp_evaluate = trainer.evaluate()\nif NBDDP_IS_MAIN:\n    print(f\"eval: {nbddp_evaluate['eval_loss']:.3f}\")\n"
+           "nbddp_barrier(\"print\")\n"], "f-string"),
+    cells(["display(trainer.predict(test_ds).metrics)\n"],
+          ["nbddp_predict = trainer.predict(test_ds)\nif NBDDP_IS_MAIN:\n    display(nbddp_predict.metrics)\n"
+           "nbddp_barrier(\"display\")\n"], "display(predict)"),
+    cells(["def report():\n    print(trainer.evaluate())\n", "report()\n"],
+          ["def report():\n    nbddp_evaluate = trainer.evaluate()\n    if NBDDP_IS_MAIN:\n        print(nbddp_evaluate)\n",
+           "report()\n"], "inside a function"),
+]
+
+TRACKERS = [
+    cells(["import wandb\nrun = wandb.init(project='p')\n", "trainer.train()\nrun.log({'done': 1})\nwandb.finish()\n"],
+          ["import wandb\nif NBDDP_IS_MAIN:\n    run = wandb.init(project='p')\n",
+           "trainer.train()\nif NBDDP_IS_MAIN:\n    run.log({'done': 1})\n    wandb.finish()\n"], "wandb over two cells"),
+    cells(["import mlflow as mf\nmf.start_run()\nmf.log_metric('a', 1)\nmf.end_run()\n"],
+          ["import mlflow as mf\nif NBDDP_IS_MAIN:\n    mf.start_run()\n    mf.log_metric('a', 1)\n    mf.end_run()\n"],
+          "mlflow alias"),
+    cells(["from torch.utils.tensorboard import SummaryWriter\nw = SummaryWriter('runs')\n"
+           "for i in range(3):\n    w.add_scalar('x', i, i)\nw.close()\n"],
+          ["from torch.utils.tensorboard import SummaryWriter\nif NBDDP_IS_MAIN:\n    w = SummaryWriter('runs')\n"
+           "for i in range(3):\n    if NBDDP_IS_MAIN:\n        w.add_scalar('x', i, i)\nif NBDDP_IS_MAIN:\n    w.close()\n"],
+          "tensorboard"),
+    cells(["import trackio\ntrackio.init(project='p')\ntrackio.log({'a': 1})\ntrackio.finish()\n"],
+          ["import trackio\nif NBDDP_IS_MAIN:\n    trackio.init(project='p')\n    trackio.log({'a': 1})\n"
+           "    trackio.finish()\n"], "trackio"),
+]
+
+DEVICES = [
+    cells(["import torch\ntorch.cuda.set_device(0)\nx = x.cuda(0)\ny = y.to(0)\n"],
+          ["import torch\ntorch.cuda.set_device(NBDDP_LOCAL_RANK)\nx = x.cuda(NBDDP_LOCAL_RANK)\ny = y.to(NBDDP_DEVICE)\n"],
+          "set_device, cuda(0), to(0)"),
+    cells(["clf = pipeline('text-classification', model=m, device=0)\nz = torch.zeros(2, device='cuda:0')\n"
+           "d = torch.device('cuda', 0)\n"],
+          ["clf = pipeline('text-classification', model=m, device=NBDDP_DEVICE)\nz = torch.zeros(2, device=NBDDP_DEVICE)\n"
+           "d = torch.device(NBDDP_DEVICE)\n"], "device= in any call"),
+    cells(["device = 'cuda:0' if torch.cuda.is_available() else 'cpu'\n", "model.to(device)\n"],
+          ["device = NBDDP_DEVICE if torch.cuda.is_available() else 'cpu'\n", "model.to(device)\n"],
+          "a device variable used in a later cell"),
+    cells(["import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'\nimport torch\n", "%env CUDA_VISIBLE_DEVICES=1\n"],
+          ["import os\n# nbddp: removed CUDA_VISIBLE_DEVICES: each rank uses its own GPU\nimport torch\n",
+           "# nbddp: removed CUDA_VISIBLE_DEVICES: each rank uses its own GPU\n"], "CUDA_VISIBLE_DEVICES"),
+]
+
+UNCHANGED = [
+    "def normalize(x):\n    return x / x.sum()\n\ny = normalize(z)\n",  # a function that only computes
+    "total = 0\nfor batch in loader:\n    total += batch.sum()\n",  # a loop that only computes
+    "def save():\n    model.save_pretrained('x')\n\nif NBDDP_IS_MAIN:\n    save()\n",  # already under a rank test
+    "if trainer.is_world_process_zero():\n    wandb.log({'a': 1})\n",
+    "x = torch.ones(2, device='cpu')\ny = x.to('cpu')\nz = x.cuda()\nw = x.to('cuda')\n",  # no GPU number
+    "label = 'cuda:0'\nprint_later = label\n",  # a string never used as a device
+    "def loss_fn(p, y):\n    print(p)\n    return (p - y).abs().mean()\n",  # prints but trains nothing
+    "squares = list(map(lambda v: v * v, range(4)))\n",
+    "nbddp_evaluate = trainer.evaluate()\nif NBDDP_IS_MAIN:\n    print(nbddp_evaluate)\nnbddp_barrier(\"print\")\n",
+]
+
+
+@pytest.mark.parametrize("befores, afters", NAMES + FUNCTIONS + SHOWN + TRACKERS + DEVICES)
+def test_idiom(befores, afters):
+    converted, _ = convert(*befores)
+    assert converted == afters
+    again, report = convert(*converted)  # converting converted code changes nothing more
+    assert again == converted and not report.warnings
+
+
+@pytest.mark.parametrize("source", UNCHANGED, ids=[s.splitlines()[0][:40] for s in UNCHANGED])
+def test_left_as_is(source):
+    converted, report = convert(source)
+    assert converted == [source]
+    assert not report.warnings
+
+
+@pytest.mark.parametrize("source, warning", [
+    ("torch.cuda.set_device(args.gpu)\n", "cannot tell which GPU"),
+    ("import mlflow\nwith mlflow.start_run():\n    trainer.train()\n", "opens a block that also does work every rank"),
+    ("out = model.generate(x)\ntrainer = SFTTrainer(model=model, train_dataset=out)\n", "only rank 0 computed"),
+])
+def test_what_cannot_be_converted_safely_is_reported(source, warning):
+    _, report = convert(source)
+    assert any(warning in n.text for n in report.warnings), report.warnings
+
+
+def test_reports_say_what_changed():
+    _, report = convert("def go():\n    trainer.train()\n    model.push_to_hub('me/m')\n\ngo()\n",
+                        "import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'\n", "print(trainer.evaluate())\n")
+    text = report.format()
+    assert "cell 1: rank 0 only: push_to_hub" in text
+    assert "cell 2: removed `os.environ['CUDA_VISIBLE_DEVICES'] = '0'`" in text
+    assert "cell 3: trainer.evaluate(...) runs on every rank" in text
+
+
+def test_a_fault_names_the_step_cell_and_line(monkeypatch):
+    """A bug in a tree step names the step, and the cell and line of the statement it was at."""
+    from nbddp.transforms import scratch
+
+    def broken(self, original, updated):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(scratch._Scratch, "leave_Call", broken)
+    with pytest.raises(ConversionError, match=r"^scratch: cell 3, line 2: internal error \(RuntimeError: boom\)"):
+        convert("x = 1\n", ("markdown", "m"), "y = 2\nmodel = FastLanguageModel.get_peft_model(model)\n")
