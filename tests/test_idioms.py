@@ -184,3 +184,16 @@ def test_a_fault_names_the_step_cell_and_line(monkeypatch):
     monkeypatch.setattr(scratch._Scratch, "leave_Call", broken)
     with pytest.raises(ConversionError, match=r"^scratch: cell 3, line 2: internal error \(RuntimeError: boom\)"):
         convert("x = 1\n", ("markdown", "m"), "y = 2\nmodel = FastLanguageModel.get_peft_model(model)\n")
+
+
+def test_nbformat_housekeeping_is_not_for_the_user(tmp_path):
+    """Cells without ids (nbformat 4.5 wants them; nbformat fills them in) are not something to check."""
+    import json
+
+    from nbddp.pipeline import convert_notebook
+
+    cell = {"cell_type": "code", "metadata": {}, "source": "x = 1\n", "outputs": [], "execution_count": None}
+    path = tmp_path / "no_ids.ipynb"
+    path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [cell]}))
+    report = convert_notebook(str(path)).report
+    assert not report.warnings and "Check these" not in report.format()
