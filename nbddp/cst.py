@@ -39,25 +39,6 @@ def dotted(node) -> str | None:
     return None
 
 
-def _last_name(expr: cst.BaseExpression) -> str | None:
-    """`c` for `c` and for `a.b.c`; None for anything else."""
-    if isinstance(expr, cst.Name):
-        return expr.value
-    if isinstance(expr, cst.Attribute):
-        return expr.attr.value
-    return None
-
-
-def callee_tail(call: cst.Call) -> str | None:
-    """The last name of what is called: `generate` for `model.generate(...)`, `f` for `f(...)`."""
-    return _last_name(call.func)
-
-
-def callee_owner(call: cst.Call) -> str | None:
-    """The last name before the called attribute: `FastModel` for `FastModel.from_pretrained(...)`."""
-    return _last_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
-
-
 def keyword(call: cst.Call, name: str) -> cst.Arg | None:
     for arg in call.args:
         if arg.keyword is not None and arg.keyword.value == name:

@@ -30,14 +30,19 @@ PARTIALS = frozenset({"functools.partial", "partial"})
 class _Bindings(cst.CSTVisitor):
     """Each bound Name (as the scope analysis sees it) -> the expression it was bound to."""
 
-    def __init__(self):
+    def __init__(self, top, watcher=None):
         self.values: dict[cst.Name, cst.BaseExpression] = {}
         self.classes: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = {}
         self.order: dict[cst.CSTNode, int] = {}  # binding nodes in source order
+        self.top, self.watcher, self.statement = top, watcher, None
 
     def on_visit(self, node):
+        if node in self.top:
+            self.statement = node
         if isinstance(node, (cst.Name, cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)):
             self.order[node] = len(self.order)
+        if self.watcher is not None:  # what else one pass over the tree reads (nbddp.tree's statement facts)
+            self.watcher(self.statement, node)
         return super().on_visit(node)
 
     def _bind(self, target, value):
@@ -69,10 +74,10 @@ class _Bindings(cst.CSTVisitor):
 
 
 class Names:
-    def __init__(self, module: cst.Module):
+    def __init__(self, module: cst.Module, watcher=None):
         self.module = module
         self.scopes = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ScopeProvider)
-        bindings = _Bindings()
+        bindings = _Bindings(set(module.body), watcher)
         module.visit(bindings)
         self.values, self.classes, self.order = bindings.values, bindings.classes, bindings.order
         self.referents = {access.node: access.referents for scope in set(self.scopes.values()) if scope is not None

@@ -5,17 +5,9 @@ import libcst as cst
 
 
 
-class _BareBlankLines(cst.CSTTransformer):
-    """Blank lines get no indentation (no trailing spaces in the script)."""
-
-    def leave_EmptyLine(self, original, updated):
-        return updated.with_changes(indent=False) if updated.comment is None else updated
-
-
 def body_block(module: cst.Module) -> str:
-    """The notebook's tree (nbddp.tree: cells marked `# %% cell N`) as one indented block for the skeleton's `try:`;
-    comments and layout kept."""
-    module = module.visit(_BareBlankLines())
+    """The notebook's tree (nbddp.tree: cells marked `# %% cell N`, blank lines bare) as one indented block for the
+    skeleton's `try:`; comments and layout kept."""
     statements, pending = list(module.body), list(module.footer)
     if not statements:
         statements.append(cst.SimpleStatementLine([cst.Pass()], leading_lines=tuple(pending)))

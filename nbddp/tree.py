@@ -40,14 +40,27 @@ def build(cells, step: str) -> cst.Module:
     body, pending = [], []
     for cell in cells:
         module = parse(cell.source, cell=cell_number(cell), step=step)
+        if any(not line.strip() for line in cell.source.strip("\n").split("\n")):
+            module = module.visit(_BareBlankLines())  # blank lines inside blocks and brackets
         if body or pending:
             pending.append(cst.EmptyLine(indent=False))
-        pending += [marker(cell_number(cell))] + list(module.header)
+        pending += [marker(cell_number(cell))] + _bare(module.header)
         for stmt in module.body:
-            body.append(stmt.with_changes(leading_lines=tuple(pending) + tuple(stmt.leading_lines)))
+            body.append(stmt.with_changes(leading_lines=tuple(pending) + tuple(_bare(stmt.leading_lines))))
             pending = []
-        pending += list(module.footer)
+        pending += _bare(module.footer)
     return cst.Module(body=body, footer=tuple(pending))
+
+
+class _BareBlankLines(cst.CSTTransformer):
+    """Blank lines get no indentation (no trailing spaces in the script, whatever block a line ends up in)."""
+
+    def leave_EmptyLine(self, original, updated):
+        return updated.with_changes(indent=False) if updated.comment is None else updated
+
+
+def _bare(lines) -> list:
+    return [line.with_changes(indent=False) if line.comment is None and line.indent else line for line in lines]
 
 
 def _split_lines(lines, cells):
@@ -79,32 +92,41 @@ def split(module: cst.Module) -> list[tuple[int, str]]:
 
 class _Facts(cst.CSTVisitor):
     """What a statement holds, for steps to skip the statements that cannot concern them: the vocabulary's kinds of
-    its calls, DEVICE for a `device=` keyword or a GPU literal, ENV for CUDA_VISIBLE_DEVICES, AMP for an import."""
+    its calls, DEVICE for a `device=` keyword or a GPU literal, ENV for CUDA_VISIBLE_DEVICES, AMP for an import.
+    Read in the analysis' one pass over the first tree (`watch`), or by visiting a statement a step made."""
 
-    def __init__(self, names):
-        self.names, self.found = names, set()
+    def __init__(self):
+        self.calls: dict = {}  # statement -> its calls
+        self.raw: dict = {}  # statement -> facts read from literals and keywords
 
-    def visit_Call(self, node):
+    def watch(self, statement, node):
+        if isinstance(node, cst.Call):
+            self.calls.setdefault(statement, []).append(node)
+            if any(a.keyword is not None and a.keyword.value == "device" for a in node.args):
+                self.raw.setdefault(statement, set()).add("device")
+        elif isinstance(node, cst.SimpleString):
+            value = node.evaluated_value
+            if value == "CUDA_VISIBLE_DEVICES":
+                self.raw.setdefault(statement, set()).add("env")
+            elif isinstance(value, str) and value.startswith("cuda:"):
+                self.raw.setdefault(statement, set()).add("device")
+        elif isinstance(node, cst.Assign) and isinstance(node.value, cst.Integer):
+            self.raw.setdefault(statement, set()).add("device")  # `gpu = 0`, perhaps used as a device later
+        elif isinstance(node, cst.ImportFrom) and node.module is not None and \
+                cst.Module([]).code_for_node(node.module).startswith("torch.cuda.amp"):
+            self.raw.setdefault(statement, set()).add("amp")
+
+    def on_visit(self, node):
+        self.watch(None, node)
+        return True
+
+    def of(self, names, statement) -> frozenset:
         from .vocabulary import kinds
 
-        self.found |= kinds(self.names.meanings(node.func))
-        if any(a.keyword is not None and a.keyword.value == "device" for a in node.args):
-            self.found.add("device")
-
-    def visit_SimpleString(self, node):
-        value = node.evaluated_value
-        if value == "CUDA_VISIBLE_DEVICES":
-            self.found.add("env")
-        elif isinstance(value, str) and value.startswith("cuda:"):
-            self.found.add("device")
-
-    def visit_Assign(self, node):
-        if isinstance(node.value, cst.Integer):
-            self.found.add("device")  # `gpu = 0`, perhaps used as a device later
-
-    def visit_ImportFrom(self, node):
-        if node.module is not None and cst.Module([]).code_for_node(node.module).startswith("torch.cuda.amp"):
-            self.found.add("amp")
+        found = set(self.raw.get(statement, ()))
+        for call in self.calls.get(statement, ()):
+            found |= kinds(names.meanings(call.func))
+        return frozenset(found)
 
 
 class Tree:
@@ -112,20 +134,26 @@ class Tree:
         self.module = build(cells, step)
         self.first = self.module
         self._facts: dict = {}
+        self._seen = _Facts()  # filled by the analysis' pass over the first tree
+        self._top = set(self.first.body)
         self.at = None  # the statement a step is at (an error names its cell and line)
         self.notebook = None  # the notebook whose code cells these are
 
     @cached_property
     def names(self) -> Names:
-        return Names(self.first)
+        return Names(self.first, self._seen.watch)
 
     def facts(self, stmt) -> frozenset:
         """What a top-level statement holds (see _Facts), read once from the first tree."""
-        stmt = self.names.orig(stmt)
+        names = self.names
+        stmt = names.orig(stmt)
         if stmt not in self._facts:
-            found = _Facts(self.names)
-            stmt.visit(found)
-            self._facts[stmt] = frozenset(found.found)
+            if stmt in self._top:
+                self._facts[stmt] = self._seen.of(names, stmt)
+            else:
+                found = _Facts()
+                stmt.visit(found)
+                self._facts[stmt] = found.of(names, None)
         return self._facts[stmt]
 
     def visit(self, transformer, wants=None) -> cst.Module:

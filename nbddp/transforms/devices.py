@@ -15,7 +15,7 @@ from ..cst import code_of, keyword
 from ..vocabulary import DEVICE, parts
 from ..tree import Recording, TreeTransformer
 from .base import TreeStep
-from .magics import _Tidy, _marker
+from .markers import Tidy, marker
 
 RANK_DEVICE, RANK_INDEX = "NBDDP_DEVICE", "NBDDP_LOCAL_RANK"
 VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -114,10 +114,10 @@ class _Devices(TreeTransformer):
                                       f"(set {VISIBLE} where you launch the job to choose the GPUs)")
         if kept:
             return updated.with_changes(body=kept)
-        marker = _marker(f"removed {VISIBLE}: each rank uses its own GPU").with_changes(
+        removed = marker(f"removed {VISIBLE}: each rank uses its own GPU").with_changes(
             leading_lines=updated.leading_lines)
-        self.removed.add(marker)
-        return marker
+        self.removed.add(removed)
+        return removed
 
 
 def _sets_visible(small) -> bool:
@@ -152,7 +152,7 @@ class Devices(TreeStep):
         return module.visit(_Tidied(tree.names, devices.removed)) if devices.removed else module
 
 
-class _Tidied(Recording, _Tidy):
+class _Tidied(Recording, Tidy):
     """The magics step's tidying of the markers this step left, recording what it rewrites."""
 
     def __init__(self, names, only):
