@@ -7,6 +7,10 @@ lambda, `functools.partial` or method the notebook defines, the kinds of everyth
     effects.main_only(call)  -> True where the call does only rank-0 work (saves, pushes, generates, displays, logs)
     effects.mixed(node)      -> True for a def that does work every rank must do *and* rank-0 work: it runs on every
                                 rank, and the rank-0 work inside its body is guarded where it stands
+
+A custom training loop is a loop whose body (through the notebook's functions too) does a backward pass and an
+optimizer step: `{BACKWARD, STEP} <= effects.of_node(loop.body)` (nbddp.vocabulary's kinds; `loss.backward()`,
+`accelerator.backward(loss)`, `optimizer.step()` of a torch.optim/bitsandbytes optimizer or `scaler.step(opt)`).
 """
 from __future__ import annotations
 

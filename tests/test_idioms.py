@@ -86,9 +86,15 @@ SHOWN = [
     cells(["print(f\"eval: {trainer.evaluate()['eval_loss']:.3f}\")\n"],
           ["nbddp_evaluate = trainer.evaluate()\nif NBDDP_IS_MAIN:\n    print(f\"eval: {nbddp_evaluate['eval_loss']:.3f}\")\n"
            "nbddp_barrier(\"print\")\n"], "f-string"),
+    cells(["ev = trainer.evaluate\nshow = print\nshow(ev())\n"],
+          ["ev = trainer.evaluate\nshow = print\nnbddp_ev = ev()\nif NBDDP_IS_MAIN:\n    show(nbddp_ev)\n"
+           "nbddp_barrier(\"print\")\n"], "aliases of evaluate and print"),
     cells(["display(trainer.predict(test_ds).metrics)\n"],
           ["nbddp_predict = trainer.predict(test_ds)\nif NBDDP_IS_MAIN:\n    display(nbddp_predict.metrics)\n"
            "nbddp_barrier(\"display\")\n"], "display(predict)"),
+    cells(["for split in splits:\n    print(trainer.evaluate(split))\n"],
+          ["for split in splits:\n    nbddp_evaluate = trainer.evaluate(split)\n    if NBDDP_IS_MAIN:\n"
+           "        print(nbddp_evaluate)\n"], "in a loop"),
     cells(["def report():\n    print(trainer.evaluate())\n", "report()\n"],
           ["def report():\n    nbddp_evaluate = trainer.evaluate()\n    if NBDDP_IS_MAIN:\n        print(nbddp_evaluate)\n",
            "report()\n"], "inside a function"),
@@ -106,6 +112,9 @@ TRACKERS = [
           ["from torch.utils.tensorboard import SummaryWriter\nif NBDDP_IS_MAIN:\n    w = SummaryWriter('runs')\n"
            "for i in range(3):\n    if NBDDP_IS_MAIN:\n        w.add_scalar('x', i, i)\nif NBDDP_IS_MAIN:\n    w.close()\n"],
           "tensorboard"),
+    cells(["import wandb\ndef fit():\n    trainer.train()\n    wandb.log({'done': 1})\n"],
+          ["import wandb\ndef fit():\n    trainer.train()\n    if NBDDP_IS_MAIN:\n        wandb.log({'done': 1})\n"],
+          "inside a training function"),
     cells(["import trackio\ntrackio.init(project='p')\ntrackio.log({'a': 1})\ntrackio.finish()\n"],
           ["import trackio\nif NBDDP_IS_MAIN:\n    trackio.init(project='p')\n    trackio.log({'a': 1})\n"
            "    trackio.finish()\n"], "trackio"),
@@ -115,6 +124,8 @@ DEVICES = [
     cells(["import torch\ntorch.cuda.set_device(0)\nx = x.cuda(0)\ny = y.to(0)\n"],
           ["import torch\ntorch.cuda.set_device(NBDDP_LOCAL_RANK)\nx = x.cuda(NBDDP_LOCAL_RANK)\ny = y.to(NBDDP_DEVICE)\n"],
           "set_device, cuda(0), to(0)"),
+    cells(["def to_gpu(x):\n    return x.cuda(0)\n"], ["def to_gpu(x):\n    return x.cuda(NBDDP_LOCAL_RANK)\n"],
+          "inside a function"),
     cells(["clf = pipeline('text-classification', model=m, device=0)\nz = torch.zeros(2, device='cuda:0')\n"
            "d = torch.device('cuda', 0)\n"],
           ["clf = pipeline('text-classification', model=m, device=NBDDP_DEVICE)\nz = torch.zeros(2, device=NBDDP_DEVICE)\n"
@@ -157,6 +168,7 @@ def test_left_as_is(source):
 
 @pytest.mark.parametrize("source, warning", [
     ("torch.cuda.set_device(args.gpu)\n", "cannot tell which GPU"),
+    ("x = x.to(f'cuda:{gpu}')\n", "a GPU number computed by the notebook"),
     ("import mlflow\nwith mlflow.start_run():\n    trainer.train()\n", "opens a block that also does work every rank"),
     ("out = model.generate(x)\ntrainer = SFTTrainer(model=model, train_dataset=out)\n", "only rank 0 computed"),
 ])

@@ -85,6 +85,9 @@ class _Devices(TreeTransformer):
                 self.report.change(self.cell, f"{code_of(original.func)}(...{code_of(arg.value)}...) → {name}, this "
                                               f"rank's own GPU; {WHY}")
                 args[at] = args[at].with_changes(value=cst.Name(name))
+            elif isinstance(arg.value, cst.FormattedString) and code_of(arg.value)[2:].startswith("cuda:"):
+                self.report.warn(self.cell, f"{code_of(original)}: a GPU number computed by the notebook; under DDP "
+                                            f"each rank must use its own ({RANK_DEVICE})")
             elif "set_device" in tails and not self._ours(arg.value):
                 self.report.warn(self.cell, f"{code_of(original)}: nbddp cannot tell which GPU this picks; under DDP "
                                             f"each rank must use its own ({RANK_INDEX})")

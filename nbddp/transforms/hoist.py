@@ -42,7 +42,7 @@ class _Extract(cst.CSTTransformer):
 class _Hoist(TreeTransformer):
     def __init__(self, tree, ctx, effects):
         super().__init__(tree, ctx)
-        self.effects = effects
+        self.effects, self.hoisted = effects, set()
         self.shows = SHOWS if ctx.options.main_prints else SHOWS - {PRINT}
 
     def visit_FunctionDef(self, node):
@@ -69,8 +69,14 @@ class _Hoist(TreeTransformer):
         assigns[0] = assigns[0].with_changes(leading_lines=updated.leading_lines)
         shown_stmt = updated.with_changes(leading_lines=(), body=[updated.body[0].with_changes(
             value=call.with_changes(args=args))])
+        self.hoisted.add(id(shown_stmt.body))
         return cst.FlattenSentinel(assigns + [shown_stmt])
 
 
-def hoist(tree, ctx, effects) -> cst.Module:
-    return tree.visit(_Hoist(tree, ctx, effects), SHOWS)
+def hoist(tree, ctx, effects, hoisted: set) -> cst.Module:
+    """The tree with collectives moved out of what shows them; `hoisted` gets the ids of the showing statements'
+    bodies (a loop holding one is looked into by the rank-guards step)."""
+    rewrite = _Hoist(tree, ctx, effects)
+    module = tree.visit(rewrite, SHOWS)
+    hoisted |= rewrite.hoisted
+    return module

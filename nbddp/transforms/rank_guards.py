@@ -51,6 +51,7 @@ class _Guards:
         self.reasons: dict = {}  # cell -> what its guards hold, in order
         self.used: dict = {}  # cell -> rank-0-only names read under its guards
         self.waits: set = set()  # cells with a barrier after a guard
+        self.hoisted: set = set()  # ids of the bodies of statements that show a collective's result (hoist.py)
 
     def reason(self, call):
         """(kinds, what the report says, the barrier's word) of a call that is rank-0 work, else None."""
@@ -112,10 +113,14 @@ class _Guards:
             self.reasons.setdefault(self.cell, []).extend(text for k, text, _ in why if USES not in k)
             self.tainted |= writes
             return TAKE
-        if blocks and (any(self.reason(c) for c in calls) or reads & self.tainted):
+        if blocks and (any(self.reason(c) for c in calls) or reads & self.tainted or self._prints_in(blocks)):
             return DESCEND
         self.tainted -= writes
         return LEAVE
+
+    def _prints_in(self, blocks) -> bool:
+        """A block that shows what a collective returned (`for d in sets: print(trainer.evaluate(d))`)."""
+        return self.options.main_prints and any(id(s.body) in self.hoisted for b in blocks for s in b.body)
 
     def function(self, node: cst.FunctionDef):
         """A function that does work every rank must do and rank-0 work: its body guarded where it stands (its
@@ -150,7 +155,7 @@ class RankGuards(TreeStep):
 
     def run(self, tree, ctx):
         guards = _Guards(tree, ctx)
-        module = hoist(tree, ctx, guards.effects)
+        module = hoist(tree, ctx, guards.effects, guards.hoisted)
         module = module.with_changes(body=regroup(module.body, guards.select, guards.wrap))
         guards.say()
         return module
