@@ -13,9 +13,10 @@ from functools import cached_property
 
 import libcst as cst
 
-from .cells import MARKER
-from .cst import parse
+from .cells import MARKER, cell_at
+from .cst import is_if_false, parse
 from .names import Names
+from .vocabulary import AMP, DEVICE, ENV, kinds
 
 
 def marker(number) -> cst.EmptyLine:
@@ -103,26 +104,24 @@ class _Facts(cst.CSTVisitor):
         if isinstance(node, cst.Call):
             self.calls.setdefault(statement, []).append(node)
             if any(a.keyword is not None and a.keyword.value == "device" for a in node.args):
-                self.raw.setdefault(statement, set()).add("device")
+                self.raw.setdefault(statement, set()).add(DEVICE)
         elif isinstance(node, cst.SimpleString):
             value = node.evaluated_value
             if value == "CUDA_VISIBLE_DEVICES":
-                self.raw.setdefault(statement, set()).add("env")
+                self.raw.setdefault(statement, set()).add(ENV)
             elif isinstance(value, str) and value.startswith("cuda:"):
-                self.raw.setdefault(statement, set()).add("device")
+                self.raw.setdefault(statement, set()).add(DEVICE)
         elif isinstance(node, cst.Assign) and isinstance(node.value, cst.Integer):
-            self.raw.setdefault(statement, set()).add("device")  # `gpu = 0`, perhaps used as a device later
+            self.raw.setdefault(statement, set()).add(DEVICE)  # `gpu = 0`, perhaps used as a device later
         elif isinstance(node, cst.ImportFrom) and node.module is not None and \
                 cst.Module([]).code_for_node(node.module).startswith("torch.cuda.amp"):
-            self.raw.setdefault(statement, set()).add("amp")
+            self.raw.setdefault(statement, set()).add(AMP)
 
     def on_visit(self, node):
         self.watch(None, node)
         return True
 
     def of(self, names, statement) -> frozenset:
-        from .vocabulary import kinds
-
         found = set(self.raw.get(statement, ()))
         for call in self.calls.get(statement, ()):
             found |= kinds(names.meanings(call.func))
@@ -181,8 +180,6 @@ class Tree:
             return None, None
         line = positions[node].start.line
         lines = self.first.code.splitlines()
-        from .cells import cell_at
-
         found = cell_at(lines, line)
         return (int(found[0]), found[1]) if found else (None, None)
 
@@ -215,10 +212,7 @@ class TreeTransformer(Recording, cst.CSTTransformer):
             self.cell = number
         if isinstance(node, cst.BaseStatement):
             self.tree.at = node
-        if isinstance(node, cst.If):
-            from .cst import is_if_false
-
-            if is_if_false(node):
-                return False
+        if isinstance(node, cst.If) and is_if_false(node):
+            return False
         return super().on_visit(node)
 

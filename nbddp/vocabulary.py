@@ -23,6 +23,7 @@ LOAD, PEFT, DATA, COLLECTIVE = "load", "peft", "data", "collective"
 SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK = "save", "push", "generate", "display", "print", "memory", "track"
 BACKWARD, STEP, CONFIG = "backward", "step", "config"
 SEEDED, AMP, DEVICE = "seeded", "amp", "device"  # a split or shuffle; torch.cuda.amp; what names a device
+ENV = "env"  # a statement that names CUDA_VISIBLE_DEVICES (nbddp.tree's statement facts)
 MAIN_ONLY = frozenset({SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK})
 LIGHT = frozenset({DISPLAY, PRINT, MEMORY, TRACK})
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst import code_of, keyword
-from ..vocabulary import DEVICE, parts
+from ..vocabulary import DEVICE, ENV, parts
 from ..tree import Recording, TreeTransformer
 from .base import TreeStep
 from .markers import Tidy, marker
@@ -34,6 +34,13 @@ def _tails(names, call) -> set[str]:
     return {parts(m)[-1] for m in names.meanings(call.func)}
 
 
+def _is_torch_device(names, call) -> bool:
+    """`torch.device(...)` (or `device(...)` imported from torch)."""
+    meanings = names.meanings(call.func)
+    return {parts(m)[-1] for m in meanings} == {"device"} and any(m.startswith("torch.") or m == "device"
+                                                                  for m in meanings)
+
+
 def device_args(names, call) -> list[cst.Arg]:
     """The arguments of a call that name a device: `device=` anywhere, the first argument of `.to`/`.cuda`/
     `set_device`, every positional argument of `torch.device`."""
@@ -42,7 +49,7 @@ def device_args(names, call) -> list[cst.Arg]:
     positional = [a for a in call.args if a.keyword is None and not a.star]
     if tails & {"to", "cuda"} and isinstance(call.func, cst.Attribute) or "set_device" in tails:
         found += positional[:1]
-    elif tails == {"device"} and any(m.startswith("torch.") or m == "device" for m in names.meanings(call.func)):
+    elif _is_torch_device(names, call):
         found += positional
     return found
 
@@ -72,8 +79,7 @@ class _Devices(TreeTransformer):
 
     def leave_Call(self, original, updated):
         tails = _tails(self.names, original)
-        if tails == {"device"} and sum(pinned(a.value) for a in original.args) and \
-                any(m.startswith("torch.") or m == "device" for m in self.names.meanings(original.func)):
+        if _is_torch_device(self.names, original) and any(pinned(a.value) for a in original.args):
             self.report.change(self.cell, f"{code_of(original)} → torch.device(NBDDP_DEVICE), this rank's own GPU; {WHY}")
             return updated.with_changes(args=[cst.Arg(cst.Name(RANK_DEVICE))])
         index = "set_device" in tails or ("cuda" in tails and isinstance(original.func, cst.Attribute))
@@ -151,7 +157,7 @@ class Devices(TreeStep):
                 stmt.visit(uses)
         uses.targets.discard(None)
         devices = _Devices(tree, ctx, uses.targets)
-        module = tree.visit(devices, frozenset({DEVICE, "env"}))
+        module = tree.visit(devices, frozenset({DEVICE, ENV}))
         return module.visit(_Tidied(tree.names, devices.removed)) if devices.removed else module
 
 
