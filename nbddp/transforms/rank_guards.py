@@ -66,6 +66,11 @@ class _Guards:
         if self.effects.helper(call):
             verbs = [VERBS[k] for k in sorted(kinds) if k in VERBS]
             return kinds, f"{name}(), which {' and '.join(verbs)}", name
+        if MEMORY in kinds:
+            return kinds, "GPU memory stats", name
+        task = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "task"), None)
+        if name == "pipeline" and isinstance(task, cst.SimpleString):
+            return kinds, f"pipeline({task.evaluated_value!r})", name
         if TRACK in kinds:  # wandb.init, writer.add_scalar: the tracker's own name says more
             name = ".".join(parts(code_of(call.func))[-2:])
         return kinds, name, name.split(".")[-1]
