@@ -64,11 +64,12 @@ def _bare(lines) -> list:
     return [line.with_changes(indent=False) if line.comment is None and line.indent else line for line in lines]
 
 
-def _split_lines(lines, cells):
-    """Distribute leading lines over cells at their markers (the blank line before a marker is the separator)."""
+def _split_lines(lines, cells, expected):
+    """Distribute leading lines over cells at their markers (the blank line before a marker is the separator). Only
+    the marker of the next cell counts: a notebook's own `# %% cell 7` comment stays a comment."""
     lines = list(lines)
     while True:
-        at = next((i for i, line in enumerate(lines) if marker_number(line) is not None), None)
+        at = next((i for i, line in enumerate(lines) if expected and marker_number(line) == expected[0]), None)
         if at is None:
             return lines
         before = lines[:at]
@@ -76,17 +77,18 @@ def _split_lines(lines, cells):
             before = before[:-1]
         if cells:
             cells[-1][2] += before
-        cells.append([marker_number(lines[at]), [], []])  # number, statements, footer lines
+        cells.append([expected.pop(0), [], []])  # number, statements, footer lines
         lines = lines[at + 1:]
 
 
-def split(module: cst.Module) -> list[tuple[int, str]]:
-    """(cell number, code) of each cell of a tree `build` made."""
+def split(module: cst.Module, numbers) -> list[tuple[int, str]]:
+    """(cell number, code) of each cell of a tree `build` made of the cells `numbers`."""
     cells: list = []
+    expected = list(numbers)
     for stmt in module.body:
-        rest = _split_lines(stmt.leading_lines, cells)
+        rest = _split_lines(stmt.leading_lines, cells, expected)
         cells[-1][1].append(stmt.with_changes(leading_lines=tuple(rest)))
-    tail = _split_lines(module.footer, cells)
+    tail = _split_lines(module.footer, cells, expected)
     cells[-1][2] += tail
     return [(n, cst.Module(body=stmts, footer=tuple(footer)).code) for n, stmts, footer in cells]
 
@@ -130,8 +132,11 @@ class _Facts(cst.CSTVisitor):
 
 class Tree:
     def __init__(self, cells, step: str = "tree"):
+        from .transforms.base import cell_number
+
         self.module = build(cells, step)
         self.first = self.module
+        self.numbers = [cell_number(cell) for cell in cells]
         self._facts: dict = {}
         self._seen = _Facts()  # filled by the analysis' pass over the first tree
         self._top = set(self.first.body)
@@ -168,7 +173,7 @@ class Tree:
         return self.module.with_changes(body=body)
 
     def cells(self) -> list[tuple[int, str]]:
-        return split(self.module)
+        return split(self.module, self.numbers)
 
     def where(self, node) -> tuple[int | None, int | None]:
         """(cell, line in the cell) of a node of the first tree (computed only when an error needs it)."""

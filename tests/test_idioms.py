@@ -209,3 +209,9 @@ def test_nbformat_housekeeping_is_not_for_the_user(tmp_path):
     path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [cell]}))
     report = convert_notebook(str(path)).report
     assert not report.warnings and "Check these" not in report.format()
+
+
+def test_a_cell_that_holds_a_marker_like_comment_keeps_it():
+    """The script marks cells `# %% cell N`; a notebook's own such comment stays in its cell."""
+    sources, _ = convert("x = 1\n# %% cell 9\ny = 2\n", "z = 3\n")
+    assert sources == ["x = 1\n# %% cell 9\ny = 2\n", "z = 3\n"]
