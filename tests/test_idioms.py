@@ -215,3 +215,46 @@ def test_a_cell_that_holds_a_marker_like_comment_keeps_it():
     """The script marks cells `# %% cell N`; a notebook's own such comment stays in its cell."""
     sources, _ = convert("x = 1\n# %% cell 9\ny = 2\n", "z = 3\n")
     assert sources == ["x = 1\n# %% cell 9\ny = 2\n", "z = 3\n"]
+
+
+NOTEBOOKS = {
+    "kaggle-style SFT with a tracker and GPU pins": [
+        "%env CUDA_VISIBLE_DEVICES=0\n!pip install -q wandb\n",
+        "import wandb, torch\nwandb.login(key = 'k')\nfrom unsloth import FastLanguageModel as FLM\nfrom trl import "
+        "SFTConfig, SFTTrainer\nfrom datasets import load_dataset\ndevice = 'cuda:0'\n",
+        "model, tokenizer = FLM.from_pretrained('unsloth/llama-3-8b-bnb-4bit', load_in_4bit = True)\n"
+        "model = FLM.get_peft_model(model, r = 16, target_modules = ['q_proj', 'lm_head'])\n",
+        "run = wandb.init(project = 'sft', config = {'lr': 2e-4})\nds = load_dataset('yahma/alpaca-cleaned', "
+        "split = 'train')\nds = ds.map(fmt, batched = True)\nn = sum(map(len, ds['text']))\n",
+        "trainer = SFTTrainer(model = model, tokenizer = tokenizer, train_dataset = ds,\n"
+        "                     args = SFTConfig(output_dir = 'o', report_to = 'wandb'))\n",
+        "def fit_and_save(path):\n    stats = trainer.train()\n    model.save_pretrained(path)\n"
+        "    tokenizer.save_pretrained(path)\n    wandb.log({'loss': stats.training_loss})\n    return stats\n\n"
+        "stats = fit_and_save('lora')\nprint(trainer.evaluate())\n",
+        "inputs = tokenizer(['hi'], return_tensors = 'pt').to(device)\nout = model.generate(**inputs)\n"
+        "print(tokenizer.decode(out[0]))\nwandb.finish()\n",
+    ],
+    "colab-style epochs with TensorBoard": [
+        "import torch\nfrom torch.utils.tensorboard import SummaryWriter\ntorch.cuda.set_device(0)\n"
+        "writer = SummaryWriter()\n",
+        "for epoch in range(3):\n    trainer.train()\n    metrics = trainer.evaluate()\n"
+        "    writer.add_scalar('eval/loss', metrics['eval_loss'], epoch)\n    trainer.save_model(f'ckpt-{epoch}')\n"
+        "    print(f\"epoch {epoch}: {trainer.evaluate()['eval_loss']:.3f}\")\nwriter.close()\n",
+    ],
+}
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebooks_of_idioms_keep_the_ddp_rules(name):
+    """Whole notebooks of the idioms above, checked by the corpus tests' rule checker (the script's AST)."""
+    import nbformat
+
+    from nbddp.pipeline import convert_notebook
+    from test_corpus import ddp_rule_problems
+
+    cells = NOTEBOOKS[name]
+    result = convert_notebook(nbformat.writes(make_notebook(*cells)))
+    assert ddp_rule_problems(result.script, list(range(1, len(cells) + 1))) == []
+    assert "# %%" not in result.report.format()  # the report quotes code, not the script's markers
+    again = convert_notebook(nbformat.writes(make_notebook(*[c.source for c in result.cells])))
+    assert [c.source for c in again.cells] == [c.source for c in result.cells] and not again.report.warnings

@@ -119,7 +119,8 @@ class _Devices(TreeTransformer):
         kept = [s for s in updated.body if not _sets_visible(s)]
         if len(kept) == len(updated.body):
             return updated
-        self.report.change(self.cell, f"removed `{code_of(original).strip()}`: each rank gets its own GPU "
+        shown = "; ".join(code_of(s).strip().rstrip(";") for s in updated.body if _sets_visible(s))
+        self.report.change(self.cell, f"removed `{shown}`: each rank gets its own GPU "
                                       f"(set {VISIBLE} where you launch the job to choose the GPUs)")
         if kept:
             return updated.with_changes(body=kept)

@@ -141,7 +141,8 @@ class _Guards:
         if (TRACK in kinds and kinds <= {TRACK, USES}) or (nested and not kinds & {SAVE, PUSH, GENERATE}):
             return [guard]  # nothing another rank waits for, or a barrier on every pass of a loop
         self.waits.add(self.cell)
-        what = next((self.taken[id(s.body)][1] for s in group if self.taken[id(s.body)][1]), None)
+        words = [self.taken[id(s.body)] for s in group if self.taken[id(s.body)][1]]  # (kinds, word)
+        what = next((w for k, w in words if k & {SAVE, PUSH, GENERATE}), words[0][1] if words else None)
         calls = [c for s in group for c in live_calls(s)]
         what = what or (parts(code_of(calls[0].func))[-1] if calls else "rank 0")
         return [guard, _barrier(what)]
