@@ -65,7 +65,8 @@ def _step_error(exc, step, tree=None):
             cell, line = tree.where(tree.at)
         except Exception:  # the error report must not fail in its turn
             pass
-    return ConversionError(f"internal error ({type(exc).__name__}: {exc}); please report it with the notebook",
+    said = (str(exc).strip().splitlines() or [""])[0][:100]  # one line, whatever the exception holds
+    return ConversionError(f"internal error ({type(exc).__name__}: {said}); please report it with the notebook",
                            step=step.name, cell=cell, line=line)
 
 

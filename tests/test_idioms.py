@@ -191,11 +191,12 @@ def test_a_fault_names_the_step_cell_and_line(monkeypatch):
     from nbddp.transforms import scratch
 
     def broken(self, original, updated):
-        raise RuntimeError("boom")
+        raise RuntimeError("boom\nsecond line")
 
     monkeypatch.setattr(scratch._Scratch, "leave_Call", broken)
-    with pytest.raises(ConversionError, match=r"^scratch: cell 3, line 2: internal error \(RuntimeError: boom\)"):
+    with pytest.raises(ConversionError, match=r"^scratch: cell 3, line 2: internal error \(RuntimeError: boom\)") as err:
         convert("x = 1\n", ("markdown", "m"), "y = 2\nmodel = FastLanguageModel.get_peft_model(model)\n")
+    assert "\n" not in str(err.value)
 
 
 def test_nbformat_housekeeping_is_not_for_the_user(tmp_path):
@@ -258,3 +259,22 @@ def test_notebooks_of_idioms_keep_the_ddp_rules(name):
     assert "# %%" not in result.report.format()  # the report quotes code, not the script's markers
     again = convert_notebook(nbformat.writes(make_notebook(*[c.source for c in result.cells])))
     assert [c.source for c in again.cells] == [c.source for c in result.cells] and not again.report.warnings
+
+
+def test_a_custom_training_loop_is_a_backward_and_an_optimizer_step():
+    """What the vocabulary and the analysis say of a loop (the custom-training-loop step builds on it)."""
+    import libcst as cst
+
+    from nbddp.effects import Effects
+    from nbddp.names import Names
+    from nbddp.vocabulary import BACKWARD, STEP
+
+    module = cst.parse_module(
+        "import torch\nopt = torch.optim.AdamW(model.parameters())\nsched = get_linear_schedule_with_warmup(opt)\n"
+        "def update(loss):\n    loss.backward()\n    opt.step()\n"
+        "for batch in loader:\n    update(model(**batch).loss)\n    sched.step()\n"
+        "for batch in loader:\n    sched.step()\n    total = batch.sum()\n")
+    effects = Effects(Names(module))
+    training, other = [s for s in module.body if isinstance(s, cst.For)]
+    assert {BACKWARD, STEP} <= effects.of_node(training.body)
+    assert not {BACKWARD, STEP} & effects.of_node(other.body)  # a scheduler's step is not an optimizer's

@@ -57,6 +57,7 @@ class DataPrep(TreeStep):
 
         def select(stmt, nested):
             cell[0] = starts_cell(stmt) or cell[0]
+            tree.at = stmt
             if DATA not in tree.facts(stmt) or isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt) \
                     or _is_ordered_with(stmt):
                 return LEAVE
