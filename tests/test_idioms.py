@@ -70,6 +70,17 @@ FUNCTIONS = [
     cells(["from functools import partial\nsave = partial(model.save_pretrained, 'out')\nsave()\n"],
           ["from functools import partial\nsave = partial(model.save_pretrained, 'out')\nif NBDDP_IS_MAIN:\n    save()\n"
            "nbddp_barrier(\"save\")\n"], "partial"),
+    # what a training function returns from rank-0 work: rank 0 must not skip the barrier, the others get None
+    cells(["def fit_and_sample(x):\n    trainer.train()\n    out = model.generate(x)\n    return out\n\n"
+           "def fit_and_answer(x):\n    trainer.train()\n    return model.generate(x), x\n"],
+          ["def fit_and_sample(x):\n    trainer.train()\n    if NBDDP_IS_MAIN:\n        out = model.generate(x)\n"
+           "    nbddp_barrier(\"generate\")\n    return out if NBDDP_IS_MAIN else None\n\n"
+           "def fit_and_answer(x):\n    trainer.train()\n    return (model.generate(x), x) if NBDDP_IS_MAIN else None\n"],
+          "returns rank-0 work"),
+    cells(["for d in data:\n    trainer.train()\n    if good(d):\n        model.save_pretrained('best')\n        break\n"],
+          ["for d in data:\n    trainer.train()\n    if good(d):\n        if NBDDP_IS_MAIN:\n"
+           "            model.save_pretrained('best')\n        nbddp_barrier(\"save_pretrained\")\n        break\n"],
+          "saves, then leaves the loop"),
     # a loop that trains and saves each epoch; a loop that trains and logs (no barrier per step)
     cells(["for epoch in range(3):\n    trainer.train()\n    model.save_pretrained(f'ep{epoch}')\n"],
           ["for epoch in range(3):\n    trainer.train()\n    if NBDDP_IS_MAIN:\n        model.save_pretrained(f'ep{epoch}')\n"

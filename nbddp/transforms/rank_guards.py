@@ -34,6 +34,61 @@ def _is_print(stmt, names) -> bool:
             and "builtins.print" in names.meanings(stmt.body[0].value.func))
 
 
+class _Exits(cst.CSTVisitor):
+    """A `return`, `break` or `continue` that leaves the statement's own block (not one of a nested def or loop)."""
+
+    def __init__(self):
+        self.found, self.loops = False, 0
+
+    def visit_FunctionDef(self, node):
+        return False
+
+    def visit_Lambda(self, node):
+        return False
+
+    def visit_ClassDef(self, node):
+        return False
+
+    def visit_Return(self, node):
+        self.found = True
+
+    def visit_Break(self, node):
+        self.found = self.found or not self.loops
+
+    visit_Continue = visit_Break
+
+    def visit_For(self, node):
+        self.loops += 1
+
+    def leave_For(self, node):
+        self.loops -= 1
+
+    visit_While, leave_While = visit_For, leave_For
+
+
+def _exits(stmt) -> bool:
+    """Guarded on rank 0 alone, such a statement would leave rank 0 out of what follows (a barrier, a collective):
+    it stays on every rank."""
+    exits = _Exits()
+    stmt.visit(exits)
+    return exits.found
+
+
+def _rank0_return(stmt):
+    """`return model.generate(x)` -> `return model.generate(x) if NBDDP_IS_MAIN else None`; None for other statements
+    (a `break` stays on every rank) and for a return that is already so."""
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    if not isinstance(small, cst.Return) or small.value is None:
+        return None
+    value = small.value
+    if isinstance(value, cst.IfExp) and isinstance(value.test, cst.Name) and value.test.value == "NBDDP_IS_MAIN":
+        return None
+    if isinstance(value, (cst.Tuple, cst.Lambda, cst.IfExp, cst.NamedExpr)) and not value.lpar:
+        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    guarded = cst.IfExp(test=cst.Name("NBDDP_IS_MAIN"), body=value, orelse=cst.Name("None"))
+    return stmt.with_changes(body=[small.with_changes(value=guarded)])
+
+
 def _barrier(what: str) -> cst.SimpleStatementLine:
     call = cst.Call(cst.Name("nbddp_barrier"), args=[cst.Arg(cst.SimpleString(repr(what).replace("'", '"')))])
     return cst.SimpleStatementLine([cst.Expr(call)])
@@ -113,6 +168,13 @@ class _Guards:
             why.append((frozenset({USES}), "", ""))
         if not blocks and self.options.main_prints and _is_print(stmt, self.names) and not collective:
             why.append((frozenset({"print"}), "print", "print"))
+        if why and _exits(stmt):  # guarded whole, rank 0 would skip what follows (a barrier: a hang)
+            if blocks:
+                return DESCEND
+            returned = _rank0_return(stmt)
+            if returned is not None:
+                self.reasons.setdefault(self.cell, []).extend(text for k, text, _ in why if USES not in k)
+            return returned or LEAVE
         if why:
             self.taken[id(stmt.body)] = (frozenset().union(*(k for k, _, _ in why)), why[0][2])
             self.reasons.setdefault(self.cell, []).extend(text for k, text, _ in why if USES not in k)
