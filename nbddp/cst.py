@@ -107,11 +107,8 @@ def is_rank_test(node) -> bool:
     return isinstance(node, cst.If) and bool(names_in(node.test) & RANK_NAMES)
 
 
-class _CallCollector(cst.CSTVisitor):
-    """Calls in live code: not inside def/class/lambda bodies, not under `if False:`."""
-
-    def __init__(self):
-        self.calls: list[cst.Call] = []
+class LiveVisitor(cst.CSTVisitor):
+    """A visitor of the code a statement runs itself: not def, class or lambda bodies, not under `if False:`."""
 
     def visit_FunctionDef(self, node):
         return False
@@ -124,6 +121,13 @@ class _CallCollector(cst.CSTVisitor):
 
     def visit_If(self, node):
         return not is_if_false(node)
+
+
+class _CallCollector(LiveVisitor):
+    """Calls in live code."""
+
+    def __init__(self):
+        self.calls: list[cst.Call] = []
 
     def visit_Call(self, node):
         self.calls.append(node)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import (DESCEND, LEAVE, TAKE, code_of, is_if_false, is_rank_test, live_calls, regroup, statement_blocks)
+from ..cst import (DESCEND, LEAVE, TAKE, LiveVisitor, code_of, is_if_false, is_rank_test, live_calls, regroup,
+                   statement_blocks)
 from ..effects import Effects
 from ..names import header_of, reads_writes
 from ..tree import starts_cell
@@ -34,20 +35,11 @@ def _is_print(stmt, names) -> bool:
             and "builtins.print" in names.meanings(stmt.body[0].value.func))
 
 
-class _Exits(cst.CSTVisitor):
+class _Exits(LiveVisitor):
     """A `return`, `break` or `continue` that leaves the statement's own block (not one of a nested def or loop)."""
 
     def __init__(self):
         self.found, self.loops = False, 0
-
-    def visit_FunctionDef(self, node):
-        return False
-
-    def visit_Lambda(self, node):
-        return False
-
-    def visit_ClassDef(self, node):
-        return False
 
     def visit_Return(self, node):
         self.found = True
