@@ -13,6 +13,7 @@ API (every node may be one a step rewrote: `orig()` maps it back to the node the
                              value made by a call; a name bound nowhere stays as written. nbddp.vocabulary reads them.
   names.definitions(expr) -> the notebook's own FunctionDef/Lambda nodes a callee refers to (a def, a lambda bound to
                              a name, `partial(f, ...)`, a method of a class the notebook defines, through `obj.m`).
+  names.value(name)       -> the expression a name was last assigned (`'org/model'` for `model_id`), or None.
   names.orig(node)        -> the node the analysis saw (steps record rewrites in `names.origin`; see tree.py).
   reads_writes(node), header_of(stmt): which names a statement reads and binds, in order (flow across cells).
 """
@@ -144,6 +145,15 @@ class Names:
             else:
                 found.add(expr.value)  # a def, a parameter, a loop variable: its own name
         return found
+
+    def value(self, name: cst.Name):
+        """The expression a read of `name` was last bound to by an assignment (None: an import, a def, a parameter,
+        or nothing nbddp can read)."""
+        assignments = [a for a in self._assignments(self.orig(name)) or () if getattr(a, "node", None) in self.values]
+        if not assignments:
+            return None
+        latest = max(assignments, key=lambda a: self.order.get(a.node, -1))
+        return self.values[latest.node]
 
     def definitions(self, expr, depth: int = 0) -> list:
         """The notebook's own functions (FunctionDef or Lambda) a callee refers to."""

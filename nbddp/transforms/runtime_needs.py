@@ -35,12 +35,10 @@ class _Facts(cst.CSTVisitor):
     def __init__(self, names):
         self.analysis = names  # nbddp.names.Names: what the notebook's calls are
         self.modules: set[str] = set()  # top-level packages imported
-        self.aliases: dict[str, str] = {}  # local name of an imported module -> its top-level package
         self.names: set[str] = set()
         self.trainer = self.checkpointing = self.quantized = self.weight_tying = self.tiled_mlp = False
         self.own_ddp = []  # why the DDP settings the converter wrote may not hold
         self.split_model = False  # a model load that keeps a placement of the notebook's own
-        self.literals = {}  # name -> the last literal assigned to it (str, bool, None)
         self.models = []  # (model id, bits, cell, the notebook's placement) of each load whose id is a literal
         self.unsized = []  # model loads whose id or size the converter cannot read
         self.saved = set()  # folders the notebook saves a model to (not there when the script starts)
@@ -51,18 +49,16 @@ class _Facts(cst.CSTVisitor):
             self.cell = starts_cell(node) or self.cell
         return super().on_visit(node)
 
-    def literal(self, node):
+    def literal(self, node, depth=0):
         """The value of a literal, or of a name last assigned one; else `...` (unknown)."""
         if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
             return node.evaluated_value
-        if isinstance(node, cst.Name):
-            return {"True": True, "False": False, "None": None}.get(node.value, self.literals.get(node.value, ...))
+        if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
+            return {"True": True, "False": False, "None": None}[node.value]
+        if isinstance(node, cst.Name) and depth < 8:
+            value = self.analysis.value(node)
+            return self.literal(value, depth + 1) if value is not None else ...
         return ...
-
-    def visit_Assign(self, node):
-        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
-            value = self.literal(node.value)
-            self.literals[node.targets[0].target.value] = value
 
     def _model(self, node):
         """The id and weight bits of a model load: load_in_4bit/8bit, float32, else 16 bits; Unsloth's loaders load
@@ -99,7 +95,6 @@ class _Facts(cst.CSTVisitor):
         for alias in node.names:
             root = cst.Module([]).code_for_node(alias.name).split(".")[0]
             self.modules.add(root)
-            self.aliases[alias.asname.name.value if alias.asname else root] = root
 
     def visit_ImportFrom(self, node):
         if node.relative or node.module is None:
@@ -136,7 +131,7 @@ class _Facts(cst.CSTVisitor):
 
     def visit_Attribute(self, node):  # transformers.Trainer(...), trl.SFTTrainer
         if node.attr.value.endswith("Trainer") and isinstance(node.value, cst.Name) \
-                and self.aliases.get(node.value.value) in TRAINER_HOMES:
+                and any(parts(m)[0] in TRAINER_HOMES for m in self.analysis.meanings(node.value)):
             self.trainer = True
         if node.attr.value == "gradient_checkpointing_enable":
             self.checkpointing = True
