@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import code_of, keyword
+from ..cst import code_of
 from ..vocabulary import DEVICE, ENV, parts
 from ..tree import Recording, TreeTransformer
 from .base import TreeStep
