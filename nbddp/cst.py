@@ -39,25 +39,6 @@ def dotted(node) -> str | None:
     return None
 
 
-def _last_name(expr: cst.BaseExpression) -> str | None:
-    """`c` for `c` and for `a.b.c`; None for anything else."""
-    if isinstance(expr, cst.Name):
-        return expr.value
-    if isinstance(expr, cst.Attribute):
-        return expr.attr.value
-    return None
-
-
-def callee_tail(call: cst.Call) -> str | None:
-    """The last name of what is called: `generate` for `model.generate(...)`, `f` for `f(...)`."""
-    return _last_name(call.func)
-
-
-def callee_owner(call: cst.Call) -> str | None:
-    """The last name before the called attribute: `FastModel` for `FastModel.from_pretrained(...)`."""
-    return _last_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
-
-
 def keyword(call: cst.Call, name: str) -> cst.Arg | None:
     for arg in call.args:
         if arg.keyword is not None and arg.keyword.value == name:
@@ -126,11 +107,8 @@ def is_rank_test(node) -> bool:
     return isinstance(node, cst.If) and bool(names_in(node.test) & RANK_NAMES)
 
 
-class _CallCollector(cst.CSTVisitor):
-    """Calls in live code: not inside def/class/lambda bodies, not under `if False:`."""
-
-    def __init__(self):
-        self.calls: list[cst.Call] = []
+class LiveVisitor(cst.CSTVisitor):
+    """A visitor of the code a statement runs itself: not def, class or lambda bodies, not under `if False:`."""
 
     def visit_FunctionDef(self, node):
         return False
@@ -144,6 +122,13 @@ class _CallCollector(cst.CSTVisitor):
     def visit_If(self, node):
         return not is_if_false(node)
 
+
+class _CallCollector(LiveVisitor):
+    """Calls in live code."""
+
+    def __init__(self):
+        self.calls: list[cst.Call] = []
+
     def visit_Call(self, node):
         self.calls.append(node)
 
@@ -154,10 +139,13 @@ def live_calls(node) -> list[cst.Call]:
     return collector.calls
 
 
-def statement_blocks(stmt) -> list[cst.IndentedBlock]:
-    """The blocks of a compound statement that run at the statement's own level (not def/class bodies)."""
+def statement_blocks(stmt, defs: bool = False) -> list[cst.IndentedBlock]:
+    """The blocks of a compound statement that run at the statement's own level; with `defs`, def and class bodies
+    too (they run when called)."""
     blocks = []
-    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt):
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return [stmt.body] if defs and isinstance(stmt.body, cst.IndentedBlock) else []
+    if is_if_false(stmt):
         return blocks
     if isinstance(stmt, cst.If):
         blocks.append(stmt.body)
@@ -192,12 +180,16 @@ def call_stmt(func: str, *args: cst.BaseExpression) -> cst.SimpleStatementLine:
 TAKE, LEAVE, DESCEND = "take", "leave", "descend"
 
 
-def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable) -> list:
-    """Group consecutive statements that `select` takes and replace each group with `wrap(group)`.
+def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable, nested: bool = False) -> list:
+    """Group consecutive statements that `select` takes and replace each group with `wrap(group, nested)`.
 
-    `select(stmt)` answers TAKE, LEAVE or DESCEND (look inside the statement's own blocks instead). The first
-    statement's leading comments move in front of the wrapper, so `# @title` lines stay where they were.
+    `select(stmt, nested)` answers TAKE, LEAVE, DESCEND (look inside the statement's own blocks instead, def and
+    class bodies included), or a statement to put in its place. A group never spans two notebook cells. The first
+    statement's leading comments move in front of the wrapper, so `# @title` lines and cell markers stay where they
+    were. `nested`: the statements are inside a block (a loop, a function), not at the notebook's top level.
     """
+    from .tree import starts_cell
+
     out: list = []
     group: list = []
 
@@ -205,20 +197,24 @@ def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable)
         if group:
             lead = group[0].leading_lines
             group[0] = group[0].with_changes(leading_lines=())
-            wrapped = list(wrap(list(group)))
+            wrapped = list(wrap(list(group), nested))
             wrapped[0] = wrapped[0].with_changes(leading_lines=tuple(lead) + tuple(wrapped[0].leading_lines))
             out.extend(wrapped)
             group.clear()
 
     for stmt in body:
-        verdict = select(stmt)
+        if starts_cell(stmt) is not None:
+            flush()
+        verdict = select(stmt, nested)
         if verdict == TAKE:
             group.append(stmt)
             continue
         flush()
-        if verdict == DESCEND:
-            for block in statement_blocks(stmt):
-                stmt = stmt.deep_replace(block, block.with_changes(body=regroup(block.body, select, wrap)))
+        if isinstance(verdict, cst.CSTNode):
+            stmt = verdict
+        elif verdict == DESCEND:
+            for block in statement_blocks(stmt, defs=True):
+                stmt = stmt.deep_replace(block, block.with_changes(body=regroup(block.body, select, wrap, True)))
         out.append(stmt)
     flush()
     return out

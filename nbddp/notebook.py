@@ -64,12 +64,20 @@ def notebook_from_bytes(raw: bytes, name="<notebook>"):
             warnings.simplefilter("always")
             nb = nbformat.reads(text, as_version=4)
             notes += _validate(nb)
-        notes += [f"nbformat: {w.message}" for w in said]
+        notes += [f"nbformat: {w.message}" for w in said if not _housekeeping(w.category)]
     except Exception as exc:  # nbformat raises several unrelated types here
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise NotebookReadError(f"{name} is not a valid notebook: {first}") from None
     nb.metadata.setdefault("nbddp", {})["read_notes"] = notes
     return nb
+
+
+def _housekeeping(category) -> bool:
+    """nbformat's warnings about its own bookkeeping (cells without ids, ids repeated): nbformat fills them in, and
+    nothing in the converted script depends on them, so the report does not list them."""
+    from nbformat.warnings import DuplicateCellId, MissingIDFieldWarning
+
+    return issubclass(category, (MissingIDFieldWarning, DuplicateCellId))
 
 
 def _validate(nb) -> list[str]:

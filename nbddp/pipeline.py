@@ -15,9 +15,10 @@ from .notebook import as_notebook
 from .report import Report
 from .transforms.autocast import Autocast
 from .syntax import newer_syntax
-from .transforms.base import Context, Options, Transform, cell_number
+from .transforms.base import Context, Options, Transform, TreeStep, cell_number
 from .transforms.custom_loop import CustomLoop
 from .transforms.data_prep import DataPrep
+from .transforms.devices import Devices
 from .transforms.global_batch import GlobalBatch
 from .transforms.magics import Magics
 from .transforms.placement import Placement
@@ -25,6 +26,7 @@ from .transforms.rank_guards import RankGuards
 from .transforms.runtime_needs import RuntimeNeeds
 from .transforms.scratch import Scratch
 from .transforms.trainer_args import TrainerArgs
+from .tree import Tree
 
 
 class CodeCells(Transform):
@@ -49,11 +51,32 @@ class CodeCells(Transform):
 
 
 def steps() -> list[Transform]:
-    return [CodeCells(), Magics(), Autocast(), Placement(), Scratch(), TrainerArgs(), CustomLoop(), DataPrep(), GlobalBatch(), RankGuards(),
+    """The steps over the cells' text, before the notebook becomes one tree."""
+    return [CodeCells(), Magics()]
+
+
+def tree_steps() -> list[TreeStep]:
+    """The steps over the notebook's one tree, in order."""
+    return [Autocast(), Placement(), Devices(), Scratch(), TrainerArgs(), CustomLoop(), DataPrep(), GlobalBatch(),
+            RankGuards(),
             RuntimeNeeds()]
 
 
-def run_pipeline(nb, ctx: Context):
+def _step_error(exc, step, tree=None):
+    """A bug in a step: say which step, and where in the notebook it was (the statement it was at)."""
+    cell = line = None
+    if tree is not None and tree.at is not None:
+        try:
+            cell, line = tree.where(tree.at)
+        except Exception:  # the error report must not fail in its turn
+            pass
+    said = (str(exc).strip().splitlines() or [""])[0][:100]  # one line, whatever the exception holds
+    return ConversionError(f"internal error ({type(exc).__name__}: {said}); please report it with the notebook",
+                           step=step.name, cell=cell, line=line)
+
+
+def run_tree(nb, ctx: Context) -> Tree:
+    """The notebook's code cells through every step: the text steps, then one tree through the tree steps."""
     nb = copy.deepcopy(nb)
     for step in steps():
         try:
@@ -61,8 +84,27 @@ def run_pipeline(nb, ctx: Context):
         except NbddpError:
             raise
         except Exception as exc:  # a bug in a step: say which one
-            raise ConversionError(f"internal error ({type(exc).__name__}: {exc}); please report it with the notebook",
-                                  step=step.name) from exc
+            raise _step_error(exc, step) from exc
+    tree = ctx.tree = Tree(nb.cells)
+    for step in tree_steps():
+        tree.at = None
+        try:
+            tree.module = step.run(tree, ctx)
+        except NbddpError:
+            raise
+        except Exception as exc:
+            raise _step_error(exc, step, tree) from exc
+    tree.notebook = nb
+    return tree
+
+
+def run_pipeline(nb, ctx: Context):
+    """The converted notebook: its code cells, each holding its converted code."""
+    tree = run_tree(nb, ctx)
+    nb = tree.notebook
+    code = dict(tree.cells())
+    for cell in nb.cells:
+        cell.source = code[cell_number(cell)]
     return nb
 
 
@@ -71,8 +113,17 @@ class Conversion:
     script: str
     report: Report
     launch: list
-    cells: list = field(default_factory=list, repr=False)  # the converted code cells, as the script holds them
+    tree: object = field(default=None, repr=False)  # nbddp.tree.Tree: the converted notebook
     runtime: object = None  # nbddp.inline.Choice: the runtime modules the script carries, and why
+
+    @property
+    def cells(self) -> list:
+        """The converted code cells, as the script holds them."""
+        code = dict(self.tree.cells())
+        cells = copy.deepcopy(self.tree.notebook.cells)
+        for cell in cells:
+            cell.source = code[cell_number(cell)]
+        return cells
 
 
 def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", nproc=2,
@@ -84,17 +135,17 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
         source_name = os.path.basename(os.fspath(notebook)) if isinstance(notebook, (str, os.PathLike)) and (
             os.path.exists(notebook) or not os.fspath(notebook).lstrip().startswith("{")) else "notebook"
     ctx = Context(report=Report(source=source_name), options=options or Options())
-    nb = run_pipeline(nb, ctx)
+    tree = run_tree(nb, ctx)
     launch = launch_lines(script_name, nproc)
     script = render_script(
-        nb.cells, version=__version__, source=source_name,
+        tree.module, version=__version__, source=source_name,
         launch=launch, installs=ctx.report.installs, script_name=script_name, runtime=ctx.runtime,
     )
-    check_compiles(script, script_name, nb.cells, ctx.report)
-    return Conversion(script=script, report=ctx.report, launch=launch, cells=nb.cells, runtime=ctx.runtime)
+    check_compiles(script, script_name, ctx.report)
+    return Conversion(script=script, report=ctx.report, launch=launch, tree=tree, runtime=ctx.runtime)
 
 
-def check_compiles(script: str, script_name: str, cells=(), report: Report | None = None):
+def check_compiles(script: str, script_name: str, report: Report | None = None):
     """Compile the script (nothing runs): what Python refuses is an error naming the notebook cell and line, so no
     script that does not compile is ever written. Syntax of a newer Python than this one (a notebook from Colab's
     3.12 converted on 3.11) is a report line naming the Python the script needs instead."""
@@ -102,7 +153,7 @@ def check_compiles(script: str, script_name: str, cells=(), report: Report | Non
         compile(script, script_name, "exec", dont_inherit=True)
     except SyntaxError as exc:
         where = cell_at(script.splitlines(), exc.lineno or 0)
-        newer = _newer_at(cells, *where) if where else None
+        newer = _newer_at(script, exc.lineno) if where else None
         if newer is not None and report is not None:
             version, what = newer
             needs, here = ".".join(map(str, version)), ".".join(map(str, sys.version_info[:2]))
@@ -118,12 +169,9 @@ def check_compiles(script: str, script_name: str, cells=(), report: Report | Non
                               step="compile") from None
 
 
-def _newer_at(cells, cell, line):
-    """(version, what) of syntax newer than this Python on that line of that converted cell, else None."""
-    source = next((c.source for c in cells if str(cell_number(c)) == str(cell)), None)
-    if source is None:
-        return None
-    for lines, version, what in newer_syntax(parse(source)):
+def _newer_at(script, line):
+    """(version, what) of syntax newer than this Python at that line of the script, else None (libcst reads it)."""
+    for lines, version, what in newer_syntax(parse(script)):
         if line in lines and version > sys.version_info[:2]:
             return version, what
     return None

@@ -3,30 +3,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst import parse
-from .transforms.base import cell_number
 
 
-class _BareBlankLines(cst.CSTTransformer):
-    """Blank lines get no indentation (no trailing spaces in the script)."""
-
-    def leave_EmptyLine(self, original, updated):
-        return updated.with_changes(indent=False) if updated.comment is None else updated
-
-
-def body_block(cells) -> str:
-    """All cells as one indented block (for the skeleton's `try:`); comments and layout kept."""
-    statements, pending = [], []
-    for cell in cells:
-        module = parse(cell.source, cell=cell_number(cell), step="render").visit(_BareBlankLines())
-        if statements or pending:
-            pending.append(cst.EmptyLine(indent=False))
-        pending.append(cst.EmptyLine(comment=cst.Comment(f"# %% cell {cell_number(cell)}")))
-        pending += list(module.header)
-        for stmt in module.body:
-            statements.append(stmt.with_changes(leading_lines=tuple(pending) + tuple(stmt.leading_lines)))
-            pending = []
-        pending += list(module.footer)
+def body_block(module: cst.Module) -> str:
+    """The notebook's tree (nbddp.tree: cells marked `# %% cell N`, blank lines bare) as one indented block for the
+    skeleton's `try:`; comments and layout kept."""
+    statements, pending = list(module.body), list(module.footer)
     if not statements:
         statements.append(cst.SimpleStatementLine([cst.Pass()], leading_lines=tuple(pending)))
         pending = []
@@ -58,26 +40,33 @@ def _is_future(stmt) -> bool:
         for s in stmt.body)
 
 
-def hoist_futures(cells) -> tuple[list, list[str]]:
-    """The cells without their top-level `from __future__ import ...` lines, and those lines once each: Python takes
-    them only at the top of a file."""
-    futures, out = [], []
-    for cell in cells:
-        module = parse(cell.source, cell=cell_number(cell), step="render")
-        kept = [stmt for stmt in module.body if not _is_future(stmt)]
-        if len(kept) != len(module.body):
-            futures += [cst.Module([stmt.with_changes(leading_lines=())]).code.strip()
-                        for stmt in module.body if _is_future(stmt)]
-            cell = cell.copy()
-            cell.source = module.with_changes(body=kept).code if kept else "pass\n"
-        out.append(cell)
-    return out, list(dict.fromkeys(futures))
+def hoist_futures(module: cst.Module) -> tuple[cst.Module, list[str]]:
+    """The tree without its top-level `from __future__ import ...` lines, and those lines once each: Python takes
+    them only at the top of a file. A statement's leading lines (a cell's marker) stay, before a `pass` where it was
+    the cell's only statement."""
+    from .tree import starts_cell
+
+    futures, body, lead = [], [], ()
+    for stmt in list(module.body) + [None]:
+        if stmt is not None and _is_future(stmt):
+            futures.append(cst.Module([stmt.with_changes(leading_lines=())]).code.strip())
+            lead += tuple(stmt.leading_lines)
+            continue
+        if lead and (stmt is None or starts_cell(stmt) is not None):
+            body.append(cst.SimpleStatementLine([cst.Pass()], leading_lines=lead))
+        elif lead:
+            stmt = stmt.with_changes(leading_lines=lead + tuple(stmt.leading_lines))
+        lead = ()
+        if stmt is not None:
+            body.append(stmt)
+    return module.with_changes(body=body), list(dict.fromkeys(futures))
 
 
-def render_script(cells, runtime, **context) -> str:
-    """The script: `runtime` (module -> why) picks the nbddp/runtime modules it carries, inlined."""
+def render_script(module, runtime, **context) -> str:
+    """The script: the notebook's converted tree inside the skeleton; `runtime` (module -> why) picks the
+    nbddp/runtime modules it carries, inlined."""
     from .inline import render
 
-    cells, futures = hoist_futures(cells)
-    return environment().get_template("ddp_script.py.j2").render(body=body_block(cells), runtime=render(runtime),
+    module, futures = hoist_futures(module)
+    return environment().get_template("ddp_script.py.j2").render(body=body_block(module), runtime=render(runtime),
                                                                   start=runtime.start(), futures=futures, **context)

@@ -162,10 +162,11 @@ def ddp_rule_problems(script: str, code_cells: list[int], loader_warnings: bool 
             for call, _, _ in (c for stmt in node.body for c in live_calls(stmt)):
                 if _tail(call) in COLLECTIVE - {"load_dataset"} or _tail(call).endswith("Trainer"):
                     problems.append(f"line {call.lineno}: {ast.unparse(call.func)}(...) inside main-process-first")
-    for node in ast.walk(body):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and any(
-                isinstance(c, ast.Call) and _tail(c) in {"nbddp_barrier", "nbddp_main_process_first"}
-                for c in ast.walk(node)):
+    for node in ast.walk(body):  # a function that trains (every rank calls it) may wait inside; others may not
+        calls = [_tail(c) for c in ast.walk(node) if isinstance(c, ast.Call)] if isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) else []
+        if {"nbddp_barrier", "nbddp_main_process_first"} & set(calls) and not (
+                set(calls) & (COLLECTIVE - {"nbddp_barrier", "nbddp_main_process_first"})):
             problems.append(f"line {node.lineno}: a barrier inside a function (it may run on some ranks only)")
 
     # Unsloth patches transformers/trl/peft when it is imported first: nothing may import them earlier.

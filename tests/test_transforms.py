@@ -97,7 +97,7 @@ TRAINER_ARGS = [
 DATA_PREP = [
     case('ds = load_dataset("x")\nds = ds.map(f, batched=True)\nprint(1)\n',
          'with nbddp_main_process_first():\n    ds = load_dataset("x")\n    ds = ds.map(f, batched=True)\n'
-         'if NBDDP_IS_MAIN:\n    print(1)\nnbddp_barrier()\n'),
+         'if NBDDP_IS_MAIN:\n    print(1)\nnbddp_barrier("print")\n'),
     case('split = ds.train_test_split(test_size=0.1)\n',
          'with nbddp_main_process_first():\n    split = ds.train_test_split(test_size=0.1, seed=3407)\n'),
     case('a, b = train_test_split(X, test_size=0.2)\n',
@@ -116,25 +116,26 @@ RANK_GUARDS = [
          'thread.start()\nfor text in streamer:\n    print(text, end="")\n',
          'if NBDDP_IS_MAIN:\n    streamer = TextIteratorStreamer(tok)\n'
          '    thread = Thread(target=model.generate, kwargs=dict(streamer=streamer))\n    thread.start()\n'
-         '    for text in streamer:\n        print(text, end="")\nnbddp_barrier()\n'),
+         '    for text in streamer:\n        print(text, end="")\nnbddp_barrier("TextIteratorStreamer")\n'),
     case('gen = partial(model.generate, max_new_tokens=8)\nout = gen(**inputs)\n',
-         'if NBDDP_IS_MAIN:\n    gen = partial(model.generate, max_new_tokens=8)\n    out = gen(**inputs)\nnbddp_barrier()\n'),
+         'if NBDDP_IS_MAIN:\n    gen = partial(model.generate, max_new_tokens=8)\n    out = gen(**inputs)\nnbddp_barrier("generate")\n'),
     case('pipe = pipeline("text-generation", model=model)\nres = pipe("hi")\n',
-         'if NBDDP_IS_MAIN:\n    pipe = pipeline("text-generation", model=model)\n    res = pipe("hi")\nnbddp_barrier()\n'),
+         'if NBDDP_IS_MAIN:\n    pipe = pipeline("text-generation", model=model)\n    res = pipe("hi")\nnbddp_barrier("pipeline")\n'),
     case('def ask(q):\n    return model.generate(q)\n\ndef chat(q):\n    return ask(q)\n\nanswer = chat("hi")\n',
          'def ask(q):\n    return model.generate(q)\n\ndef chat(q):\n    return ask(q)\n\n'
-         'if NBDDP_IS_MAIN:\n    answer = chat("hi")\nnbddp_barrier()\n'),
+         'if NBDDP_IS_MAIN:\n    answer = chat("hi")\nnbddp_barrier("chat")\n'),
     case('model.save_pretrained("x")\ntokenizer.push_to_hub("y")\n',
-         'if NBDDP_IS_MAIN:\n    model.save_pretrained("x")\n    tokenizer.push_to_hub("y")\nnbddp_barrier()\n'),
+         'if NBDDP_IS_MAIN:\n    model.save_pretrained("x")\n    tokenizer.push_to_hub("y")\nnbddp_barrier("save_pretrained")\n'),
     case('out = model.generate(**inputs)\nprint(tok.decode(out[0]))\n',
-         'if NBDDP_IS_MAIN:\n    out = model.generate(**inputs)\n    print(tok.decode(out[0]))\nnbddp_barrier()\n'),
-    case('model.save_lora("l")\nx = 1\n', 'if NBDDP_IS_MAIN:\n    model.save_lora("l")\nnbddp_barrier()\nx = 1\n'),
+         'if NBDDP_IS_MAIN:\n    out = model.generate(**inputs)\n    print(tok.decode(out[0]))\nnbddp_barrier("generate")\n'),
+    case('model.save_lora("l")\nx = 1\n', 'if NBDDP_IS_MAIN:\n    model.save_lora("l")\nnbddp_barrier("save_lora")\nx = 1\n'),
     case('for i in range(3):\n    trainer.save_model(f"x{i}")\n',
-         'for i in range(3):\n    if NBDDP_IS_MAIN:\n        trainer.save_model(f"x{i}")\n    nbddp_barrier()\n'),
+         'for i in range(3):\n    if NBDDP_IS_MAIN:\n        trainer.save_model(f"x{i}")\n    nbddp_barrier("save_model")\n'),
     case('stats = torch.cuda.max_memory_reserved()\n',
-         'if NBDDP_IS_MAIN:\n    stats = torch.cuda.max_memory_reserved()\nnbddp_barrier()\n'),
+         'if NBDDP_IS_MAIN:\n    stats = torch.cuda.max_memory_reserved()\nnbddp_barrier("max_memory_reserved")\n'),
     case('print("start")\nprint(trainer.train())\n',
-         'if NBDDP_IS_MAIN:\n    print("start")\nnbddp_barrier()\nprint(trainer.train())\n'),
+         'if NBDDP_IS_MAIN:\n    print("start")\nnbddp_barrier("print")\nnbddp_train = trainer.train()\n'
+         'if NBDDP_IS_MAIN:\n    print(nbddp_train)\nnbddp_barrier("print")\n'),
 ]
 
 AUTOCAST = [
@@ -144,7 +145,6 @@ AUTOCAST = [
 
 UNCHANGED = [
     'clf = pipeline("text-classification", model=m)\nlabels = clf(texts)\n',  # not generation: every rank may run it
-    'def run():\n    trainer.train()\n    model.generate(x)\n\nrun()\n',  # collective work inside: every rank calls it
     'worker = Thread(target=load_shard, args=(1,))\nworker.start()\n',
     'from other import FastLanguageModel as FLM\ntok = FLMTokenizer.from_pretrained("m")\n',  # not a model loader
     'tok = FastTokenizer.from_pretrained("m")\n',
@@ -259,7 +259,7 @@ def test_magic_after_a_semicolon_is_an_error_of_the_magics_step():
 def test_taint_follows_values_across_cells():
     """A value made on rank 0 only (generation output) is read under the same guard in a later cell."""
     sources, _ = convert_cells('out = model.generate(x)\n', ("markdown", "text"), 'text = tok.decode(out[0])\ny = 2\n')
-    assert sources[1] == 'if NBDDP_IS_MAIN:\n    text = tok.decode(out[0])\nnbddp_barrier()\ny = 2\n'
+    assert sources[1] == 'if NBDDP_IS_MAIN:\n    text = tok.decode(out[0])\nnbddp_barrier("decode")\ny = 2\n'
 
 
 def test_a_cell_that_does_not_parse_names_cell_and_line():

@@ -4,7 +4,8 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst import dotted
-from .base import CallRewriter, CstTransform
+from ..vocabulary import AMP
+from .base import CallRewriter, TreeStep
 
 RENAMES = {"torch.cuda.amp.autocast": "torch.amp.autocast", "torch.cuda.amp.GradScaler": "torch.amp.GradScaler"}
 
@@ -26,7 +27,7 @@ class _Autocast(CallRewriter):
         return updated
 
 
-class Autocast(CstTransform):
+class Autocast(TreeStep):
     name = "autocast"
     rewriter = _Autocast
-    triggers = ("amp",)
+    wants = frozenset({AMP})

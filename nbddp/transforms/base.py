@@ -1,12 +1,14 @@
-"""The shape every pipeline step has: take a notebook (or one cell) and return it, like nbconvert's Preprocessor."""
+"""The shape every pipeline step has: the magics step takes each cell's text; the steps after it take the notebook's
+one tree (nbddp.tree.Tree) and return the new tree."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import libcst as cst
 
-from ..cst import is_if_false, parse
 from ..report import Report
+from ..tree import Tree, TreeTransformer
+from ..vocabulary import kinds
 
 
 @dataclass
@@ -21,6 +23,7 @@ class Context:
     report: Report = field(default_factory=Report)
     options: Options = field(default_factory=Options)
     runtime: object = None  # nbddp.inline.Choice: the runtime modules the script carries, set by the last step
+    tree: Tree | None = None  # the notebook's one tree, once the magics step is done
 
 
 def cell_number(cell) -> int:
@@ -29,7 +32,7 @@ def cell_number(cell) -> int:
 
 
 class Transform:
-    """One step of the pipeline. Subclasses override `preprocess_cell`, or `preprocess` for whole-notebook work."""
+    """A step over the notebook's cells as text (before the tree exists): `preprocess_cell` or `preprocess`."""
 
     name = "transform"
 
@@ -41,36 +44,25 @@ class Transform:
         return cell
 
 
-class CstTransform(Transform):
-    """A step that rewrites each cell's code as a libcst tree.
+class TreeStep:
+    """A step over the notebook's one tree: `run(tree, ctx)` returns the new module. A step that is one call-site
+    rewrite names its CallRewriter as `rewriter`."""
 
-    `triggers`: names the step acts on; a cell whose text holds none of them cannot need the step and is not
-    parsed (a fast path only: the rewrite itself always works on the tree).
-    """
+    name = "tree-step"
+    rewriter: type | None = None
+    wants: frozenset | None = None  # the statement facts (nbddp.tree.Tree.facts) the step acts on; None: all
 
-    triggers: tuple[str, ...] = ()
-
-    def preprocess_cell(self, cell, ctx):
-        if self.triggers and not any(word in cell.source for word in self.triggers):
-            return cell
-        module = parse(cell.source, cell=cell_number(cell), step=self.name)
-        new = self.rewrite(module, cell_number(cell), ctx)
-        code = new.code  # libcst round-trips exactly: the same text means nothing changed
-        if code != cell.source:
-            cell.source = code
-        return cell
-
-    rewriter: type | None = None  # a CallRewriter subclass, for steps that are one call-site rewrite
-
-    def rewrite(self, module, cell_no: int, ctx: Context):
-        return module.visit(self.rewriter(cell_no, ctx))
+    def run(self, tree: Tree, ctx: Context) -> cst.Module:
+        return tree.visit(self.rewriter(tree, ctx), self.wants)
 
 
-class CallRewriter(cst.CSTTransformer):
-    """A call-site rewrite of one cell: subclasses implement `leave_Call`; `if False:` blocks are left alone."""
+class CallRewriter(TreeTransformer):
+    """A call-site rewrite: subclasses implement `leave_Call` and read `self.names` for what a call is."""
 
-    def __init__(self, cell: int, ctx: Context):
-        self.cell, self.report, self.options = cell, ctx.report, ctx.options
+    def kinds(self, call: cst.Call) -> frozenset:
+        return call_kinds(self.names, call)
 
-    def visit_If(self, node):
-        return not is_if_false(node)
+
+def call_kinds(names, call: cst.Call) -> frozenset:
+    """nbddp.vocabulary's kinds of what a call's callee is (through imports and aliases)."""
+    return kinds(names.meanings(call.func))

@@ -1,68 +1,79 @@
 """Step: dataset loading and mapping run main-process-first; unseeded splits and shuffles get a fixed seed.
 
 Rank 0 of each node fills the datasets cache, then the other ranks read it instead of all writing it at once.
-A split or shuffle without a seed would differ between ranks, so every rank would train on other data.
+A split or shuffle without a seed would differ between ranks, so every rank would train on other data. What is
+dataset work is nbddp.vocabulary's DATA: `load_dataset`, a dataset's `.map`/`.filter`, `train_test_split`; the
+builtins `map(...)`/`filter(...)` are not.
 """
 from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import DESCEND, LEAVE, TAKE, add_keyword, callee_owner, callee_tail, is_if_false, keyword, live_calls, regroup, statement_blocks
-from .base import CallRewriter, CstTransform
+from ..cst import (DESCEND, LEAVE, TAKE, add_keyword, code_of, dotted, is_if_false, keyword, live_calls, regroup,
+                   statement_blocks)
+from ..tree import starts_cell
+from ..vocabulary import COLLECTIVE, DATA, SEEDED, parts
+from .base import CallRewriter, TreeStep, call_kinds
 
-DATA_CALLS = frozenset({"load_dataset", "load_from_disk", "map", "filter", "train_test_split"})
 FIRST = "nbddp_main_process_first"
-# Work every rank does at the same time (collectives inside): never inside a main-process-first block.
-TOGETHER = frozenset({"train", "evaluate", "predict", "from_pretrained", "get_peft_model", "barrier", "nbddp_barrier"})
 ALREADY_ORDERED = frozenset({FIRST, "main_process_first", "local_main_process_first"})
 
 
 def _is_ordered_with(stmt) -> bool:
     return isinstance(stmt, cst.With) and any(
-        isinstance(item.item, cst.Call) and callee_tail(item.item) in ALREADY_ORDERED for item in stmt.items
-    )
+        isinstance(item.item, cst.Call) and parts(dotted(item.item.func) or "?")[-1] in ALREADY_ORDERED
+        for item in stmt.items)
 
 
 class _Seeds(CallRewriter):
     def leave_Call(self, original, updated):
-        tail = callee_tail(updated)
-        is_method = callee_owner(updated) is not None or isinstance(updated.func, cst.Attribute)
-        if tail == "train_test_split":
+        meanings = self.names.meanings(original.func)
+        tails = {parts(m)[-1] for m in meanings} - {"?"}
+        is_method = isinstance(updated.func, cst.Attribute)
+        if "train_test_split" in tails:
             name = "seed" if is_method else "random_state"
-        elif tail == "shuffle" and is_method and not any(a.keyword is None for a in updated.args):
+        elif "shuffle" in tails and is_method and not any(m.startswith(("builtins.", "random.")) for m in meanings) \
+                and not any(a.keyword is None for a in updated.args):
             name = "seed"
         else:
             return updated
         if keyword(updated, name) is not None or any(a.star == "**" for a in updated.args):
             return updated
+        tail = parts(code_of(updated.func))[-1]
         self.report.change(self.cell, f"{tail}() had no seed: {name}={self.options.seed} so every rank gets the same data")
         return add_keyword(updated, name, cst.Integer(str(self.options.seed)))
 
 
-class DataPrep(CstTransform):
+class DataPrep(TreeStep):
     name = "data-prep"
-    triggers = tuple(DATA_CALLS) + ("shuffle",)
 
-    def rewrite(self, module, cell_no, ctx):
-        module = module.visit(_Seeds(cell_no, ctx))
-        wrapped = []
+    def run(self, tree, ctx):
+        module = tree.visit(_Seeds(tree, ctx), frozenset({SEEDED}))
+        wrapped: dict = {}
+        cell = [None]
 
-        def select(stmt):
-            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt) or _is_ordered_with(stmt):
+        def kinds(call):
+            return call_kinds(tree.names, call)
+
+        def select(stmt, nested):
+            cell[0] = starts_cell(stmt) or cell[0]
+            tree.at = stmt
+            if DATA not in tree.facts(stmt) or isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt) \
+                    or _is_ordered_with(stmt):
                 return LEAVE
-            tails = {callee_tail(c) or "" for c in live_calls(stmt)}
-            if not tails & DATA_CALLS:
+            found = [kinds(c) for c in live_calls(stmt)]
+            if not any(DATA in k for k in found):
                 return LEAVE
-            if not statement_blocks(stmt) and any(t in TOGETHER or t.endswith("Trainer") for t in tails):
+            if not statement_blocks(stmt) and any(COLLECTIVE in k and DATA not in k for k in found):
                 return LEAVE  # e.g. SFTTrainer(train_dataset=ds.map(f)): all ranks must build/train together
             return DESCEND if statement_blocks(stmt) else TAKE
 
-        def wrap(group):
-            wrapped.append(len(group))
+        def wrap(group, nested):
+            wrapped[cell[0]] = wrapped.get(cell[0], 0) + len(group)
             with_item = cst.WithItem(cst.Call(cst.Name(FIRST)))
             return [cst.With(items=[with_item], body=cst.IndentedBlock(body=group))]
 
         module = module.with_changes(body=regroup(module.body, select, wrap))
-        if wrapped:
-            ctx.report.change(cell_no, f"dataset loading/mapping ({sum(wrapped)} statement(s)) runs main-process-first")
+        for number, count in wrapped.items():
+            ctx.report.change(number, f"dataset loading/mapping ({count} statement(s)) runs main-process-first")
         return module

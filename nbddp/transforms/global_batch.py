@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import callee_tail, has_star_kwargs, keyword
-from .base import CallRewriter, CstTransform
-from .trainer_args import is_training_arguments
+from ..cst import has_star_kwargs, keyword
+from ..vocabulary import CONFIG
+from .base import CallRewriter, TreeStep
+from .trainer_args import config_name
 
 ACCUMULATION, PER_DEVICE = "gradient_accumulation_steps", "per_device_train_batch_size"
 DEFAULTS = {ACCUMULATION: 1, PER_DEVICE: 8}  # transformers' TrainingArguments defaults
@@ -27,9 +28,9 @@ def _literal(call: cst.Call, name: str):
 
 class _GlobalBatch(CallRewriter):
     def leave_Call(self, original, updated):
-        if not is_training_arguments(updated):
+        if CONFIG not in self.kinds(original):
             return updated
-        name = callee_tail(updated)
+        name = config_name(updated)
         batch, steps = _literal(updated, PER_DEVICE), _literal(updated, ACCUMULATION)
         arg = keyword(updated, ACCUMULATION)
         if batch is None or steps is None:
@@ -50,9 +51,10 @@ class _GlobalBatch(CallRewriter):
 
 
 def _is_wrapped(value) -> bool:
-    return isinstance(value, cst.Call) and callee_tail(value) == "nbddp_accumulation"
+    return isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "nbddp_accumulation"
 
 
-class GlobalBatch(CstTransform):
+class GlobalBatch(TreeStep):
     name = "global-batch"
     rewriter = _GlobalBatch
+    wants = frozenset({CONFIG})

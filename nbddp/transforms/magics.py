@@ -13,6 +13,7 @@ import libcst as cst
 from ..cst import call_stmt, code_of, names_in, parse
 from ..errors import ConversionError
 from .base import Context, Transform, cell_number
+from .markers import MARK, Tidy, marker
 from .shell import install_lines, is_install, one_line, script_lines
 
 DROP_QUIETLY = frozenset({
@@ -29,7 +30,6 @@ SHELL_CELL_MAGICS = frozenset({"bash", "sh", "shell", "system", "sx"})
 DISPLAY_CELL_MAGICS = frozenset({"html", "HTML", "markdown", "md", "javascript", "js", "latex", "svg", "perl", "ruby"})
 FILE_MAGICS = frozenset({"writefile", "file"})
 
-MARK = "# nbddp: "
 
 
 def _ipython_to_python(source: str) -> str:
@@ -61,25 +61,6 @@ def _leading_comments(source: str) -> tuple[str, str]:
                 return "".join(lines[:i]), "".join(lines[i:])
             break
     return "", source
-
-
-def _marker(text: str) -> cst.SimpleStatementLine:
-    """`pass  # nbddp: …`: stands for removed code; turned into a plain comment wherever a block has other code."""
-    comment = cst.Comment(MARK + one_line(text, 110))
-    return cst.SimpleStatementLine(
-        [cst.Pass()],
-        trailing_whitespace=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=comment),
-    )
-
-
-def _is_marker(stmt) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Pass)
-        and stmt.trailing_whitespace.comment is not None
-        and stmt.trailing_whitespace.comment.value.startswith(MARK)
-    )
 
 
 def _command_literal(command: str) -> cst.BaseExpression:
@@ -138,14 +119,14 @@ class _IPythonCalls(cst.CSTTransformer):
         args = _literal_args(call)
         if args is None:
             self.ctx.report.warn(self.cell, f"could not read IPython call {one_line(code_of(call))}; removed it")
-            return _marker("removed an IPython call it could not read")
+            return marker("removed an IPython call it could not read")
         if kind in {"system", "getoutput"}:
             new = self._shell(args[0])
         elif kind == "run_line_magic":
             new = self._line_magic(args[0], args[1] if len(args) > 1 else "")
         else:
             self.ctx.report.warn(self.cell, f"removed get_ipython().{kind}(...), which has no script equivalent")
-            new = [_marker(f"removed get_ipython().{kind}(...)")]
+            new = [marker(f"removed get_ipython().{kind}(...)")]
         new = list(new)
         new[0] = new[0].with_changes(leading_lines=updated.leading_lines)
         return cst.FlattenSentinel(new)
@@ -166,7 +147,7 @@ class _IPythonCalls(cst.CSTTransformer):
         if is_install(command):
             self.ctx.report.install(command)
             self.installs += 1
-            return [_marker(f"removed `!{command}` (install; see the header)")]
+            return [marker(f"removed `!{command}` (install; see the header)")]
         self.ctx.report.change(self.cell, f"`!{one_line(command, 60)}` runs once per node (local rank 0), the others wait")
         return [call_stmt("nbddp_shell", _command_literal(command))]
 
@@ -176,7 +157,7 @@ class _IPythonCalls(cst.CSTTransformer):
             command = f"{name} {line}".strip()
             report.install(command)
             self.installs += 1
-            return [_marker(f"removed `%{command}` (install; see the header)")]
+            return [marker(f"removed `%{command}` (install; see the header)")]
         if name in {"env", "set_env"}:
             key, sep, value = line.partition("=") if "=" in line else line.partition(" ")
             key, value = key.strip(), value.strip()
@@ -187,49 +168,23 @@ class _IPythonCalls(cst.CSTTransformer):
                                 "same); drop the comment in the notebook if the value is meant to be "
                                 f"{value.split(' #')[0].strip()!r}")
                 return [_stmt(f"os.environ[{key!r}] = {value!r}")]
-            return [_marker(f"removed `%{name} {line}` (only displays)")]
+            return [marker(f"removed `%{name} {line}` (only displays)")]
         if name == "cd":
             report.change(self.cell, f"`%cd {line}` → os.chdir")
             return [_stmt(f"os.chdir(os.path.expanduser({line.strip().strip(chr(34) + chr(39))!r}))")]
         if name in {"time", "timeit", "prun", "memit"}:
             try:
-                return list(parse(line + "\n").body) or [_marker(f"removed empty `%{name}`")]
+                return list(parse(line + "\n").body) or [marker(f"removed empty `%{name}`")]
             except ConversionError:
                 report.warn(self.cell, f"`%{name} {one_line(line, 50)}` is not Python; removed it")
-                return [_marker(f"removed `%{name} {line}`")]
+                return [marker(f"removed `%{name} {line}`")]
         if name in {"sx", "system"}:
             return self._shell(line)
         if name in DROP_QUIETLY:
             report.change(self.cell, f"removed `%{name}` (notebook-only)")
-            return [_marker(f"removed `%{name} {line}`".strip() + " (notebook-only)")]
+            return [marker(f"removed `%{name} {line}`".strip() + " (notebook-only)")]
         report.warn(self.cell, f"unknown magic `%{name} {one_line(line, 50)}` removed; check the script does not need it")
-        return [_marker(f"removed unknown magic `%{name} {line}`")]
-
-
-class _Tidy(cst.CSTTransformer):
-    """Markers stay as `pass` only where a block would otherwise be empty; elsewhere they become comments."""
-
-    def _tidy(self, body, footer):
-        if all(_is_marker(s) for s in body):
-            return body, footer
-        out, pending = [], []
-        for stmt in body:
-            if _is_marker(stmt):
-                pending += list(stmt.leading_lines) + [cst.EmptyLine(comment=stmt.trailing_whitespace.comment)]
-                continue
-            if pending:
-                stmt = stmt.with_changes(leading_lines=tuple(pending) + tuple(stmt.leading_lines))
-                pending = []
-            out.append(stmt)
-        return out, tuple(pending) + tuple(footer)
-
-    def leave_IndentedBlock(self, original, updated):
-        body, footer = self._tidy(list(updated.body), updated.footer)
-        return updated.with_changes(body=body, footer=footer)
-
-    def leave_Module(self, original, updated):
-        body, footer = self._tidy(list(updated.body), updated.footer)
-        return updated.with_changes(body=body, footer=footer)
+        return [marker(f"removed unknown magic `%{name} {line}`")]
 
 
 class Magics(Transform):
@@ -253,7 +208,7 @@ class Magics(Transform):
         if "get_ipython" not in python:
             return source
         calls = _IPythonCalls(cell, ctx)
-        new = module.visit(calls).visit(_Tidy())
+        new = module.visit(calls).visit(Tidy())
         if calls.installs:
             ctx.report.change(cell, f"removed {calls.installs} install command(s); they are listed in the header")
         if "get_ipython" in names_in(new):

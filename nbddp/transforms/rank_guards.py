@@ -1,172 +1,221 @@
-"""Step: saving, pushing, generation, display and GPU-memory prints run on global rank 0 only.
+"""Step: what the notebook does once (save, push, generate, display, log to a tracker, print) runs on global rank 0.
 
-Each run of such statements becomes `if NBDDP_IS_MAIN: ...` followed by `nbddp_barrier()`, so that the other ranks
-wait, and a later load of the saved files works everywhere. Values those statements produce exist on rank 0
-only, so later statements that read them (across cells) are guarded too. Code in def bodies and `if False:`
-blocks is left alone, and code already under a rank test gets no second guard.
+Each run of such statements becomes `if NBDDP_IS_MAIN: ...`, followed by `nbddp_barrier("<what>")` where other ranks
+may depend on it (a saved folder) or where rank 0 may take long (generation): at the top level every guard but a
+tracker's gets one; inside loops and function bodies, only guards of saving, pushing and generation (a barrier per
+logged step would cost every step). What a statement does is nbddp.effects': through the notebook's own functions,
+lambdas, `partial`s and methods. A function that only saves, generates or logs is rank-0 work where it is called;
+one that also does work every rank must do (train, evaluate, load, a collective) runs on every rank, and its own
+rank-0 statements are guarded where they stand, as are those in loops. A collective inside what prints or logs
+(`print(trainer.evaluate())`) is first bound to a temporary on every rank (nbddp.transforms.hoist). Values made
+under a guard exist on rank 0 only, so later statements that read them are guarded too. `if False:` blocks are left
+alone, and code already under a rank test gets no second guard.
 """
 from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import (DESCEND, LEAVE, TAKE, call_stmt, callee_owner, callee_tail, dotted, is_if_false, is_rank_test,
-                   live_calls, parse, regroup, statement_blocks)
-from .base import Transform, cell_number
-from .dataflow import header_of, reads_writes
+from ..cst import (DESCEND, LEAVE, TAKE, LiveVisitor, code_of, is_if_false, is_rank_test, live_calls, regroup,
+                   statement_blocks)
+from ..effects import Effects
+from ..names import header_of, reads_writes
+from ..tree import starts_cell
+from ..vocabulary import DISPLAY, GENERATE, MEMORY, PUSH, SAVE, TRACK, parts
+from .base import TreeStep
+from .hoist import hoist
 
-SAVE_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora", "save_model")
-MAIN_ONLY = frozenset({"generate", "fast_generate", "for_inference", "TextStreamer", "print_trainable_parameters"})
-HANDED_OVER = frozenset({"generate", "fast_generate"})  # Thread(target=model.generate), partial(model.generate, ...)
-GENERATION_TASKS = frozenset({"text-generation", "text2text-generation", "image-text-to-text", "summarization",
-                              "translation", "automatic-speech-recognition", "text-to-audio", "text-to-speech"})
-DISPLAY_MODULE = "IPython.display"  # Audio, Image, Markdown… from here only display; datasets.Audio is data
-CUDA_MEMORY = frozenset({
-    "max_memory_reserved", "max_memory_allocated", "memory_reserved", "memory_allocated",
-    "get_device_properties", "memory_summary", "mem_get_info",
-})
-COLLECTIVE = frozenset({"train", "evaluate", "predict", "barrier", "all_reduce", "broadcast", "gather",
-                        "from_pretrained", "get_peft_model", "nbddp_barrier", "load_dataset", "map", "filter"})
+USES = "uses"
+VERBS = {SAVE: "saves", PUSH: "pushes", GENERATE: "generates", DISPLAY: "displays", MEMORY: "reads GPU memory",
+         TRACK: "logs"}
 
 
-def is_collective(call: cst.Call) -> bool:
-    """Work every rank must do together: guarding it on rank 0 would hang or desynchronise the job."""
-    tail = callee_tail(call) or ""
-    return tail in COLLECTIVE or tail.endswith("Trainer")
-
-
-class _DisplayNames(cst.CSTVisitor):
-    """Names bound by `from IPython.display import …` / `import IPython.display as ipd`."""
-
-    def __init__(self, names: set[str], modules: set[str]):
-        self.names, self.modules = names, modules
-
-    def visit_ImportFrom(self, node):
-        if dotted(node.module) == DISPLAY_MODULE and not isinstance(node.names, cst.ImportStar):
-            self.names.update((a.asname.name.value if a.asname else a.name.value) for a in node.names)
-
-    def visit_Import(self, node):
-        for alias in node.names:
-            if dotted(alias.name) == DISPLAY_MODULE:
-                self.modules.add(alias.asname.name.value if alias.asname else DISPLAY_MODULE)
-
-
-def _is_print(stmt) -> bool:
+def _is_print(stmt, names) -> bool:
     return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr)
-            and isinstance(stmt.body[0].value, cst.Call) and callee_tail(stmt.body[0].value) == "print"
-            and isinstance(stmt.body[0].value.func, cst.Name))
+            and isinstance(stmt.body[0].value, cst.Call)
+            and "builtins.print" in names.meanings(stmt.body[0].value.func))
 
 
-class RankGuards(Transform):
-    name = "rank-guards"
+class _Exits(LiveVisitor):
+    """A `return`, `break` or `continue` that leaves the statement's own block (not one of a nested def or loop)."""
 
-    def preprocess(self, nb, ctx):
-        self.tainted: set[str] = set()  # names bound on rank 0 only, so far in the notebook
-        self.display_names = {"display"}  # Jupyter's built-in display(), plus IPython.display imports
-        self.display_modules: set[str] = set()
-        self.helpers: set[str] = set()
-        self.helpers = self._generating_helpers(nb)
-        return super().preprocess(nb, ctx)
+    def __init__(self):
+        self.found, self.loops = False, 0
 
-    def _generating_helpers(self, nb) -> set[str]:
-        """Functions the notebook defines whose bodies save, push or generate and do no collective work: a call to
-        one at top level is rank-0 work too (found to a fixed point, so helpers of helpers count)."""
-        bodies = {}
+    def visit_Return(self, node):
+        self.found = True
 
-        class _Defs(cst.CSTVisitor):
-            def visit_FunctionDef(self, node):
-                calls = []
+    def visit_Break(self, node):
+        self.found = self.found or not self.loops
 
-                class _Calls(cst.CSTVisitor):
-                    def visit_Call(self, call):
-                        calls.append(call)
+    visit_Continue = visit_Break
 
-                node.body.visit(_Calls())
-                bodies[node.name.value] = calls
-                return False
+    def visit_For(self, node):
+        self.loops += 1
 
-        for cell in nb.cells:
-            parse(cell.source, cell=cell_number(cell), step=self.name).visit(_Defs())
-        found: set[str] = set()
-        while True:
-            self.helpers = found
-            more = {name for name, calls in bodies.items() if name not in found
-                    and any(self.main_only_reason(c) for c in calls) and not any(is_collective(c) for c in calls)}
-            if not more:
-                return found
-            found = found | more
+    def leave_For(self, node):
+        self.loops -= 1
 
-    def main_only_reason(self, call: cst.Call) -> str | None:
-        tail = callee_tail(call) or ""
-        if tail.startswith(SAVE_PREFIXES) or tail in MAIN_ONLY or tail.endswith("Streamer"):
-            return tail
-        if isinstance(call.func, cst.Name) and tail in self.helpers:
-            return f"{tail}(), which generates or saves"
-        for arg in call.args:  # generation handed over rather than called: Thread(target=model.generate)
-            if isinstance(arg.value, cst.Attribute) and arg.value.attr.value in HANDED_OVER:
-                return f"{tail}({dotted(arg.value) or arg.value.attr.value})"
-        if tail == "pipeline":
-            task = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "task"), None)
-            if isinstance(task, cst.SimpleString) and task.evaluated_value in GENERATION_TASKS:
-                return f"pipeline({task.evaluated_value!r})"
-        if tail in CUDA_MEMORY and callee_owner(call) == "cuda":
-            return "GPU memory stats"
-        func = call.func
-        if isinstance(func, cst.Name) and tail in self.display_names:
-            return tail
-        if isinstance(func, cst.Attribute) and dotted(func.value) in self.display_modules:
-            return tail
+    visit_While, leave_While = visit_For, leave_For
+
+
+def _exits(stmt) -> bool:
+    """Guarded on rank 0 alone, such a statement would leave rank 0 out of what follows (a barrier, a collective):
+    it stays on every rank."""
+    exits = _Exits()
+    stmt.visit(exits)
+    return exits.found
+
+
+def _rank0_return(stmt):
+    """`return model.generate(x)` -> `return model.generate(x) if NBDDP_IS_MAIN else None`; None for other statements
+    (a `break` stays on every rank) and for a return that is already so."""
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    if not isinstance(small, cst.Return) or small.value is None:
         return None
+    value = small.value
+    if isinstance(value, cst.IfExp) and isinstance(value.test, cst.Name) and value.test.value == "NBDDP_IS_MAIN":
+        return None
+    if isinstance(value, (cst.Tuple, cst.Lambda, cst.IfExp, cst.NamedExpr)) and not value.lpar:
+        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    guarded = cst.IfExp(test=cst.Name("NBDDP_IS_MAIN"), body=value, orelse=cst.Name("None"))
+    return stmt.with_changes(body=[small.with_changes(value=guarded)])
 
-    def preprocess_cell(self, cell, ctx):
-        module = parse(cell.source, cell=cell_number(cell), step=self.name)
-        module.visit(_DisplayNames(self.display_names, self.display_modules))
-        main_only_reason = self.main_only_reason
-        reasons: list[str] = []
-        used: set[str] = set()
 
-        def select(stmt):
-            reads, writes = reads_writes(stmt)
-            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt):
-                self.tainted -= writes
-                return LEAVE
-            if is_rank_test(stmt):
-                self.tainted |= writes
-                return LEAVE
-            calls = live_calls(stmt)
-            blocks = statement_blocks(stmt)
-            header_calls = [c for h in header_of(stmt) for c in live_calls(h)]
-            header_reads = set().union(*(reads_writes(h)[0] for h in header_of(stmt))) if blocks else reads
-            why = [r for r in map(main_only_reason, header_calls if blocks else calls) if r]
-            if header_reads & self.tainted:
-                if not why and any(is_collective(c) for c in calls):
-                    ctx.report.warn(cell_number(cell), f"uses {', '.join(sorted(header_reads & self.tainted))}, which "
-                                    "only rank 0 computed, in work every rank must do; left unguarded: check it")
-                    self.tainted -= writes
-                    return LEAVE
-                used.update(header_reads & self.tainted)
-                why.append("uses")
-            if not blocks and _is_print(stmt) and ctx.options.main_prints and not {callee_tail(c) for c in calls} \
-                    & COLLECTIVE:
-                why.append("print")
-            if why:
-                reasons.extend(why)
-                self.tainted |= writes
-                return TAKE
-            if blocks and (any(main_only_reason(c) for c in calls) or reads & self.tainted):
-                return DESCEND
+def _barrier(what: str) -> cst.SimpleStatementLine:
+    call = cst.Call(cst.Name("nbddp_barrier"), args=[cst.Arg(cst.SimpleString(repr(what).replace("'", '"')))])
+    return cst.SimpleStatementLine([cst.Expr(call)])
+
+
+class _Guards:
+    """The walk over one tree: which statements to guard, and the report, cell by cell."""
+
+    def __init__(self, tree, ctx):
+        self.tree, self.names, self.report, self.options = tree, tree.names, ctx.report, ctx.options
+        self.effects = Effects(tree.names)
+        self.tainted: set[str] = set()  # names bound on rank 0 only, so far in the notebook
+        self.cell = None
+        self.taken: dict = {}  # id of a taken statement's body (regroup moves its leading lines) -> (kinds, what)
+        self.reasons: dict = {}  # cell -> what its guards hold, in order
+        self.used: dict = {}  # cell -> rank-0-only names read under its guards
+        self.waits: set = set()  # cells with a barrier after a guard
+        self.hoisted: set = set()  # ids of the bodies of statements that show a collective's result (hoist.py)
+
+    def reason(self, call):
+        """(kinds, what the report says, the barrier's word) of a call that is rank-0 work, else None."""
+        if not self.effects.main_only(call):
+            return None
+        kinds = self.effects.of_call(call)
+        name = parts(code_of(call.func))[-1]
+        handed = [a.value for a in call.args if isinstance(a.value, cst.Attribute)
+                  and GENERATE in self.effects.of_call(cst.Call(a.value))]  # Thread(target=model.generate)
+        if handed:
+            return kinds, f"{name}({code_of(handed[0])})", handed[0].attr.value
+        if self.effects.helper(call):
+            verbs = [VERBS[k] for k in sorted(kinds) if k in VERBS]
+            return kinds, f"{name}(), which {' and '.join(verbs)}", name
+        if MEMORY in kinds:
+            return kinds, "GPU memory stats", name
+        task = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "task"), None)
+        if name == "pipeline" and isinstance(task, cst.SimpleString):
+            return kinds, f"pipeline({task.evaluated_value!r})", name
+        if TRACK in kinds:  # wandb.init, writer.add_scalar: the tracker's own name says more
+            name = ".".join(parts(code_of(call.func))[-2:])
+        return kinds, name, name.split(".")[-1]
+
+    def select(self, stmt, nested):
+        self.cell = starts_cell(stmt) or self.cell
+        self.tree.at = stmt
+        reads, writes = reads_writes(stmt)
+        if isinstance(stmt, cst.FunctionDef):
+            self.tainted -= writes
+            return self.function(stmt) if self.effects.mixed(stmt, self.options.main_prints) else LEAVE
+        if isinstance(stmt, cst.ClassDef):
+            self.tainted -= writes
+            return DESCEND if any(isinstance(s, cst.FunctionDef) and self.effects.mixed(s, self.options.main_prints)
+                                  for s in stmt.body.body) else LEAVE
+        if is_if_false(stmt):
             self.tainted -= writes
             return LEAVE
+        if is_rank_test(stmt):
+            self.tainted |= writes
+            return LEAVE
+        calls = live_calls(stmt)
+        blocks = statement_blocks(stmt)
+        headers = header_of(stmt)
+        header_calls = [c for h in headers for c in live_calls(h)]
+        header_reads = set().union(*(reads_writes(h)[0] for h in headers)) if blocks else reads
+        why = [r for r in map(self.reason, header_calls if blocks else calls) if r]
+        collective = any(self.effects.collective(c) for c in calls)
+        if why and blocks and collective:
+            self.report.warn(self.cell, f"{why[0][1]}(...) opens a block that also does work every rank must do; it "
+                                        "runs on every rank: check it")
+            return DESCEND
+        if header_reads & self.tainted:
+            if not why and collective:
+                self.report.warn(self.cell, f"uses {', '.join(sorted(header_reads & self.tainted))}, which only rank "
+                                            "0 computed, in work every rank must do; left unguarded: check it")
+                self.tainted -= writes
+                return LEAVE
+            self.used.setdefault(self.cell, set()).update(header_reads & self.tainted)
+            why.append((frozenset({USES}), "", ""))
+        if not blocks and self.options.main_prints and _is_print(stmt, self.names) and not collective:
+            why.append((frozenset({"print"}), "print", "print"))
+        if why and _exits(stmt):  # guarded whole, rank 0 would skip what follows (a barrier: a hang)
+            if blocks:
+                return DESCEND
+            returned = _rank0_return(stmt)
+            if returned is not None:
+                self.reasons.setdefault(self.cell, []).extend(text for k, text, _ in why if USES not in k)
+            return returned or LEAVE
+        if why:
+            self.taken[id(stmt.body)] = (frozenset().union(*(k for k, _, _ in why)), why[0][2])
+            self.reasons.setdefault(self.cell, []).extend(text for k, text, _ in why if USES not in k)
+            self.tainted |= writes
+            return TAKE
+        if blocks and (any(self.reason(c) for c in calls) or reads & self.tainted or self._prints_in(blocks)):
+            return DESCEND
+        self.tainted -= writes
+        return LEAVE
 
-        def wrap(group):
-            guard = cst.If(test=cst.Name("NBDDP_IS_MAIN"), body=cst.IndentedBlock(body=group))
-            return [guard, call_stmt("nbddp_barrier")]
+    def _prints_in(self, blocks) -> bool:
+        """A block that shows what a collective returned (`for d in sets: print(trainer.evaluate(d))`)."""
+        return self.options.main_prints and any(id(s.body) in self.hoisted for b in blocks for s in b.body)
 
-        new = module.with_changes(body=regroup(module.body, select, wrap))
-        if reasons:
-            shown = ", ".join(dict.fromkeys(r for r in reasons if r != "uses"))
+    def function(self, node: cst.FunctionDef):
+        """A function that does work every rank must do and rank-0 work: its body guarded where it stands (its
+        local names do not taint the notebook's)."""
+        outer = set(self.tainted)
+        body = regroup(node.body.body, self.select, self.wrap, True)
+        self.tainted = outer
+        return node.with_changes(body=node.body.with_changes(body=body))
+
+    def wrap(self, group, nested):
+        kinds = frozenset().union(*(self.taken[id(s.body)][0] for s in group))
+        guard = cst.If(test=cst.Name("NBDDP_IS_MAIN"), body=cst.IndentedBlock(body=group))
+        if (TRACK in kinds and kinds <= {TRACK, USES}) or (nested and not kinds & {SAVE, PUSH, GENERATE}):
+            return [guard]  # nothing another rank waits for, or a barrier on every pass of a loop
+        self.waits.add(self.cell)
+        words = [self.taken[id(s.body)] for s in group if self.taken[id(s.body)][1]]  # (kinds, word)
+        what = next((w for k, w in words if k & {SAVE, PUSH, GENERATE}), words[0][1] if words else None)
+        calls = [c for s in group for c in live_calls(s)]
+        what = what or (parts(code_of(calls[0].func))[-1] if calls else "rank 0")
+        return [guard, _barrier(what)]
+
+    def say(self):
+        for cell in sorted(set(self.reasons) | set(self.used), key=lambda c: c or 0):
+            shown = ", ".join(dict.fromkeys(self.reasons.get(cell, ())))
             text = "rank 0 only" + (f": {shown}" if shown else "")
-            if used:
-                text += f"; also what reads {', '.join(sorted(used))} (exists on rank 0 only)"
-            ctx.report.change(cell_number(cell), text + "; the other ranks wait at a barrier")
-            cell.source = new.code
-        return cell
+            if self.used.get(cell):
+                text += f"; also what reads {', '.join(sorted(self.used[cell]))} (exists on rank 0 only)"
+            self.report.change(cell, text + ("; the other ranks wait at a barrier" if cell in self.waits else ""))
+
+
+class RankGuards(TreeStep):
+    name = "rank-guards"
+
+    def run(self, tree, ctx):
+        guards = _Guards(tree, ctx)
+        module = hoist(tree, ctx, guards.effects, guards.hoisted)
+        module = module.with_changes(body=regroup(module.body, guards.select, guards.wrap))
+        guards.say()
+        return module

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import callee_owner, callee_tail, code_of, is_if_false, keyword, parse
+from ..cst import code_of, is_if_false, keyword
 from ..inline import Choice
-from .base import Transform, cell_number
-from .placement import OURS, is_model_loader, unsloth_loaders
-from .trainer_args import is_training_arguments
+from ..tree import starts_cell
+from ..vocabulary import CONFIG, LOAD, is_unsloth_loader, kinds, parts
+from .base import TreeStep
+from .placement import OURS
 
 TRAINER_HOMES = frozenset({"transformers", "trl", "unsloth"})
 FILE_HELPERS = frozenset({"nbddp_main_process_first", "nbddp_shell", "nbddp_getoutput", "nbddp_write_file"})
@@ -32,33 +33,34 @@ def _off(value) -> bool:
 
 
 class _Facts(cst.CSTVisitor):
-    def __init__(self, loaders=frozenset()):
-        self.loaders = loaders  # Unsloth's loaders under the notebook's own names (placement.unsloth_loaders)
+    def __init__(self, names):
+        self.analysis = names  # nbddp.names.Names: what the notebook's calls are
         self.modules: set[str] = set()  # top-level packages imported
-        self.aliases: dict[str, str] = {}  # local name of an imported module -> its top-level package
         self.names: set[str] = set()
         self.trainer = self.checkpointing = self.quantized = self.weight_tying = self.tiled_mlp = False
         self.own_ddp = []  # why the DDP settings the converter wrote may not hold
         self.split_model = False  # a model load that keeps a placement of the notebook's own
-        self.literals = {}  # name -> the last literal assigned to it (str, bool, None)
         self.models = []  # (model id, bits, cell, the notebook's placement) of each load whose id is a literal
         self.unsized = []  # model loads whose id or size the converter cannot read
         self.saved = set()  # folders the notebook saves a model to (not there when the script starts)
         self.asks = False  # the notebook calls input()
         self.cell = 0
 
-    def literal(self, node):
+    def on_visit(self, node):
+        if isinstance(node, cst.BaseStatement):
+            self.cell = starts_cell(node) or self.cell
+        return super().on_visit(node)
+
+    def literal(self, node, depth=0):
         """The value of a literal, or of a name last assigned one; else `...` (unknown)."""
         if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
             return node.evaluated_value
-        if isinstance(node, cst.Name):
-            return {"True": True, "False": False, "None": None}.get(node.value, self.literals.get(node.value, ...))
+        if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
+            return {"True": True, "False": False, "None": None}[node.value]
+        if isinstance(node, cst.Name) and depth < 8:
+            value = self.analysis.value(node)
+            return self.literal(value, depth + 1) if value is not None else ...
         return ...
-
-    def visit_Assign(self, node):
-        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
-            value = self.literal(node.value)
-            self.literals[node.targets[0].target.value] = value
 
     def _model(self, node):
         """The id and weight bits of a model load: load_in_4bit/8bit, float32, else 16 bits; Unsloth's loaders load
@@ -71,8 +73,7 @@ class _Facts(cst.CSTVisitor):
             return self.literal(keyword(node, key).value) if keyword(node, key) is not None else None
 
         dtype = keyword(node, "dtype") or keyword(node, "torch_dtype")
-        owner = callee_owner(node) or ""
-        unsloth = owner.startswith("Fast") or owner in self.loaders
+        unsloth = any(map(is_unsloth_loader, self.analysis.meanings(node.func)))
         unsloth_default = unsloth and flag("load_in_4bit") is None and not any(
             flag(key) for key in ("load_in_8bit", "load_in_16bit", "full_finetuning"))
         if flag("load_in_4bit") or unsloth_default:
@@ -96,7 +97,6 @@ class _Facts(cst.CSTVisitor):
         for alias in node.names:
             root = cst.Module([]).code_for_node(alias.name).split(".")[0]
             self.modules.add(root)
-            self.aliases[alias.asname.name.value if alias.asname else root] = root
 
     def visit_ImportFrom(self, node):
         if node.relative or node.module is None:
@@ -109,9 +109,10 @@ class _Facts(cst.CSTVisitor):
                 self.trainer = True
 
     def visit_Call(self, node):
-        name = callee_tail(node) or ""
-        self.asks = self.asks or name == "input"
-        if is_training_arguments(node):
+        name = parts(code_of(node.func))[-1]
+        what = kinds(self.analysis.meanings(node.func))
+        self.asks = self.asks or "builtins.input" in self.analysis.meanings(node.func)
+        if CONFIG in what:
             unused, static = keyword(node, "ddp_find_unused_parameters"), keyword(node, "ddp_static_graph")
             if any(arg.star == "**" for arg in node.args):
                 self.own_ddp.append(f"{name}(**kwargs)")
@@ -124,16 +125,16 @@ class _Facts(cst.CSTVisitor):
             self.own_ddp.append(f"{name}() without args")
         elif name in ("save_pretrained", "save_model") and node.args and node.args[0].keyword is None:
             self.saved.add(self.literal(node.args[0].value))
-        elif is_model_loader(node, self.loaders):
+        elif LOAD in what:
             self._model(node)
             device_map = keyword(node, "device_map")
             if device_map is None or not isinstance(device_map.value, cst.Call) \
-                    or callee_tail(device_map.value) != OURS or device_map.value.args:
+                    or code_of(device_map.value.func) != OURS or device_map.value.args:
                 self.split_model = True
 
     def visit_Attribute(self, node):  # transformers.Trainer(...), trl.SFTTrainer
         if node.attr.value.endswith("Trainer") and isinstance(node.value, cst.Name) \
-                and self.aliases.get(node.value.value) in TRAINER_HOMES:
+                and any(parts(m)[0] in TRAINER_HOMES for m in self.analysis.meanings(node.value)):
             self.trainer = True
         if node.attr.value == "gradient_checkpointing_enable":
             self.checkpointing = True
@@ -203,16 +204,14 @@ def needs(facts: _Facts) -> dict[str, str]:
     return why
 
 
-class RuntimeNeeds(Transform):
+class RuntimeNeeds(TreeStep):
     """Records in the context which runtime modules the script carries; the notebook is not changed."""
 
     name = "runtime"
 
-    def preprocess(self, nb, ctx):
-        facts = _Facts(unsloth_loaders(nb.cells, self.name))
-        for cell in nb.cells:
-            facts.cell = cell_number(cell)
-            parse(cell.source, cell=cell_number(cell), step=self.name).visit(facts)
+    def run(self, tree, ctx):
+        facts = _Facts(tree.names)
+        tree.module.visit(facts)
         loads = sized_loads(facts)
         models = tuple(dict.fromkeys((model, bits) for model, bits, _, _ in loads))
         for model, bits, cell, placement in loads[:1]:
@@ -223,4 +222,4 @@ class RuntimeNeeds(Transform):
             ctx.report.warn(cell, f"from_pretrained({shown}, ...): nbddp cannot read which model or how it loads, "
                                   "so the script cannot check that it fits one GPU (it runs one process per GPU)")
         ctx.runtime = Choice(needs(facts), frozenset(facts.names), models)
-        return nb
+        return tree.module

@@ -1,17 +1,18 @@
 """Step: Unsloth's scratch folder gets one subfolder per rank where ranks would write the same file.
 
-`FastLanguageModel.get_peft_model` with `embed_tokens`/`lm_head` among the trained modules saves those weights to
-`_unsloth_temporary_saved_buffers/…` and maps them back; two ranks writing and mapping one file race, and one reads
-it half-written (seen on 2 GPUs with the Mistral CPT notebook). Each rank gets its own `temporary_location`.
+`FastLanguageModel.get_peft_model` (under any name the notebook gives the loader) with `embed_tokens`/`lm_head`
+among the trained modules saves those weights to `_unsloth_temporary_saved_buffers/…` and maps them back; two ranks
+writing and mapping one file race, and one reads it half-written (seen on 2 GPUs with the Mistral CPT notebook).
+Each rank gets its own `temporary_location`.
 """
 from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import add_keyword, callee_owner, callee_tail, keyword
-from .base import CallRewriter, CstTransform
+from ..cst import add_keyword, keyword
+from ..vocabulary import PEFT, is_unsloth_loader
+from .base import CallRewriter, TreeStep
 
-UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastModel", "FastVisionModel"})
 SHARED_WEIGHTS = frozenset({"embed_tokens", "lm_head"})
 RANK_LOCATION = 'f"_unsloth_temporary_saved_buffers/rank{NBDDP_RANK}"'
 
@@ -29,7 +30,7 @@ def _strings(node) -> set[str]:
 
 class _Scratch(CallRewriter):
     def leave_Call(self, original, updated):
-        if callee_tail(updated) != "get_peft_model" or callee_owner(updated) not in UNSLOTH_LOADERS:
+        if PEFT not in self.kinds(original) or not any(map(is_unsloth_loader, self.names.meanings(original.func))):
             return updated
         if keyword(updated, "temporary_location") is not None or any(a.star == "**" for a in updated.args):
             return updated
@@ -40,7 +41,7 @@ class _Scratch(CallRewriter):
         return add_keyword(updated, "temporary_location", cst.parse_expression(RANK_LOCATION))
 
 
-class Scratch(CstTransform):
+class Scratch(TreeStep):
     name = "scratch"
     rewriter = _Scratch
-    triggers = ("get_peft_model",)
+    wants = frozenset({PEFT})

@@ -3,26 +3,23 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import add_keyword, callee_tail, has_star_kwargs, keyword
-from .base import CallRewriter, CstTransform
+from ..cst import add_keyword, code_of, has_star_kwargs, keyword
+from ..vocabulary import CONFIG, parts
+from .base import CallRewriter, TreeStep
 
-TRL_CONFIGS = frozenset({
-    "SFTConfig", "DPOConfig", "ORPOConfig", "KTOConfig", "CPOConfig", "GRPOConfig", "PPOConfig", "RewardConfig",
-    "GKDConfig", "RLOOConfig", "OnlineDPOConfig", "XPOConfig", "NashMDConfig", "PRMConfig", "BCOConfig",
-})
 KEY = "ddp_find_unused_parameters"
 
 
-def is_training_arguments(call: cst.Call) -> bool:
-    name = callee_tail(call) or ""
-    return name in TRL_CONFIGS or name.endswith("TrainingArguments")
+def config_name(call: cst.Call) -> str:
+    """`SFTConfig` for `trl.SFTConfig(...)`: how the report names a trainer config."""
+    return parts(code_of(call.func))[-1]
 
 
 class _TrainerArgs(CallRewriter):
     def leave_Call(self, original, updated):
-        if not is_training_arguments(updated) or keyword(updated, KEY) is not None:
+        if CONFIG not in self.kinds(original) or keyword(updated, KEY) is not None:
             return updated
-        name = callee_tail(updated)
+        name = config_name(updated)
         if has_star_kwargs(updated):
             self.report.warn(self.cell, f"{name}(**kwargs): cannot tell if {KEY} is set; set it to False for DDP speed")
             return updated
@@ -30,7 +27,7 @@ class _TrainerArgs(CallRewriter):
         return add_keyword(updated, KEY, cst.Name("False"))
 
 
-class TrainerArgs(CstTransform):
+class TrainerArgs(TreeStep):
     name = "trainer-args"
     rewriter = _TrainerArgs
-    triggers = ("Config", "Arguments")
+    wants = frozenset({CONFIG})

@@ -159,7 +159,7 @@ try:
         max_memory = round(gpu_stats.total_memory / 1024 / 1024 / 1024, 3)
         print(f"GPU = {gpu_stats.name}. Max memory = {max_memory} GB.")
         print(f"{start_gpu_memory} GB of memory reserved.")
-    nbddp_barrier()
+    nbddp_barrier("get_device_properties")
 
     # %% cell 32
     trainer_stats = trainer.train()
@@ -179,7 +179,7 @@ try:
         print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
         print(f"Peak reserved memory % of max memory = {used_percentage} %.")
         print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
-    nbddp_barrier()
+    nbddp_barrier("max_memory_reserved")
 
     # %% cell 35
     messages = [
@@ -199,13 +199,13 @@ try:
             temperature = 0.7, top_p = 0.8, top_k = 20, # For non thinking
             streamer = TextStreamer(tokenizer, skip_prompt = True),
         )
-    nbddp_barrier()
+    nbddp_barrier("generate")
 
     # %% cell 37
     if NBDDP_IS_MAIN:
         model.save_pretrained("qwen_lora")  # Local saving
         tokenizer.save_pretrained("qwen_lora")
-    nbddp_barrier()
+    nbddp_barrier("save_pretrained")
     # model.push_to_hub("your_name/qwen_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/qwen_lora", token = "YOUR_HF_TOKEN") # Online saving
 

@@ -142,7 +142,7 @@ try:
         max_memory = round(gpu_stats.total_memory / 1024 / 1024 / 1024, 3)
         print(f"GPU = {gpu_stats.name}. Max memory = {max_memory} GB.")
         print(f"{start_gpu_memory} GB of memory reserved.")
-    nbddp_barrier()
+    nbddp_barrier("get_device_properties")
 
     # %% cell 25
     trainer_stats = trainer.train()
@@ -162,14 +162,14 @@ try:
         print(f"Peak reserved memory for training = {used_memory_for_training} GB.")
         print(f"Peak reserved memory % of max memory = {used_percentage} %.")
         print(f"Peak reserved memory for training % of max memory = {training_percentage} %.")
-    nbddp_barrier()
+    nbddp_barrier("max_memory_reserved")
 
     # %% cell 28
     # Save the model and tokenizer directly
     if NBDDP_IS_MAIN:
         model.save_pretrained("gemma_phone_model")
         tokenizer.save_pretrained("gemma_phone_model")
-    nbddp_barrier()
+    nbddp_barrier("save_pretrained")
 
     # %% cell 30
     # nbddp: %%file export_gemma_model.py

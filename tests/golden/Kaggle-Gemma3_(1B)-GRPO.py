@@ -314,13 +314,13 @@ Then, provide your solution between {solution_start}{solution_end}"""
             temperature = 1.0, top_p = 0.95, top_k = 64,
             streamer = TextStreamer(tokenizer, skip_prompt = True),
         )
-    nbddp_barrier()
+    nbddp_barrier("generate")
 
     # %% cell 42
     if NBDDP_IS_MAIN:
         model.save_pretrained("gemma_3_lora")  # Local saving
         tokenizer.save_pretrained("gemma_3_lora")
-    nbddp_barrier()
+    nbddp_barrier("save_pretrained")
     # model.push_to_hub("HF_ACCOUNT/gemma_3_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("HF_ACCOUNT/gemma_3_lora", token = "YOUR_HF_TOKEN") # Online saving
 

@@ -153,7 +153,7 @@ try:
         max_memory = round(gpu_stats.total_memory / 1024 / 1024 / 1024, 3)
         print(f"GPU = {gpu_stats.name}. Max memory = {max_memory} GB.")
         print(f"{start_gpu_memory} GB of memory reserved.")
-    nbddp_barrier()
+    nbddp_barrier("get_device_properties")
 
     # %% cell 15
     trainer_stats = trainer.train()
@@ -173,13 +173,13 @@ try:
         print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
         print(f"Peak reserved memory % of max memory = {used_percentage} %.")
         print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
-    nbddp_barrier()
+    nbddp_barrier("max_memory_reserved")
 
     # %% cell 18
     # alpaca_prompt = Copied from above
     if NBDDP_IS_MAIN:
         FastLanguageModel.for_inference(model) # Enable native 2x faster inference
-    nbddp_barrier()
+    nbddp_barrier("for_inference")
     inputs = tokenizer(
     [
         alpaca_prompt.format(
@@ -192,13 +192,13 @@ try:
     if NBDDP_IS_MAIN:
         outputs = model.generate(**inputs, max_new_tokens = 64, use_cache = True)
         tokenizer.batch_decode(outputs)
-    nbddp_barrier()
+    nbddp_barrier("generate")
 
     # %% cell 20
     # alpaca_prompt = Copied from above
     if NBDDP_IS_MAIN:
         FastLanguageModel.for_inference(model) # Enable native 2x faster inference
-    nbddp_barrier()
+    nbddp_barrier("for_inference")
     inputs = tokenizer(
     [
         alpaca_prompt.format(
@@ -212,13 +212,13 @@ try:
     if NBDDP_IS_MAIN:
         text_streamer = TextStreamer(tokenizer)
         _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128)
-    nbddp_barrier()
+    nbddp_barrier("TextStreamer")
 
     # %% cell 22
     if NBDDP_IS_MAIN:
         model.save_pretrained("llama_lora")  # Local saving
         tokenizer.save_pretrained("llama_lora")
-    nbddp_barrier()
+    nbddp_barrier("save_pretrained")
     # model.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
 
@@ -248,7 +248,7 @@ try:
     if NBDDP_IS_MAIN:
         text_streamer = TextStreamer(tokenizer)
         _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128)
-    nbddp_barrier()
+    nbddp_barrier("TextStreamer")
 
     # %% cell 26
     if False:

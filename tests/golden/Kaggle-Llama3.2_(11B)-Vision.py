@@ -130,7 +130,7 @@ try:
     # %% cell 23
     if NBDDP_IS_MAIN:
         FastVisionModel.for_inference(model) # Enable for inference!
-    nbddp_barrier()
+    nbddp_barrier("for_inference")
 
     image = dataset[0]["image"]
     instruction = "You are an expert radiographer. Describe accurately what you see in this image."
@@ -154,7 +154,7 @@ try:
         text_streamer = TextStreamer(tokenizer, skip_prompt = True)
         _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128,
                            use_cache = True, temperature = 1.5, min_p = 0.1)
-    nbddp_barrier()
+    nbddp_barrier("TextStreamer")
 
     # %% cell 25
     from unsloth.trainer import UnslothVisionDataCollator
@@ -199,7 +199,7 @@ try:
         max_memory = round(gpu_stats.total_memory / 1024 / 1024 / 1024, 3)
         print(f"GPU = {gpu_stats.name}. Max memory = {max_memory} GB.")
         print(f"{start_gpu_memory} GB of memory reserved.")
-    nbddp_barrier()
+    nbddp_barrier("get_device_properties")
 
     # %% cell 27
     trainer_stats = trainer.train()
@@ -219,12 +219,12 @@ try:
         print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
         print(f"Peak reserved memory % of max memory = {used_percentage} %.")
         print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
-    nbddp_barrier()
+    nbddp_barrier("max_memory_reserved")
 
     # %% cell 30
     if NBDDP_IS_MAIN:
         FastVisionModel.for_inference(model) # Enable for inference!
-    nbddp_barrier()
+    nbddp_barrier("for_inference")
 
     image = dataset[0]["image"]
     instruction = "You are an expert radiographer. Describe accurately what you see in this image."
@@ -248,13 +248,13 @@ try:
         text_streamer = TextStreamer(tokenizer, skip_prompt = True)
         _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128,
                            use_cache = True, temperature = 1.5, min_p = 0.1)
-    nbddp_barrier()
+    nbddp_barrier("TextStreamer")
 
     # %% cell 32
     if NBDDP_IS_MAIN:
         model.save_pretrained("llama_lora")  # Local saving
         tokenizer.save_pretrained("llama_lora")
-    nbddp_barrier()
+    nbddp_barrier("save_pretrained")
     # model.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
 
@@ -289,7 +289,7 @@ try:
         text_streamer = TextStreamer(tokenizer, skip_prompt = True)
         _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128,
                            use_cache = True, temperature = 1.5, min_p = 0.1)
-    nbddp_barrier()
+    nbddp_barrier("TextStreamer")
 
     # %% cell 36
     # Select ONLY 1 to save! (Both not needed!)

@@ -119,7 +119,7 @@ try:
     # %% cell 20
     if NBDDP_IS_MAIN:
         print(len(reasoning_conversations))
-    nbddp_barrier()
+    nbddp_barrier("print")
 
     # %% cell 21
     import pandas as pd
@@ -165,7 +165,7 @@ try:
         max_memory = round(gpu_stats.total_memory / 1024 / 1024 / 1024, 3)
         print(f"GPU = {gpu_stats.name}. Max memory = {max_memory} GB.")
         print(f"{start_gpu_memory} GB of memory reserved.")
-    nbddp_barrier()
+    nbddp_barrier("get_device_properties")
 
     # %% cell 26
     trainer_stats = trainer.train()
@@ -185,7 +185,7 @@ try:
         print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
         print(f"Peak reserved memory % of max memory = {used_percentage} %.")
         print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
-    nbddp_barrier()
+    nbddp_barrier("max_memory_reserved")
 
     # %% cell 29
     messages = [
@@ -207,13 +207,13 @@ try:
             temperature = 0.7, top_p = 0.95,
             streamer = TextStreamer(tokenizer, skip_prompt = True),
         )
-    nbddp_barrier()
+    nbddp_barrier("generate")
 
     # %% cell 31
     if NBDDP_IS_MAIN:
         model.save_pretrained("magistral_lora")  # Local saving
         tokenizer.save_pretrained("magistral_lora")
-    nbddp_barrier()
+    nbddp_barrier("save_pretrained")
     # model.push_to_hub("your_name/magistral_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/magistral_lora", token = "YOUR_HF_TOKEN") # Online saving
 

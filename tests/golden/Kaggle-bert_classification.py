@@ -194,7 +194,7 @@ try:
     if NBDDP_IS_MAIN:
         model.save_pretrained("bert_classification_lora")  # Local saving
         tokenizer.save_pretrained("bert_classification_lora")
-    nbddp_barrier()
+    nbddp_barrier("save_pretrained")
     # model.push_to_hub("your_name/bert_classification_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/bert_classification_lora", token = "YOUR_HF_TOKEN") # Online saving
 

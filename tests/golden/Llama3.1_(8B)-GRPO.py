@@ -249,12 +249,12 @@ Respond in the following format:
         )[0].outputs[0].text
 
         output
-    nbddp_barrier()
+    nbddp_barrier("fast_generate")
 
     # %% cell 19
     if NBDDP_IS_MAIN:
         model.save_lora("grpo_saved_lora")
-    nbddp_barrier()
+    nbddp_barrier("save_lora")
 
     # %% cell 21
     text = tokenizer.apply_chat_template([
@@ -276,7 +276,7 @@ Respond in the following format:
         )[0].outputs[0].text
 
         output
-    nbddp_barrier()
+    nbddp_barrier("fast_generate")
 
     # %% cell 24
     # Merge to 16bit

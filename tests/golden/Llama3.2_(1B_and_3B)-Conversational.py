@@ -174,7 +174,7 @@ try:
         max_memory = round(gpu_stats.total_memory / 1024 / 1024 / 1024, 3)
         print(f"GPU = {gpu_stats.name}. Max memory = {max_memory} GB.")
         print(f"{start_gpu_memory} GB of memory reserved.")
-    nbddp_barrier()
+    nbddp_barrier("get_device_properties")
 
     # %% cell 27
     trainer_stats = trainer.train()
@@ -194,7 +194,7 @@ try:
         print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
         print(f"Peak reserved memory % of max memory = {used_percentage} %.")
         print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
-    nbddp_barrier()
+    nbddp_barrier("max_memory_reserved")
 
     # %% cell 30
     from unsloth.chat_templates import get_chat_template
@@ -205,7 +205,7 @@ try:
     )
     if NBDDP_IS_MAIN:
         FastLanguageModel.for_inference(model) # Enable native 2x faster inference
-    nbddp_barrier()
+    nbddp_barrier("for_inference")
 
     messages = [
         {"role": "user", "content": "Continue the fibonacci sequence: 1, 1, 2, 3, 5, 8,"},
@@ -221,12 +221,12 @@ try:
         outputs = model.generate(input_ids = inputs, max_new_tokens = 64, use_cache = True,
                                  temperature = 1.5, min_p = 0.1)
         tokenizer.batch_decode(outputs)
-    nbddp_barrier()
+    nbddp_barrier("generate")
 
     # %% cell 32
     if NBDDP_IS_MAIN:
         FastLanguageModel.for_inference(model) # Enable native 2x faster inference
-    nbddp_barrier()
+    nbddp_barrier("for_inference")
 
     messages = [
         {"role": "user", "content": "Continue the fibonacci sequence: 1, 1, 2, 3, 5, 8,"},
@@ -243,13 +243,13 @@ try:
         text_streamer = TextStreamer(tokenizer, skip_prompt = True)
         _ = model.generate(input_ids = inputs, streamer = text_streamer, max_new_tokens = 128,
                            use_cache = True, temperature = 1.5, min_p = 0.1)
-    nbddp_barrier()
+    nbddp_barrier("TextStreamer")
 
     # %% cell 34
     if NBDDP_IS_MAIN:
         model.save_pretrained("llama_lora")  # Local saving
         tokenizer.save_pretrained("llama_lora")
-    nbddp_barrier()
+    nbddp_barrier("save_pretrained")
     # model.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
 
@@ -279,7 +279,7 @@ try:
         text_streamer = TextStreamer(tokenizer, skip_prompt = True)
         _ = model.generate(input_ids = inputs, streamer = text_streamer, max_new_tokens = 128,
                            use_cache = True, temperature = 1.5, min_p = 0.1)
-    nbddp_barrier()
+    nbddp_barrier("TextStreamer")
 
     # %% cell 38
     if False:

@@ -1,0 +1,55 @@
+"""How long `nbddp convert` takes on one notebook: the conversion alone (in-process, best of N) and the whole
+command (a fresh interpreter, as a user runs it), for the checkout on PYTHONPATH.
+
+    PYTHONPATH=$PWD python bench/convert_speed.py [NOTEBOOK] [--repeat N]
+
+Prints one JSON line: the notebook, the nbddp commit, the best and median in-process seconds, the command's best
+seconds (`--commands` runs), and whether the conversion imported torch or transformers (it must not).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT = Path(__file__).resolve().parents[1].parent / "shared/notebooks/unsloth/Kaggle-Llama3.1_(8B)-Alpaca.ipynb"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("notebook", nargs="?", default=str(DEFAULT))
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--commands", type=int, default=3, help="runs of the whole command (the best is printed)")
+    args = parser.parse_args()
+    import nbddp
+    from nbddp.pipeline import convert_notebook
+
+    convert_notebook(args.notebook)  # warm: imports, the runtime's files read once
+    times = []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        convert_notebook(args.notebook)
+        times.append(time.perf_counter() - start)
+    commands = []
+    with tempfile.TemporaryDirectory() as out:
+        for _ in range(args.commands):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "nbddp", "convert", args.notebook, "-o", os.path.join(out, "t.py")],
+                           check=True, capture_output=True)
+            commands.append(time.perf_counter() - start)
+    root = Path(nbddp.__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout
+    print(json.dumps({"notebook": Path(args.notebook).name, "commit": commit.strip(), "nbddp": str(root),
+                      "best_s": round(min(times), 4), "median_s": round(statistics.median(times), 4),
+                      "command_s": round(min(commands), 3),
+                      "imported": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""What a call does, through the notebook's own functions: the vocabulary's kinds of the callee, and for a function,
+lambda, `functools.partial` or method the notebook defines, the kinds of everything its body calls, transitively.
+
+    effects = Effects(names)             # names: nbddp.names.Names of the notebook's tree
+    effects.of_call(call)    -> frozenset of nbddp.vocabulary kinds
+    effects.of_def(node)     -> the kinds a FunctionDef/Lambda's body does when it runs
+    effects.main_only(call)  -> True where the call does only rank-0 work (saves, pushes, generates, displays, logs)
+    effects.mixed(node)      -> True for a def that does work every rank must do *and* rank-0 work: it runs on every
+                                rank, and the rank-0 work inside its body is guarded where it stands
+
+A custom training loop is a loop whose body (through the notebook's functions too) does a backward pass and an
+optimizer step: `{BACKWARD, STEP} <= effects.of_node(loop.body)` (nbddp.vocabulary's kinds; `loss.backward()`,
+`accelerator.backward(loss)`, `optimizer.step()` of a torch.optim/bitsandbytes optimizer or `scaler.step(opt)`).
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from .cst import live_calls
+from .vocabulary import COLLECTIVE, GENERATE, MAIN_ONLY, PRINT, is_generation_pipeline, kinds
+
+FUNCTION_MAIN_ONLY = MAIN_ONLY - {PRINT}  # a helper that only prints still runs everywhere (it may compute too)
+
+
+class Effects:
+    def __init__(self, names):
+        self.names = names
+        self._defs: dict = {}
+
+    def of_call(self, call: cst.Call) -> frozenset:
+        names = self.names
+        call = names.orig(call)
+        meanings = names.meanings(call.func)
+        found = set(kinds(meanings))
+        for arg in call.args:  # generation handed over rather than called: Thread(target=model.generate)
+            if isinstance(arg.value, cst.Attribute) and GENERATE in kinds(names.meanings(arg.value)):
+                found.add(GENERATE)
+        task = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "task"), None)
+        if isinstance(task, cst.SimpleString) and is_generation_pipeline(meanings, task.evaluated_value):
+            found.add(GENERATE)
+        for node in names.definitions(call.func):
+            found |= self.of_def(node)
+        return frozenset(found)
+
+    def of_def(self, node) -> frozenset:
+        node = self.names.orig(node)
+        if node not in self._defs:
+            self._defs[node] = frozenset()  # a recursive function: what is known so far
+            self._defs[node] = self.of_node(node.body)  # a def's block, a lambda's expression
+        return self._defs[node]
+
+    def of_node(self, node) -> frozenset:
+        """The kinds of everything a statement or expression runs (def and lambda bodies: when called)."""
+        return frozenset().union(*(self.of_call(c) for c in live_calls(node)))
+
+    def collective(self, call) -> bool:
+        return COLLECTIVE in self.of_call(call)
+
+    def main_only(self, call) -> bool:
+        found = self.of_call(call)
+        return bool(found & FUNCTION_MAIN_ONLY) and COLLECTIVE not in found
+
+    def mixed(self, node, prints: bool = True) -> bool:
+        found = self.of_def(node)
+        return COLLECTIVE in found and bool(found & (MAIN_ONLY if prints else FUNCTION_MAIN_ONLY))
+
+    def helper(self, call) -> bool:
+        """The callee is one of the notebook's own functions."""
+        return bool(self.names.definitions(call.func))
+

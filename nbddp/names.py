@@ -1,0 +1,276 @@
+"""What the notebook's names and expressions are: the one name and value analysis every conversion step shares.
+
+Built once on the notebook's tree right after the magics step (nbddp.tree.Tree.names), from libcst's scope
+analysis (ScopeProvider, computed once through MetadataWrapper), so a name means what it is bound to where it is
+read: imports and their aliases (`from unsloth import FastLanguageModel as FLM`), assignments (`FLM2 = FLM`,
+`model, tok = FLM.from_pretrained(...)`), builtins (`map`), the notebook's own functions, lambdas and
+`functools.partial`s, in every scope.
+
+API (every node may be one a step rewrote: `orig()` maps it back to the node the analysis saw):
+  names.meanings(expr)    -> frozenset of dotted paths: `unsloth.FastLanguageModel.get_peft_model` for
+                             `FLM.get_peft_model`, `builtins.map`, `datasets.load_dataset().map` for `ds.map` after
+                             `ds = load_dataset(...)`, `torch.optim.AdamW().step` for `opt.step`; `()` marks a
+                             value made by a call; a name bound nowhere stays as written. nbddp.vocabulary reads them.
+  names.definitions(expr) -> the notebook's own FunctionDef/Lambda nodes a callee refers to (a def, a lambda bound to
+                             a name, `partial(f, ...)`, a method of a class the notebook defines, through `obj.m`).
+  names.value(name)       -> the expression a name was last assigned (`'org/model'` for `model_id`), or None.
+  names.orig(node)        -> the node the analysis saw (steps record rewrites in `names.origin`; see tree.py).
+  reads_writes(node), header_of(stmt): which names a statement reads and binds, in order (flow across cells).
+"""
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import BuiltinAssignment, GlobalScope, ImportAssignment, MetadataWrapper, ScopeProvider
+
+from .cst import dotted
+
+MAX_MEANINGS, MAX_DEPTH = 12, 12
+PARTIALS = frozenset({"functools.partial", "partial"})
+
+
+class _Bindings(cst.CSTVisitor):
+    """Each bound Name (as the scope analysis sees it) -> the expression it was bound to."""
+
+    def __init__(self, top, watcher=None):
+        self.values: dict[cst.Name, cst.BaseExpression] = {}
+        self.classes: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = {}
+        self.order: dict[cst.CSTNode, int] = {}  # binding nodes in source order
+        self.top, self.watcher, self.statement = top, watcher, None
+
+    def on_visit(self, node):
+        if node in self.top:
+            self.statement = node
+        if isinstance(node, (cst.Name, cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)):
+            self.order[node] = len(self.order)
+        if self.watcher is not None:  # what else one pass over the tree reads (nbddp.tree's statement facts)
+            self.watcher(self.statement, node)
+        return super().on_visit(node)
+
+    def _bind(self, target, value):
+        if isinstance(target, cst.Name):
+            self.values[target] = value
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._bind(element.value, value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind(target.value, value)
+
+    def visit_Assign(self, node):
+        for target in node.targets:
+            self._bind(target.target, node.value)
+
+    def visit_AnnAssign(self, node):
+        if node.value is not None:
+            self._bind(node.target, node.value)
+
+    def visit_NamedExpr(self, node):
+        self._bind(node.target, node.value)
+
+    def visit_WithItem(self, node):
+        if node.asname is not None:
+            self._bind(node.asname.name, node.item)
+
+    def visit_ClassDef(self, node):
+        self.classes[node] = {s.name.value: s for s in node.body.body if isinstance(s, cst.FunctionDef)}
+
+
+class Names:
+    def __init__(self, module: cst.Module, watcher=None):
+        self.module = module
+        self.scopes = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ScopeProvider)
+        bindings = _Bindings(set(module.body), watcher)
+        module.visit(bindings)
+        self.values, self.classes, self.order = bindings.values, bindings.classes, bindings.order
+        self.referents = {access.node: access.referents for scope in set(self.scopes.values()) if scope is not None
+                          for access in scope.accesses}
+        self.origin: dict[cst.CSTNode, cst.CSTNode] = {}  # a rewritten node -> the node the analysis saw
+        self._cache: dict[cst.CSTNode, frozenset] = {}
+        self._visiting: set = set()
+
+    def orig(self, node):
+        return self.origin.get(node, node)
+
+    def _assignments(self, name: cst.Name):
+        """The bindings a read of `name` may see: at a notebook's top level, the latest one before it (cells run in
+        order); in a function, every binding of its scope and the enclosing ones (it may run at any time). A name a
+        step wrote (not in the analysed tree) reads the notebook's global bindings of that name."""
+        referents = self.referents.get(name)
+        if referents is None:
+            scope = self.scopes.get(name, self.scopes.get(self.module))
+            return None if scope is None else scope[name.value]
+        scope = self.scopes.get(name)
+        if isinstance(scope, GlobalScope) and len(referents) > 1:
+            ordered = [r for r in referents if getattr(r, "node", None) in self.order]
+            if len(ordered) == len(referents):
+                return [max(ordered, key=lambda r: self.order[r.node])]
+        return referents
+
+    def meanings(self, expr, depth: int = 0) -> frozenset:
+        expr = self.orig(expr)
+        if expr in self._cache:
+            return self._cache[expr]
+        found = self._meanings(expr, depth) if depth < MAX_DEPTH else frozenset()
+        found = frozenset(sorted(found)[:MAX_MEANINGS]) or frozenset({dotted(expr) or "?"})
+        if depth == 0:
+            self._cache[expr] = found
+        return found
+
+    def _meanings(self, expr, depth) -> set:
+        if isinstance(expr, cst.Attribute):
+            return {f"{m}.{expr.attr.value}" for m in self.meanings(expr.value, depth + 1)}
+        if isinstance(expr, cst.Call):
+            called = self.meanings(expr.func, depth + 1)
+            if called & PARTIALS and expr.args:  # partial(f, ...) is f, with some arguments given
+                return set(self.meanings(expr.args[0].value, depth + 1))
+            return {f"{m}()" for m in called}
+        if isinstance(expr, cst.Subscript):
+            return {f"{m}[]" for m in self.meanings(expr.value, depth + 1)}
+        if not isinstance(expr, cst.Name):
+            return {dotted(expr) or "?"}
+        assignments = self._assignments(expr)
+        if not assignments:
+            return {expr.value}
+        found = set()
+        for assignment in assignments:
+            if isinstance(assignment, BuiltinAssignment):
+                found.add(f"builtins.{expr.value}")
+            elif isinstance(assignment, ImportAssignment):
+                found |= {q.name for q in assignment.get_qualified_names_for(expr.value)}
+            elif assignment.node in self.values and assignment.node not in self._visiting:
+                self._visiting.add(assignment.node)  # `ds = ds.map(f)`: ds's own earlier meanings, once
+                try:
+                    found |= set(self.meanings(self.values[assignment.node], depth + 1))
+                finally:
+                    self._visiting.discard(assignment.node)
+            else:
+                found.add(expr.value)  # a def, a parameter, a loop variable: its own name
+        return found
+
+    def value(self, name: cst.Name):
+        """The expression a read of `name` was last bound to by an assignment (None: an import, a def, a parameter,
+        or nothing nbddp can read)."""
+        assignments = [a for a in self._assignments(self.orig(name)) or () if getattr(a, "node", None) in self.values]
+        if not assignments:
+            return None
+        latest = max(assignments, key=lambda a: self.order.get(a.node, -1))
+        return self.values[latest.node]
+
+    def definitions(self, expr, depth: int = 0) -> list:
+        """The notebook's own functions (FunctionDef or Lambda) a callee refers to."""
+        expr = self.orig(expr)
+        if depth > MAX_DEPTH:
+            return []
+        if isinstance(expr, cst.Lambda):
+            return [expr]
+        if isinstance(expr, cst.Call) and PARTIALS & self.meanings(expr.func) and expr.args:
+            return self.definitions(expr.args[0].value, depth + 1)
+        if isinstance(expr, cst.Attribute):  # obj.method, obj made by a class the notebook defines
+            found = []
+            for cls in self._classes_of(expr.value, depth + 1):
+                method = self.classes[cls].get(expr.attr.value)
+                found += [method] if method is not None else []
+            return found
+        if not isinstance(expr, cst.Name):
+            return []
+        found = []
+        for assignment in self._assignments(expr) or ():
+            node = getattr(assignment, "node", None)
+            if isinstance(node, cst.FunctionDef):
+                found.append(node)
+            elif isinstance(node, cst.ClassDef):  # calling a class runs its __init__
+                init = self.classes[node].get("__init__")
+                found += [init] if init is not None else []
+            elif node in self.values and node is not expr:
+                found += self.definitions(self.values[node], depth + 1)
+        return found
+
+    def _classes_of(self, expr, depth) -> list:
+        """The notebook's classes an instance expression was made by: `h` after `h = Helper(...)`."""
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name):
+            return [a.node for a in self._assignments(expr.func) or () if isinstance(getattr(a, "node", None),
+                                                                                     cst.ClassDef)]
+        if isinstance(expr, cst.Name) and depth <= MAX_DEPTH:
+            return [cls for a in self._assignments(expr) or () if getattr(a, "node", None) in self.values
+                    for cls in self._classes_of(self.values[a.node], depth + 1)]
+        return []
+
+
+class _ReadsWrites(cst.CSTVisitor):
+    def __init__(self):
+        self.reads: set[str] = set()
+        self.writes: set[str] = set()
+
+    def _bind(self, target):
+        if isinstance(target, cst.Name):
+            self.writes.add(target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._bind(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind(target.value)
+        else:  # x.attr = … / x[i] = …: reads x
+            target.visit(self)
+
+    def visit_Assign(self, node):
+        for target in node.targets:
+            self._bind(target.target)
+        node.value.visit(self)
+        return False
+
+    def visit_AnnAssign(self, node):
+        self._bind(node.target)
+        if node.value is not None:
+            node.value.visit(self)
+        return False
+
+    def visit_AugAssign(self, node):
+        node.target.visit(self)
+        self._bind(node.target)
+        node.value.visit(self)
+        return False
+
+    def visit_For(self, node):
+        self._bind(node.target)
+
+    def visit_WithItem(self, node):
+        if node.asname is not None:
+            self._bind(node.asname.name)
+
+    def visit_ImportAlias(self, node):
+        if node.asname is not None:
+            self._bind(node.asname.name)
+        else:
+            name = node.name
+            while isinstance(name, cst.Attribute):
+                name = name.value
+            self._bind(name)
+        return False
+
+    def visit_FunctionDef(self, node):
+        self.writes.add(node.name.value)
+        return False  # its body runs later, when called
+
+    def visit_ClassDef(self, node):
+        self.writes.add(node.name.value)
+        return False
+
+    def visit_Name(self, node):
+        self.reads.add(node.value)
+
+
+def reads_writes(node) -> tuple[set[str], set[str]]:
+    """The names a statement reads and those it binds (def and class bodies run later: only their names)."""
+    visitor = _ReadsWrites()
+    node.visit(visitor)
+    return visitor.reads, visitor.writes
+
+
+def header_of(stmt) -> list:
+    """The parts of a compound statement that run before its blocks decide anything."""
+    if isinstance(stmt, (cst.If, cst.While)):
+        return [stmt.test]
+    if isinstance(stmt, cst.For):
+        return [stmt.iter]
+    if isinstance(stmt, cst.With):
+        return list(stmt.items)
+    return []

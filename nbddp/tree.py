@@ -1,0 +1,223 @@
+"""The notebook as one libcst tree: every code cell after the magics step, parsed once, in order.
+
+Each cell starts with the line `# %% cell N` (N: the cell's position in the notebook), the first leading line of its
+first statement (of the module's footer for trailing cells without statements): the marker the script keeps, so a
+traceback leads back to the cell. Steps take the tree and return a new one; `Tree.names` (nbddp.names) is computed
+once on the first tree and shared by every step; what a step rewrites is recorded in `names.origin` (TreeTransformer
+does it for every node it replaces), so later steps still classify the nodes. The text is rendered once, by
+nbddp.render; `cells()` gives each cell's code back (the converter's API and tests read it).
+"""
+from __future__ import annotations
+
+from functools import cached_property
+
+import libcst as cst
+
+from .cells import MARKER, cell_at
+from .cst import is_if_false, parse
+from .names import Names
+from .vocabulary import AMP, DEVICE, ENV, kinds
+
+
+def marker(number) -> cst.EmptyLine:
+    return cst.EmptyLine(comment=cst.Comment(f"{MARKER}{number}"))
+
+
+def marker_number(line: cst.EmptyLine) -> int | None:
+    comment = line.comment.value if line.comment is not None else ""
+    return int(comment[len(MARKER):]) if comment.startswith(MARKER) and comment[len(MARKER):].isdigit() else None
+
+
+def starts_cell(stmt) -> int | None:
+    """The number of the last cell that starts at this statement, or None."""
+    numbers = [n for n in map(marker_number, getattr(stmt, "leading_lines", ())) if n is not None]
+    return numbers[-1] if numbers else None
+
+
+def build(cells, step: str) -> cst.Module:
+    """One module of all cells: each cell's lines after a marker, a blank line between cells."""
+    from .transforms.base import cell_number
+
+    body, pending = [], []
+    for cell in cells:
+        module = parse(cell.source, cell=cell_number(cell), step=step)
+        if any(not line.strip() for line in cell.source.strip("\n").split("\n")):
+            module = module.visit(_BareBlankLines())  # blank lines inside blocks and brackets
+        if body or pending:
+            pending.append(cst.EmptyLine(indent=False))
+        pending += [marker(cell_number(cell))] + _bare(module.header)
+        for stmt in module.body:
+            body.append(stmt.with_changes(leading_lines=tuple(pending) + tuple(_bare(stmt.leading_lines))))
+            pending = []
+        pending += _bare(module.footer)
+    return cst.Module(body=body, footer=tuple(pending))
+
+
+class _BareBlankLines(cst.CSTTransformer):
+    """Blank lines get no indentation (no trailing spaces in the script, whatever block a line ends up in)."""
+
+    def leave_EmptyLine(self, original, updated):
+        return updated.with_changes(indent=False) if updated.comment is None else updated
+
+
+def _bare(lines) -> list:
+    return [line.with_changes(indent=False) if line.comment is None and line.indent else line for line in lines]
+
+
+def _split_lines(lines, cells, expected):
+    """Distribute leading lines over cells at their markers (the blank line before a marker is the separator). Only
+    the marker of the next cell counts: a notebook's own `# %% cell 7` comment stays a comment."""
+    lines = list(lines)
+    while True:
+        at = next((i for i, line in enumerate(lines) if expected and marker_number(line) == expected[0]), None)
+        if at is None:
+            return lines
+        before = lines[:at]
+        if cells and before and before[-1].comment is None:
+            before = before[:-1]
+        if cells:
+            cells[-1][2] += before
+        cells.append([expected.pop(0), [], []])  # number, statements, footer lines
+        lines = lines[at + 1:]
+
+
+def split(module: cst.Module, numbers) -> list[tuple[int, str]]:
+    """(cell number, code) of each cell of a tree `build` made of the cells `numbers`."""
+    cells: list = []
+    expected = list(numbers)
+    for stmt in module.body:
+        rest = _split_lines(stmt.leading_lines, cells, expected)
+        cells[-1][1].append(stmt.with_changes(leading_lines=tuple(rest)))
+    tail = _split_lines(module.footer, cells, expected)
+    cells[-1][2] += tail
+    return [(n, cst.Module(body=stmts, footer=tuple(footer)).code) for n, stmts, footer in cells]
+
+
+class _Facts(cst.CSTVisitor):
+    """What a statement holds, for steps to skip the statements that cannot concern them: the vocabulary's kinds of
+    its calls, DEVICE for a `device=` keyword or a GPU literal, ENV for CUDA_VISIBLE_DEVICES, AMP for an import.
+    Read in the analysis' one pass over the first tree (`watch`), or by visiting a statement a step made."""
+
+    def __init__(self):
+        self.calls: dict = {}  # statement -> its calls
+        self.raw: dict = {}  # statement -> facts read from literals and keywords
+
+    def watch(self, statement, node):
+        if isinstance(node, cst.Call):
+            self.calls.setdefault(statement, []).append(node)
+            if any(a.keyword is not None and a.keyword.value == "device" for a in node.args):
+                self.raw.setdefault(statement, set()).add(DEVICE)
+        elif isinstance(node, cst.SimpleString):
+            value = node.evaluated_value
+            if value == "CUDA_VISIBLE_DEVICES":
+                self.raw.setdefault(statement, set()).add(ENV)
+            elif isinstance(value, str) and value.startswith("cuda:"):
+                self.raw.setdefault(statement, set()).add(DEVICE)
+        elif isinstance(node, cst.Assign) and isinstance(node.value, cst.Integer):
+            self.raw.setdefault(statement, set()).add(DEVICE)  # `gpu = 0`, perhaps used as a device later
+        elif isinstance(node, cst.ImportFrom) and node.module is not None and \
+                cst.Module([]).code_for_node(node.module).startswith("torch.cuda.amp"):
+            self.raw.setdefault(statement, set()).add(AMP)
+
+    def on_visit(self, node):
+        self.watch(None, node)
+        return True
+
+    def of(self, names, statement) -> frozenset:
+        found = set(self.raw.get(statement, ()))
+        for call in self.calls.get(statement, ()):
+            found |= kinds(names.meanings(call.func))
+        return frozenset(found)
+
+
+class Tree:
+    def __init__(self, cells, step: str = "tree"):
+        from .transforms.base import cell_number
+
+        self.module = build(cells, step)
+        self.first = self.module
+        self.numbers = [cell_number(cell) for cell in cells]
+        self._facts: dict = {}
+        self._seen = _Facts()  # filled by the analysis' pass over the first tree
+        self._top = set(self.first.body)
+        self.at = None  # the statement a step is at (an error names its cell and line)
+        self.notebook = None  # the notebook whose code cells these are
+
+    @cached_property
+    def names(self) -> Names:
+        return Names(self.first, self._seen.watch)
+
+    def facts(self, stmt) -> frozenset:
+        """What a top-level statement holds (see _Facts), read once from the first tree."""
+        names = self.names
+        stmt = names.orig(stmt)
+        if stmt not in self._facts:
+            if stmt in self._top:
+                self._facts[stmt] = self._seen.of(names, stmt)
+            else:
+                found = _Facts()
+                stmt.visit(found)
+                self._facts[stmt] = found.of(names, None)
+        return self._facts[stmt]
+
+    def visit(self, transformer, wants=None) -> cst.Module:
+        """The tree through a transformer; with `wants`, only the top-level statements whose facts meet it."""
+        if wants is None:
+            return self.module.visit(transformer)
+        body = []
+        for stmt in self.module.body:
+            transformer.cell = starts_cell(stmt) or transformer.cell
+            new = stmt.visit(transformer) if self.facts(stmt) & wants else stmt
+            body += new.nodes if isinstance(new, cst.FlattenSentinel) else [] if isinstance(
+                new, cst.RemovalSentinel) else [new]
+        return self.module.with_changes(body=body)
+
+    def cells(self) -> list[tuple[int, str]]:
+        return split(self.module, self.numbers)
+
+    def where(self, node) -> tuple[int | None, int | None]:
+        """(cell, line in the cell) of a node of the first tree (computed only when an error needs it)."""
+        from libcst.metadata import MetadataWrapper, PositionProvider
+
+        node = self.names.orig(node)
+        positions = MetadataWrapper(self.first, unsafe_skip_copy=True).resolve(PositionProvider)
+        if node not in positions:
+            return None, None
+        line = positions[node].start.line
+        lines = self.first.code.splitlines()
+        found = cell_at(lines, line)
+        return (int(found[0]), found[1]) if found else (None, None)
+
+
+class Recording:
+    """A transformer mixin: each node it replaces is recorded in `self.names.origin`, so later steps classify the
+    new node as the old one."""
+
+    names = None
+
+    def on_leave(self, original_node, updated_node):
+        result = super().on_leave(original_node, updated_node)
+        if isinstance(result, cst.CSTNode) and result is not original_node:
+            self.names.origin[result] = self.names.orig(original_node)
+        return result
+
+
+class TreeTransformer(Recording, cst.CSTTransformer):
+    """A step's rewrite of the whole tree: `self.cell` is the cell being visited; each node it replaces is recorded
+    in `names.origin`, so later steps classify the new node as the old one; `if False:` blocks are left alone."""
+
+    def __init__(self, tree: Tree, ctx):
+        super().__init__()
+        self.tree, self.names, self.report, self.options = tree, tree.names, ctx.report, ctx.options
+        self.cell = None
+
+    def on_visit(self, node):
+        number = starts_cell(node) if isinstance(node, cst.BaseStatement) else None
+        if number is not None:
+            self.cell = number
+        if isinstance(node, cst.BaseStatement):
+            self.tree.at = node
+        if isinstance(node, cst.If) and is_if_false(node):
+            return False
+        return super().on_visit(node)
+

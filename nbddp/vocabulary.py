@@ -1,0 +1,156 @@
+"""What the notebook's calls do, by what they are: one vocabulary every conversion step uses.
+
+A call is described by its *meanings* (nbddp.names.Names.meanings): the dotted paths its callee resolves to through
+the notebook's imports and assignments, e.g. `unsloth.FastLanguageModel.from_pretrained` for `FLM.from_pretrained`
+after `from unsloth import FastLanguageModel as FLM`, `builtins.map` for `map(...)`, `datasets.load_dataset().map`
+for `ds.map(...)` after `ds = load_dataset(...)`; a name the notebook never binds stays as written (`display`).
+`()` after a part marks a value made by calling it. `kinds(meanings)` answers what the call is, as a set of:
+
+LOAD (a model loader), PEFT (get_peft_model), DATA (dataset loading, map, filter, split: main-process-first),
+COLLECTIVE (work every rank must do together: train/evaluate/predict, Trainer construction, from_pretrained,
+get_peft_model, dataset loading and mapping, torch.distributed, a backward pass, an optimizer step), SAVE, PUSH,
+GENERATE, DISPLAY, PRINT, MEMORY (GPU memory stats), TRACK (an experiment tracker: a run's start, log, finish),
+BACKWARD (`loss.backward()`, `accelerator.backward(loss)`), STEP (an optimizer's `.step()`), OWN_DDP (the notebook
+distributes training itself: DistributedDataParallel, FSDP, accelerate's Accelerator, Fabric), CONFIG (a trainer
+config: TrainingArguments, SFTConfig, ...), SEEDED (a split or shuffle, which takes a seed), AMP (the deprecated
+torch.cuda.amp), DEVICE (`.to`, `.cuda`, `set_device`, `torch.device`).
+
+MAIN_ONLY holds the kinds that run on global rank 0 only; LIGHT those that need no barrier after them inside loops
+and function bodies (nothing another rank reads later).
+"""
+from __future__ import annotations
+
+LOAD, PEFT, DATA, COLLECTIVE = "load", "peft", "data", "collective"
+SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK = "save", "push", "generate", "display", "print", "memory", "track"
+BACKWARD, STEP, CONFIG = "backward", "step", "config"
+SEEDED, AMP, DEVICE = "seeded", "amp", "device"  # a split or shuffle; torch.cuda.amp; what names a device
+ENV = "env"  # a statement that names CUDA_VISIBLE_DEVICES (nbddp.tree's statement facts)
+OWN_DDP = "own-ddp"  # the notebook distributes training itself: torch's DDP or FSDP, accelerate, Lightning's Fabric
+MAIN_ONLY = frozenset({SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK})
+LIGHT = frozenset({DISPLAY, PRINT, MEMORY, TRACK})
+
+UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastVisionModel", "FastModel", "FastSentenceTransformer",
+                             "FastTextModel"})
+MODEL_SUFFIXES = (
+    "ForCausalLM", "ForConditionalGeneration", "ForSequenceClassification", "ForTokenClassification",
+    "ForQuestionAnswering", "ForMaskedLM", "ForSeq2SeqLM", "ForImageTextToText", "ForSpeechSeq2Seq",
+    "ForVision2Seq", "ForAudioClassification", "ForImageClassification", "ForCTC",
+)
+SAVE_PREFIXES = ("save_pretrained", "save_lora", "save_model")
+GENERATION = frozenset({"generate", "fast_generate", "for_inference", "TextStreamer", "print_trainable_parameters"})
+GENERATION_TASKS = frozenset({"text-generation", "text2text-generation", "image-text-to-text", "summarization",
+                              "translation", "automatic-speech-recognition", "text-to-audio", "text-to-speech"})
+CUDA_MEMORY = frozenset({"max_memory_reserved", "max_memory_allocated", "memory_reserved", "memory_allocated",
+                         "get_device_properties", "memory_summary", "mem_get_info"})
+TOGETHER = frozenset({"train", "evaluate", "predict", "barrier", "all_reduce", "broadcast", "gather", "all_gather",
+                      "reduce_scatter", "nbddp_barrier", "from_pretrained", "get_peft_model"})
+DATA_FUNCTIONS = frozenset({"load_dataset", "load_from_disk", "train_test_split"})
+DATA_METHODS = frozenset({"map", "filter"})
+NOT_DATASETS = frozenset({"builtins", "multiprocessing", "concurrent", "pandas", "numpy", "torch", "itertools",
+                          "functools", "operator", "pd", "np"})
+TRACKERS = frozenset({"wandb", "mlflow", "comet_ml", "neptune", "trackio", "swanlab", "clearml", "aim"})
+TRACKER_CLASSES = frozenset({"SummaryWriter"})  # torch.utils.tensorboard / tensorboardX: writer = SummaryWriter()
+DISPLAY_MODULE = "IPython.display"  # Audio, Image, Markdown… from here only display; datasets.Audio is data
+TRL_CONFIGS = frozenset({
+    "SFTConfig", "DPOConfig", "ORPOConfig", "KTOConfig", "CPOConfig", "GRPOConfig", "PPOConfig", "RewardConfig",
+    "GKDConfig", "RLOOConfig", "OnlineDPOConfig", "XPOConfig", "NashMDConfig", "PRMConfig", "BCOConfig",
+})
+OPTIMIZER_HOMES = ("torch.optim.", "bitsandbytes.optim.", "bnb.optim.", "transformers.AdamW", "optim.")
+OPTIMIZER_NAMES = frozenset({"optimizer", "optim", "opt", "scaler"})  # scaler.step(opt): a GradScaler steps it
+OWN_DISTRIBUTION = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "Accelerator", "Fabric",
+                              "notebook_launcher"})
+SCHEDULERS = ("lr_scheduler", "scheduler", "Scheduler", "_schedule")
+
+
+def parts(meaning: str) -> list[str]:
+    """`a.b().c` -> ['a', 'b', 'c']."""
+    return meaning.replace("()", "").replace("[]", "").split(".")
+
+
+def is_model_class(owner: str, root: str = "") -> bool:
+    """A class whose `from_pretrained` loads a model: Unsloth's loaders (every `Fast…Model`, any name imported
+    from unsloth), `Auto*Model*`, `…ForCausalLM` and the like; not PEFT's adapters."""
+    if owner.startswith("Peft"):
+        return False
+    return (owner in UNSLOTH_LOADERS or (owner.startswith("Fast") and owner.endswith("Model"))
+            or (root == "unsloth" and owner.startswith("Fast")) or (owner.startswith("Auto") and "Model" in owner)
+            or owner.endswith(MODEL_SUFFIXES))
+
+
+def is_unsloth_loader(meaning: str) -> bool:
+    """`FastLanguageModel.get_peft_model` and the like: Unsloth's, or a name the notebook never imports."""
+    names = parts(meaning)
+    owner = names[-2] if len(names) > 1 else ""
+    if len(names) > 2 and names[0] != "unsloth" and "(" not in meaning:
+        return False  # imported from another library
+    return owner in UNSLOTH_LOADERS or (owner.startswith("Fast") and owner.endswith("Model")) or (
+        names[0] == "unsloth" and owner.startswith("Fast"))
+
+
+def _kinds_of(meaning: str) -> set[str]:
+    if meaning.endswith(("()", "[]")):  # calling a value a call made (`tokenizer(...)`): not a named function
+        return set()
+    names = parts(meaning)
+    tail, root = names[-1], names[0]
+    owner = names[-2] if len(names) > 1 else ""
+    method = len(names) > 1
+    found: set[str] = set()
+    if root == "builtins":
+        return {PRINT} if tail == "print" and len(names) == 2 else found
+    if tail == "from_pretrained" and is_model_class(owner, root):
+        found |= {LOAD, COLLECTIVE}
+    if tail == "get_peft_model":
+        found |= {PEFT, COLLECTIVE}
+    if tail in TOGETHER or tail.endswith("Trainer") or (
+            meaning.startswith("torch.distributed.") and tail not in ("get_rank", "get_world_size", "is_initialized")):
+        found.add(COLLECTIVE)
+    if tail in DATA_FUNCTIONS or (method and tail in DATA_METHODS and root not in NOT_DATASETS):
+        found |= {DATA, COLLECTIVE}
+    if tail == "backward" and method:
+        found |= {BACKWARD, COLLECTIVE}
+    if tail == "step" and method and is_optimizer(".".join(meaning.split(".")[:-1])):
+        found |= {STEP, COLLECTIVE}
+    if tail.startswith(SAVE_PREFIXES) or meaning == "torch.save":
+        found.add(SAVE)
+    if tail.startswith("push_to_hub"):
+        found.add(PUSH)
+    if tail in GENERATION or tail.endswith("Streamer"):
+        found.add(GENERATE)
+    if tail in CUDA_MEMORY and owner == "cuda":
+        found.add(MEMORY)
+    if root in TRACKERS or any(name in TRACKER_CLASSES for name in names):
+        found.add(TRACK)
+    if meaning.startswith(DISPLAY_MODULE + ".") or meaning == "display":
+        found.add(DISPLAY)
+    if tail in TRL_CONFIGS or tail.endswith("TrainingArguments"):
+        found.add(CONFIG)
+    if tail == "train_test_split" or (tail == "shuffle" and method and root not in ("builtins", "random")):
+        found.add(SEEDED)
+    if tail in OWN_DISTRIBUTION:
+        found.add(OWN_DDP)
+    if meaning.startswith("torch.cuda.amp."):
+        found.add(AMP)
+    if tail in ("to", "cuda", "set_device", "device"):
+        found.add(DEVICE)
+    return found
+
+
+def kinds(meanings) -> frozenset:
+    """What a call whose callee has these meanings does (the union over its meanings)."""
+    found: set[str] = set()
+    for meaning in meanings:
+        found |= _kinds_of(meaning)
+    return frozenset(found)
+
+
+def is_optimizer(receiver: str) -> bool:
+    """A value that is an optimizer: made by torch.optim/bitsandbytes (any name), or a name that says so."""
+    if any(word in receiver for word in SCHEDULERS):
+        return False
+    return receiver.startswith(OPTIMIZER_HOMES) or parts(receiver)[-1] in OPTIMIZER_NAMES or "GradScaler" in receiver or (
+        "optim" in receiver and receiver.endswith(")"))
+
+
+def is_generation_pipeline(meanings, task) -> bool:
+    """`pipeline("text-generation", ...)`: a generation pipeline runs on rank 0 only."""
+    return any(parts(m)[-1] == "pipeline" for m in meanings) and task in GENERATION_TASKS
