@@ -65,6 +65,17 @@ def test_a_loop_in_the_notebooks_function_follows_the_call_and_a_grad_scaler():
     assert "    nbddp_ddp(net)\n    for x in tqdm(nbddp_distributed(data)):\n" in loop
 
 
+def test_a_loop_over_the_notebooks_step_function_and_an_aliased_optimizer_in_another_cell():
+    sources, _ = _converted(
+        "from torch.optim import AdamW as Opt\no = Opt(model.parameters())\n",
+        "def train_step(batch):\n    model(**batch).loss.backward()\n    o.step()\n    o.zero_grad()\n",
+        "for epoch in range(2):\n    for batch in loader:\n        train_step(batch)\n",
+    )
+    assert sources[1] == "def train_step(batch):\n    model(**batch).loss.backward()\n    o.step()\n    o.zero_grad()\n"
+    assert sources[2] == ("nbddp_ddp(model)\nfor epoch in range(2):\n    for batch in nbddp_distributed(loader):\n"
+                          "        train_step(batch)\n")
+
+
 def test_loops_that_do_not_train_or_distribute_themselves_are_left_alone():
     unchanged = [
         "for batch in loader:\n    print(model(**batch).loss)\n",              # no backward

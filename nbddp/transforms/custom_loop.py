@@ -78,11 +78,17 @@ class _Rewrite(TreeTransformer):
     # ---- one loop ----
 
     def _optimizers(self, loop) -> list[cst.BaseExpression]:
-        """The optimizer expressions the loop steps: `opt` in `opt.step()` and in `scaler.step(opt)`."""
-        found = []
-        for call in live_calls(loop.body):
+        """The optimizer expressions the loop steps, itself or in the notebook's functions it calls: `opt` in
+        `opt.step()` and in `scaler.step(opt)`."""
+        found, seen, todo = [], set(), list(live_calls(loop.body))
+        while todo:
+            call = todo.pop(0)
             if STEP in kinds(self.names.meanings(call.func)) and isinstance(call.func, cst.Attribute):
                 found += [a.value for a in call.args if a.keyword is None] + [call.func.value]
+            for definition in self.names.definitions(call.func):
+                if definition not in seen:
+                    seen.add(definition)
+                    todo += live_calls(definition.body)
         return found
 
     def _model(self, loop) -> str | None:
