@@ -76,6 +76,21 @@ def test_a_loop_over_the_notebooks_step_function_and_an_aliased_optimizer_in_ano
                           "        train_step(batch)\n")
 
 
+def test_a_loop_stepping_a_parameter_whatever_its_name_follows_the_calls_value():
+    (loop,), report = _converted("""\
+        def train_epoch(m, o, data):
+            for step, batch in enumerate(data):
+                m(**batch).loss.backward()
+                o.step(); o.zero_grad()
+        for epoch in range(3):
+            train_epoch(model, optimizer, loader)
+    """)
+    assert loop.startswith("def train_epoch(m, o, data):\n    nbddp_ddp(m)\n"
+                           "    for step, batch in enumerate(nbddp_distributed(data)):\n")
+    assert "for epoch in range(3):\n    train_epoch(model, optimizer, loader)\n" in loop  # the caller unchanged
+    assert any("m trains through DDP" in n.text for n in report.changes)
+
+
 def test_loops_that_do_not_train_or_distribute_themselves_are_left_alone():
     unchanged = [
         "for batch in loader:\n    print(model(**batch).loss)\n",              # no backward

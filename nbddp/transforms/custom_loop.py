@@ -16,7 +16,7 @@ import libcst as cst
 
 from ..cst import call_stmt, code_of, dotted, is_rank_test, live_calls
 from ..effects import Effects
-from ..vocabulary import BACKWARD, OWN_DDP, STEP, kinds, parts
+from ..vocabulary import BACKWARD, OWN_DDP, STEP, is_optimizer, kinds, parts
 from .base import TreeStep, TreeTransformer
 
 WRAP, DEAL, STOP = "nbddp_ddp", "nbddp_distributed", "nbddp_unsynced_loop"
@@ -39,7 +39,39 @@ class _Rewrite(TreeTransformer):
         self.functions: list[cst.FunctionDef] = []
 
     def _trains(self, node) -> bool:
-        return isinstance(node, (cst.For, cst.While)) and {BACKWARD, STEP} <= self.effects.of_node(node.body)
+        if not isinstance(node, (cst.For, cst.While)):
+            return False
+        done = self.effects.of_node(node.body)
+        return BACKWARD in done and (STEP in done or bool(self._stepped_parameters(node)))
+
+    def _stepped_parameters(self, loop) -> list[cst.Name]:
+        """In the notebook's function, `p.step()` / `scaler.step(p)` on a parameter `p` that a call of the function
+        passes an optimizer as (its value followed, whatever the parameter is called)."""
+        if not self.functions:
+            return []
+        params = {p.name.value for p in self.functions[-1].params.params}
+        found = []
+        for call in live_calls(loop.body):
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "step":
+                found += [e for e in [call.func.value, *(a.value for a in call.args if a.keyword is None)]
+                          if isinstance(e, cst.Name) and e.value in params and any(
+                              is_optimizer(m) for arg in self._arguments(self.functions[-1], e.value)
+                              for m in self.names.meanings(arg))]
+        return found
+
+    def _arguments(self, function, param) -> list[cst.BaseExpression]:
+        """What the calls of the notebook's `function` pass as `param`."""
+        return [bound[param] for bound in self._calls_of(function) if param in bound]
+
+    def _calls_of(self, function) -> list[dict]:
+        """Each call of `function` in the notebook, as parameter -> argument."""
+        params = [p.name.value for p in function.params.params]
+        found = []
+        for call in live_calls(self.tree.first):
+            if function in self.names.definitions(call.func):
+                bound = {p: a.value for p, a in zip(params, call.args) if a.keyword is None}
+                found.append(bound | {a.keyword.value: a.value for a in call.args if a.keyword is not None})
+        return found
 
     def visit_FunctionDef(self, node):
         self.functions.append(self.names.orig(node))
@@ -89,7 +121,7 @@ class _Rewrite(TreeTransformer):
                 if definition not in seen:
                     seen.add(definition)
                     todo += live_calls(definition.body)
-        return found
+        return found + self._stepped_parameters(loop)
 
     def _model(self, loop) -> str | None:
         for optimizer in self._optimizers(loop):
@@ -105,12 +137,7 @@ class _Rewrite(TreeTransformer):
     def _through_calls(self, function, param) -> str | None:
         """The model a function's optimizer parameter `param` trains, from the calls of that function: the parameter
         each call passes that model as (or the model's own name, read as a global in the function)."""
-        params = [p.name.value for p in function.params.params]
-        for call in live_calls(self.tree.first):
-            if function not in self.names.definitions(call.func):
-                continue
-            bound = {p: a.value for p, a in zip(params, call.args) if a.keyword is None}
-            bound |= {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        for bound in self._calls_of(function):
             optimizer = bound.get(param)
             value = self.names.value(optimizer) if isinstance(optimizer, cst.Name) else None
             model = _model_of(value) if value is not None else None
