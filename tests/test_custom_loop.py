@@ -76,6 +76,20 @@ def test_a_loop_over_the_notebooks_step_function_and_an_aliased_optimizer_in_ano
                           "        train_step(batch)\n")
 
 
+def test_an_optimizer_built_from_named_parameters_or_parameter_groups_finds_its_model():
+    sources, report = _converted(
+        "params = [p for p in net.parameters() if p.requires_grad]\nopt = torch.optim.SGD(params, lr=0.1)\n",
+        "for b in loader:\n    net(**b).loss.backward()\n    opt.step()\n",
+        "groups = [{'params': [p for n, p in head.named_parameters() if 'bias' not in n], 'weight_decay': 0.01}]\n"
+        "optimizer = torch.optim.AdamW(groups)\n",
+        "for b in loader:\n    head(**b).loss.backward()\n    optimizer.step()\n",
+    )
+    assert sources[1] == "nbddp_ddp(net)\nfor b in nbddp_distributed(loader):\n    net(**b).loss.backward()\n    opt.step()\n"
+    assert sources[3] == ("nbddp_ddp(head)\nfor b in nbddp_distributed(loader):\n    head(**b).loss.backward()\n"
+                          "    optimizer.step()\n")
+    assert not report.warnings
+
+
 def test_loops_that_do_not_train_or_distribute_themselves_are_left_alone():
     unchanged = [
         "for batch in loader:\n    print(model(**batch).loss)\n",              # no backward
