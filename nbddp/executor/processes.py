@@ -20,15 +20,6 @@ def alive(pid: int) -> bool:
         return True
 
 
-def process_tree(pid: int) -> list[int]:
-    """`pid` and all its descendants (the ranks run in sessions of their own, so a process-group signal to torchrun
-    does not reach them)."""
-    try:
-        return [pid] + [child.pid for child in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return [pid]
-
-
 def _running(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() not in _GONE  # is_running: the pid is not a new process's
