@@ -11,15 +11,11 @@ import pytest
 
 from conftest import make_notebook
 from nbddp.errors import ConversionError
-from nbddp.pipeline import run_pipeline
-from nbddp.report import Report
-from nbddp.transforms.base import Context
+from test_transforms import convert_cells
 
 
 def convert(*sources):
-    ctx = Context(report=Report(source="idioms.ipynb"))
-    nb = run_pipeline(make_notebook(*(s if isinstance(s, tuple) else textwrap.dedent(s) for s in sources)), ctx)
-    return [cell.source for cell in nb.cells], ctx.report
+    return convert_cells(*(s if isinstance(s, tuple) else textwrap.dedent(s) for s in sources))
 
 
 def cells(befores, afters, name):
