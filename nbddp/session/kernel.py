@@ -16,6 +16,7 @@ thread of its own, waits until the next cell starts.
 """
 from __future__ import annotations
 
+import codecs
 import os
 import selectors
 import sys
@@ -39,6 +40,8 @@ class Session:
         self.nproc, self.all_ranks = nproc, all_ranks
         self.conns, self.pending_text = {}, {"stdout": "", "stderr": ""}
         self.stderr_tail, self.flushed, self.echo = "", 0.0, True
+        # a character split between two reads is decoded whole (a progress bar's blocks are 3 bytes)
+        self.decoders = {dest: codecs.getincrementaldecoder("utf-8")(errors="replace") for dest in self.pending_text}
         self.cells_run, self.started = 0, None
         self.dead = None  # why the session ended
 
@@ -191,7 +194,7 @@ class Session:
         if not data:
             self.selector.unregister(key.fileobj)
             return
-        text = data.decode("utf-8", errors="replace")
+        text = self.decoders[key.data].decode(data)
         if key.data == "stderr":
             self.stderr_tail = (self.stderr_tail + text)[-_TAIL:]
         if self.echo:
