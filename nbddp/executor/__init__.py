@@ -14,6 +14,6 @@ from .job import (FLUSH_EVERY, GRACE, LOG_PREFIX, TorchrunJob, child_env, log_di
                   run_script, sweep_log_dirs)
 from .processes import alive
 
-__all__ = ["FLUSH_EVERY", "GRACE", "LOG_PREFIX", "LauncherNoise", "RankFailedError", "TorchrunJob", "all_failures", "alive", "cell_frames",
-           "child_env", "job_failure", "last_traceback", "log_dir", "parse_failure", "plan",
+__all__ = ["FLUSH_EVERY", "GRACE", "LOG_PREFIX", "LauncherNoise", "RankFailedError", "TorchrunJob", "all_failures",
+           "alive", "cell_frames", "child_env", "job_failure", "last_traceback", "log_dir", "parse_failure", "plan",
            "rank_log", "resolve_nproc", "run_argv", "run_script", "sweep_log_dirs"]
