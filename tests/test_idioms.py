@@ -84,6 +84,22 @@ FUNCTIONS = [
     cells(["import wandb\nfor step in range(9):\n    loss = train_step()\n    wandb.log({'loss': loss})\n"],
           ["import wandb\nfor step in range(9):\n    loss = train_step()\n    if NBDDP_IS_MAIN:\n"
            "        wandb.log({'loss': loss})\n"], "loop logs, no barrier"),
+    # a function that only prepares data runs main-process-first where it is called (Llama3.1 GRPO's
+    # get_gsm8k_questions); one that also trains, or saves, or calls a function that trains, is left alone
+    cells(["from datasets import load_dataset\ndef get(split='train'):\n    data = load_dataset('x')[split]\n"
+           "    return data.map(lambda r: {'q': r['question']})\n", "dataset = get()\n"],
+          ["from datasets import load_dataset\ndef get(split='train'):\n    data = load_dataset('x')[split]\n"
+           "    return data.map(lambda r: {'q': r['question']})\n",
+           "with nbddp_main_process_first():\n    dataset = get()\n"], "a function that only prepares data"),
+    cells(["def prep_and_train():\n    ds = load_dataset('x')\n    SFTTrainer(model, train_dataset=ds).train()\n"
+           "def prep_and_save():\n    ds = load_dataset('x')\n    torch.save(ds, 'ds.pt')\n"
+           "def outer():\n    prep_and_train()\n    return load_dataset('y')\n",
+           "prep_and_train()\nprep_and_save()\nouter()\n"],
+          ["def prep_and_train():\n    ds = load_dataset('x')\n    SFTTrainer(model, train_dataset=ds).train()\n"
+           "def prep_and_save():\n    ds = load_dataset('x')\n    if NBDDP_IS_MAIN:\n"
+           "        torch.save(ds, 'ds.pt')\n    nbddp_barrier(\"save\")\n"
+           "def outer():\n    prep_and_train()\n    return load_dataset('y')\n",
+           "prep_and_train()\nprep_and_save()\nouter()\n"], "functions that prepare data and do more"),
 ]
 
 SHOWN = [
