@@ -91,7 +91,8 @@ class _Rewrite(TreeTransformer):
         for call in live_calls(optimizer_value):
             if isinstance(call.func, cst.Attribute) and call.func.attr.value in PARAMETERS:
                 return dotted(call.func.value)
-        for name in m.findall(optimizer_value, m.Name()) if depth < FOLLOW else ():
+        reads = [n for n in m.findall(optimizer_value, m.Name()) if n in self.names.referents]  # not `x.attr`'s attr
+        for name in reads if depth < FOLLOW else ():
             value = self.names.value(name)
             model = self._model_of(value, depth + 1) if value is not None else None
             if model:
