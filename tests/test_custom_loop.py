@@ -88,6 +88,9 @@ def test_an_optimizer_built_from_named_parameters_or_parameter_groups_finds_its_
     assert sources[3] == ("nbddp_ddp(head)\nfor b in nbddp_distributed(loader):\n    head(**b).loss.backward()\n"
                           "    optimizer.step()\n")
     assert not report.warnings
+    attribute = "o = torch.optim.SGD(cfg.params)\nfor b in loader:\n    net(**b).loss.backward()\n    o.step()\n"
+    (unknown,), _ = _converted("params = net.parameters()\n" + attribute)  # cfg.params is not the global params
+    assert unknown.startswith("params = net.parameters()\no = torch.optim.SGD(cfg.params)\nnbddp_unsynced_loop(")
 
 
 def test_loops_that_do_not_train_or_distribute_themselves_are_left_alone():
