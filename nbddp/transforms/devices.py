@@ -64,8 +64,7 @@ class _DeviceUses(cst.CSTVisitor):
     def visit_Call(self, call):
         for arg in device_args(self.names, call):
             if isinstance(arg.value, cst.Name):
-                for assignment in self.names._assignments(self.names.orig(arg.value)) or ():
-                    self.targets.add(getattr(assignment, "node", None))
+                self.targets.update(self.names.bindings(arg.value))
 
 
 class _Strings(cst.CSTTransformer):
@@ -102,8 +101,7 @@ class _Devices(TreeTransformer):
 
     def _ours(self, value) -> bool:
         """The rank's own device already: NBDDP_*, or a name this step points at it."""
-        if isinstance(value, cst.Name) and any(getattr(a, "node", None) in self.targets
-                                               for a in self.names._assignments(self.names.orig(value)) or ()):
+        if isinstance(value, cst.Name) and any(node in self.targets for node in self.names.bindings(value)):
             return True
         return any(m.startswith("NBDDP_") for m in self.names.meanings(value))
 
