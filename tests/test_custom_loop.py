@@ -65,6 +65,12 @@ def test_a_loop_in_the_notebooks_function_follows_the_call_and_a_grad_scaler():
     assert "    nbddp_ddp(net)\n    for x in tqdm(nbddp_distributed(data)):\n" in loop
 
 
+def test_an_optimizer_made_in_the_call_of_the_notebooks_function():
+    (loop,), _ = _converted("def fit(net, opt, data):\n    for b in data:\n        net(**b).loss.backward()\n"
+                            "        opt.step()\nfit(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)\n")
+    assert loop.startswith("def fit(net, opt, data):\n    nbddp_ddp(net)\n    for b in nbddp_distributed(data):\n")
+
+
 def test_a_loop_over_the_notebooks_step_function_and_an_aliased_optimizer_in_another_cell():
     sources, _ = _converted(
         "from torch.optim import AdamW as Opt\no = Opt(model.parameters())\n",

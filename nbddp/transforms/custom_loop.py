@@ -85,13 +85,14 @@ class _Rewrite(TreeTransformer):
                     todo += live_calls(definition.body)
         return found
 
-    def _model_of(self, optimizer_value, depth: int = 0) -> str | None:
-        """`model` for an optimizer built from `model.parameters()` anywhere in its arguments, also through the names
-        they read (`params = [p for p in model.parameters() if p.requires_grad]`, parameter groups)."""
-        for call in live_calls(optimizer_value):
+    def _model_of(self, optimizer, depth: int = 0) -> str | None:
+        """`model` for an optimizer (its name, or the call that makes it) built from `model.parameters()` anywhere in
+        its arguments, also through the names they read (`params = [p for p in model.parameters() if
+        p.requires_grad]`, parameter groups)."""
+        for call in live_calls(optimizer):
             if isinstance(call.func, cst.Attribute) and call.func.attr.value in PARAMETERS:
                 return dotted(call.func.value)
-        reads = [n for n in m.findall(optimizer_value, m.Name()) if n in self.names.referents]  # not `x.attr`'s attr
+        reads = [n for n in m.findall(optimizer, m.Name()) if n in self.names.referents]  # not `x.attr`'s attr
         for name in reads if depth < FOLLOW else ():
             value = self.names.value(name)
             model = self._model_of(value, depth + 1) if value is not None else None
@@ -101,8 +102,7 @@ class _Rewrite(TreeTransformer):
 
     def _model(self, loop) -> str | None:
         for optimizer in self._optimizers(loop):
-            value = self.names.value(optimizer) if isinstance(optimizer, cst.Name) else None
-            model = self._model_of(value) if value is not None else None
+            model = self._model_of(optimizer)
             if model:
                 return model
             if self.functions and isinstance(optimizer, cst.Name):
@@ -120,9 +120,8 @@ class _Rewrite(TreeTransformer):
                 continue
             bound = {p: a.value for p, a in zip(params, call.args) if a.keyword is None}
             bound |= {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-            optimizer = bound.get(param)
-            value = self.names.value(optimizer) if isinstance(optimizer, cst.Name) else None
-            model = self._model_of(value) if value is not None else None
+            optimizer = bound.get(param)  # a name, or the optimizer made in the call's arguments
+            model = self._model_of(optimizer) if optimizer is not None else None
             if model:
                 return next((p for p, arg in bound.items() if dotted(arg) == model), model)
         return None
