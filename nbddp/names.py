@@ -27,6 +27,9 @@ from .cst import dotted
 
 MAX_MEANINGS, MAX_DEPTH = 12, 12
 PARTIALS = frozenset({"functools.partial", "partial"})
+# What IPython adds to the builtins of the process it runs in (where %%torchrun and %ddp convert): the notebook's own
+# names, as in a script, not Python's builtins (libcst asks the live `builtins` module).
+IPYTHON_BUILTINS = frozenset({"display", "get_ipython"})
 
 
 class _Bindings(cst.CSTVisitor):
@@ -134,7 +137,7 @@ class Names:
         found = set()
         for assignment in assignments:
             if isinstance(assignment, BuiltinAssignment):
-                found.add(f"builtins.{expr.value}")
+                found.add(expr.value if expr.value in IPYTHON_BUILTINS else f"builtins.{expr.value}")
             elif isinstance(assignment, ImportAssignment):
                 found |= {q.name for q in assignment.get_qualified_names_for(expr.value)}
             elif assignment.node in self.values and assignment.node not in self._visiting:

@@ -304,3 +304,11 @@ def test_a_custom_training_loop_is_a_backward_and_an_optimizer_step():
     training, other = [s for s in module.body if isinstance(s, cst.For)]
     assert {BACKWARD, STEP} <= effects.of_node(training.body)
     assert not {BACKWARD, STEP} & effects.of_node(other.body)  # a scheduler's step is not an optimizer's
+
+
+def test_display_is_rank_0_work_also_where_ipython_made_it_a_builtin(monkeypatch):
+    import builtins
+
+    monkeypatch.setattr(builtins, "display", print, raising=False)  # IPython's shell does so: %%torchrun, %ddp
+    (cell,), _ = convert("display(df)\n")
+    assert cell == 'if NBDDP_IS_MAIN:\n    display(df)\nnbddp_barrier("display")\n'
