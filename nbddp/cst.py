@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import libcst as cst
+import libcst.matchers as m
 
 from .errors import ConversionError
 
@@ -13,6 +14,7 @@ RANK_NAMES = frozenset({
     "is_world_process_zero", "is_main", "get_rank", "rank", "local_rank", "global_rank", "RANK",
     "LOCAL_RANK", "process_index", "local_process_index", "should_save",
 })
+RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK"})  # torchrun's environment
 
 
 def parse(code: str, cell=None, step=None) -> cst.Module:
@@ -103,8 +105,12 @@ def names_in(node) -> set[str]:
 
 
 def is_rank_test(node) -> bool:
-    """An `if` whose test mentions a rank or main-process flag: its body is already per-process."""
-    return isinstance(node, cst.If) and bool(names_in(node.test) & RANK_NAMES)
+    """An `if` whose test mentions a rank or main-process flag, or reads the launcher's rank from the environment
+    (`os.environ["RANK"]`, `os.getenv("LOCAL_RANK")`): its body is already per-process."""
+    if not isinstance(node, cst.If):
+        return False
+    strings = {s.evaluated_value for s in m.findall(node.test, m.SimpleString())}
+    return bool(names_in(node.test) & RANK_NAMES or strings & RANK_VARIABLES)
 
 
 class LiveVisitor(cst.CSTVisitor):

@@ -7,6 +7,8 @@ lambda, `functools.partial` or method the notebook defines, the kinds of everyth
     effects.main_only(call)  -> True where the call does only rank-0 work (saves, pushes, generates, displays, logs)
     effects.mixed(node)      -> True for a def that does work every rank must do *and* rank-0 work: it runs on every
                                 rank, and the rank-0 work inside its body is guarded where it stands
+    effects.prepares_data(call) -> True for a call of the notebook's own function that loads or maps datasets and does
+                                nothing else every rank must do together: main-process-first as a whole
 
 A custom training loop is a loop whose body (through the notebook's functions too) does a backward pass and an
 optimizer step: `{BACKWARD, STEP} <= effects.of_node(loop.body)` (nbddp.vocabulary's kinds; `loss.backward()`,
@@ -17,7 +19,8 @@ from __future__ import annotations
 import libcst as cst
 
 from .cst import live_calls
-from .vocabulary import COLLECTIVE, GENERATE, MAIN_ONLY, PRINT, is_generation_pipeline, kinds
+from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, PEFT, PRINT, STEP,
+                         is_generation_pipeline, kinds)
 
 FUNCTION_MAIN_ONLY = MAIN_ONLY - {PRINT}  # a helper that only prints still runs everywhere (it may compute too)
 
@@ -63,6 +66,19 @@ class Effects:
     def mixed(self, node, prints: bool = True) -> bool:
         found = self.of_def(node)
         return COLLECTIVE in found and bool(found & (MAIN_ONLY if prints else FUNCTION_MAIN_ONLY))
+
+    def prepares_data(self, call) -> bool:
+        """`dataset = get_questions()` whose body loads and maps a dataset: every collective in the function's body is
+        dataset work, made there (not in a function it calls), and it saves, generates and logs nothing."""
+        definitions = self.names.definitions(call.func)
+        for node in definitions:
+            found = self.of_def(node)
+            if DATA not in found or found & (FUNCTION_MAIN_ONLY | {BACKWARD, STEP, LOAD, PEFT}):
+                return False
+            for inner in live_calls(node.body):
+                if COLLECTIVE in self.of_call(inner) and (DATA not in self.of_call(inner) or self.helper(inner)):
+                    return False
+        return bool(definitions)
 
     def helper(self, call) -> bool:
         """The callee is one of the notebook's own functions."""

@@ -14,6 +14,7 @@ API (every node may be one a step rewrote: `orig()` maps it back to the node the
   names.definitions(expr) -> the notebook's own FunctionDef/Lambda nodes a callee refers to (a def, a lambda bound to
                              a name, `partial(f, ...)`, a method of a class the notebook defines, through `obj.m`).
   names.value(name)       -> the expression a name was last assigned (`'org/model'` for `model_id`), or None.
+  names.bindings(name)    -> the nodes a read of the name may be bound by (an Assign, a Param, a def, an import).
   names.orig(node)        -> the node the analysis saw (steps record rewrites in `names.origin`; see tree.py).
   reads_writes(node), header_of(stmt): which names a statement reads and binds, in order (flow across cells).
 """
@@ -26,6 +27,9 @@ from .cst import dotted
 
 MAX_MEANINGS, MAX_DEPTH = 12, 12
 PARTIALS = frozenset({"functools.partial", "partial"})
+# What IPython adds to the builtins of the process it runs in (where %%torchrun and %ddp convert): the notebook's own
+# names, as in a script, not Python's builtins (libcst asks the live `builtins` module).
+IPYTHON_BUILTINS = frozenset({"display", "get_ipython"})
 
 
 class _Bindings(cst.CSTVisitor):
@@ -133,7 +137,7 @@ class Names:
         found = set()
         for assignment in assignments:
             if isinstance(assignment, BuiltinAssignment):
-                found.add(f"builtins.{expr.value}")
+                found.add(expr.value if expr.value in IPYTHON_BUILTINS else f"builtins.{expr.value}")
             elif isinstance(assignment, ImportAssignment):
                 found |= {q.name for q in assignment.get_qualified_names_for(expr.value)}
             elif assignment.node in self.values and assignment.node not in self._visiting:
@@ -145,6 +149,10 @@ class Names:
             else:
                 found.add(expr.value)  # a def, a parameter, a loop variable: its own name
         return found
+
+    def bindings(self, name: cst.Name) -> list:
+        """The nodes a read of `name` may be bound by (an assignment, a parameter, a def, an import, ...)."""
+        return [getattr(a, "node", None) for a in self._assignments(self.orig(name)) or ()]
 
     def value(self, name: cst.Name):
         """The expression a read of `name` was last bound to by an assignment (None: an import, a def, a parameter,

@@ -65,6 +65,12 @@ def test_a_loop_in_the_notebooks_function_follows_the_call_and_a_grad_scaler():
     assert "    nbddp_ddp(net)\n    for x in tqdm(nbddp_distributed(data)):\n" in loop
 
 
+def test_an_optimizer_made_in_the_call_of_the_notebooks_function():
+    (loop,), _ = _converted("def fit(net, opt, data):\n    for b in data:\n        net(**b).loss.backward()\n"
+                            "        opt.step()\nfit(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)\n")
+    assert loop.startswith("def fit(net, opt, data):\n    nbddp_ddp(net)\n    for b in nbddp_distributed(data):\n")
+
+
 def test_a_loop_over_the_notebooks_step_function_and_an_aliased_optimizer_in_another_cell():
     sources, _ = _converted(
         "from torch.optim import AdamW as Opt\no = Opt(model.parameters())\n",
@@ -89,6 +95,23 @@ def test_a_loop_stepping_a_parameter_whatever_its_name_follows_the_calls_value()
                            "    for step, batch in enumerate(nbddp_distributed(data)):\n")
     assert "for epoch in range(3):\n    train_epoch(model, optimizer, loader)\n" in loop  # the caller unchanged
     assert any("m trains through DDP" in n.text for n in report.changes)
+
+
+def test_an_optimizer_built_from_named_parameters_or_parameter_groups_finds_its_model():
+    sources, report = _converted(
+        "params = [p for p in net.parameters() if p.requires_grad]\nopt = torch.optim.SGD(params, lr=0.1)\n",
+        "for b in loader:\n    net(**b).loss.backward()\n    opt.step()\n",
+        "groups = [{'params': [p for n, p in head.named_parameters() if 'bias' not in n], 'weight_decay': 0.01}]\n"
+        "optimizer = torch.optim.AdamW(groups)\n",
+        "for b in loader:\n    head(**b).loss.backward()\n    optimizer.step()\n",
+    )
+    assert sources[1] == "nbddp_ddp(net)\nfor b in nbddp_distributed(loader):\n    net(**b).loss.backward()\n    opt.step()\n"
+    assert sources[3] == ("nbddp_ddp(head)\nfor b in nbddp_distributed(loader):\n    head(**b).loss.backward()\n"
+                          "    optimizer.step()\n")
+    assert not report.warnings
+    attribute = "o = torch.optim.SGD(cfg.params)\nfor b in loader:\n    net(**b).loss.backward()\n    o.step()\n"
+    (unknown,), _ = _converted("params = net.parameters()\n" + attribute)  # cfg.params is not the global params
+    assert unknown.startswith("params = net.parameters()\no = torch.optim.SGD(cfg.params)\nnbddp_unsynced_loop(")
 
 
 def test_loops_that_do_not_train_or_distribute_themselves_are_left_alone():

@@ -11,15 +11,11 @@ import pytest
 
 from conftest import make_notebook
 from nbddp.errors import ConversionError
-from nbddp.pipeline import run_pipeline
-from nbddp.report import Report
-from nbddp.transforms.base import Context
+from test_transforms import convert_cells
 
 
 def convert(*sources):
-    ctx = Context(report=Report(source="idioms.ipynb"))
-    nb = run_pipeline(make_notebook(*(s if isinstance(s, tuple) else textwrap.dedent(s) for s in sources)), ctx)
-    return [cell.source for cell in nb.cells], ctx.report
+    return convert_cells(*(s if isinstance(s, tuple) else textwrap.dedent(s) for s in sources))
 
 
 def cells(befores, afters, name):
@@ -88,6 +84,22 @@ FUNCTIONS = [
     cells(["import wandb\nfor step in range(9):\n    loss = train_step()\n    wandb.log({'loss': loss})\n"],
           ["import wandb\nfor step in range(9):\n    loss = train_step()\n    if NBDDP_IS_MAIN:\n"
            "        wandb.log({'loss': loss})\n"], "loop logs, no barrier"),
+    # a function that only prepares data runs main-process-first where it is called (Llama3.1 GRPO's
+    # get_gsm8k_questions); one that also trains, or saves, or calls a function that trains, is left alone
+    cells(["from datasets import load_dataset\ndef get(split='train'):\n    data = load_dataset('x')[split]\n"
+           "    return data.map(lambda r: {'q': r['question']})\n", "dataset = get()\n"],
+          ["from datasets import load_dataset\ndef get(split='train'):\n    data = load_dataset('x')[split]\n"
+           "    return data.map(lambda r: {'q': r['question']})\n",
+           "with nbddp_main_process_first():\n    dataset = get()\n"], "a function that only prepares data"),
+    cells(["def prep_and_train():\n    ds = load_dataset('x')\n    SFTTrainer(model, train_dataset=ds).train()\n"
+           "def prep_and_save():\n    ds = load_dataset('x')\n    torch.save(ds, 'ds.pt')\n"
+           "def outer():\n    prep_and_train()\n    return load_dataset('y')\n",
+           "prep_and_train()\nprep_and_save()\nouter()\n"],
+          ["def prep_and_train():\n    ds = load_dataset('x')\n    SFTTrainer(model, train_dataset=ds).train()\n"
+           "def prep_and_save():\n    ds = load_dataset('x')\n    if NBDDP_IS_MAIN:\n"
+           "        torch.save(ds, 'ds.pt')\n    nbddp_barrier(\"save\")\n"
+           "def outer():\n    prep_and_train()\n    return load_dataset('y')\n",
+           "prep_and_train()\nprep_and_save()\nouter()\n"], "functions that prepare data and do more"),
 ]
 
 SHOWN = [
@@ -144,6 +156,9 @@ DEVICES = [
     cells(["device = 'cuda:0' if torch.cuda.is_available() else 'cpu'\n", "model.to(device)\n"],
           ["device = NBDDP_DEVICE if torch.cuda.is_available() else 'cpu'\n", "model.to(device)\n"],
           "a device variable used in a later cell"),
+    cells(["def put(m, gpu=0, device='cuda:1', steps=0):\n    return m.cuda(gpu).to(device)\n", "put(model)\n"],
+          ["def put(m, gpu=NBDDP_LOCAL_RANK, device=NBDDP_DEVICE, steps=0):\n    return m.cuda(gpu).to(device)\n",
+           "put(model)\n"], "a parameter's default used as a device"),
     cells(["import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'\nimport torch\n", "%env CUDA_VISIBLE_DEVICES=1\n"],
           ["import os\n# nbddp: removed CUDA_VISIBLE_DEVICES: each rank uses its own GPU\nimport torch\n",
            "# nbddp: removed CUDA_VISIBLE_DEVICES: each rank uses its own GPU\n"], "CUDA_VISIBLE_DEVICES"),
@@ -289,3 +304,11 @@ def test_a_custom_training_loop_is_a_backward_and_an_optimizer_step():
     training, other = [s for s in module.body if isinstance(s, cst.For)]
     assert {BACKWARD, STEP} <= effects.of_node(training.body)
     assert not {BACKWARD, STEP} & effects.of_node(other.body)  # a scheduler's step is not an optimizer's
+
+
+def test_display_is_rank_0_work_also_where_ipython_made_it_a_builtin(monkeypatch):
+    import builtins
+
+    monkeypatch.setattr(builtins, "display", print, raising=False)  # IPython's shell does so: %%torchrun, %ddp
+    (cell,), _ = convert("display(df)\n")
+    assert cell == 'if NBDDP_IS_MAIN:\n    display(df)\nnbddp_barrier("display")\n'

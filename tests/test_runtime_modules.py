@@ -9,8 +9,8 @@ import types
 import pytest
 import torch
 
-from nbddp.runtime import (agree, ask, balance, checkpoint, files, global_batch, group, hooks, lean_sync, one_writer,
-                           peft_shim, strategy, tiled_mlp, wait, xformers_shim)
+from nbddp.runtime import (agree, ask, balance, checkpoint, files, global_batch, group, hooks, lean_sync, loop,
+                           one_writer, peft_shim, strategy, tiled_mlp, wait, xformers_shim)
 
 CASES = os.path.join(os.path.dirname(__file__), "runtime_cases")
 
@@ -553,3 +553,12 @@ def test_waits_without_a_group_and_the_waiting_line(monkeypatch, capsys):
     polls = iter([False, False, True])
     wait.nbddp_wait_until(lambda: next(polls), lambda: "rank 0: save_pretrained_gguf")
     assert capsys.readouterr().out == "nbddp: rank 1 waiting for rank 0: save_pretrained_gguf\n"
+
+
+def test_a_loop_nbddp_could_not_wrap_stops_every_rank_with_one_line(monkeypatch, capsys):
+    loop.nbddp_unsynced_loop("the training loop of cell 3")  # one process: it trains as it is
+    world(monkeypatch, 2, loop)
+    with pytest.raises(SystemExit) as stopped:
+        loop.nbddp_unsynced_loop("the training loop of cell 3")
+    assert stopped.value.code == 1
+    assert capsys.readouterr().out.startswith("nbddp: the training loop of cell 3 trains outside DDP")

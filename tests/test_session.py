@@ -259,6 +259,22 @@ def test_a_cells_last_expression_goes_to_the_display_hook(code, shown):
     assert _run_compiled(code, NBDDP_IS_MAIN=True) == shown
 
 
+def test_the_kernel_reads_a_character_split_between_two_reads_whole():
+    from types import SimpleNamespace
+
+    from nbddp.session.kernel import Session
+
+    session, (read, write) = Session(2), os.pipe()
+    key = SimpleNamespace(fileobj=os.fdopen(read, "rb", buffering=0), data="stdout")
+    block = "\u2588".encode()  # a progress bar's block: 3 bytes
+    for part in (b"x" + block[:1], block[1:]):
+        os.write(write, part)
+        session._read(key)
+    os.close(write)
+    key.fileobj.close()
+    assert session.pending_text["stdout"] == "x\u2588"
+
+
 def test_a_ranks_traceback_names_the_users_cell_lines():
     from nbddp.session.worker import SHOW, compile_cell, format_failure
 

@@ -155,6 +155,7 @@ UNCHANGED = [
     'if False: model.push_to_hub_merged("me/m", tok, token = "T")\n',
     'if NBDDP_IS_MAIN:\n    model.save_pretrained("x")\n    print("saved")\n',
     'if rank == 0:\n    model.save_pretrained("x")\n',
+    'import os\nif int(os.environ.get("RANK", "0")) == 0:\n    model.save_pretrained("x")\n',  # a barrier there: a hang
     'if trainer.is_world_process_zero():\n    trainer.save_model("x")\n',
     'args = SFTConfig(output_dir="o", ddp_find_unused_parameters=True)\n',
     'with nbddp_main_process_first():\n    ds = load_dataset("x")\n',

@@ -12,8 +12,8 @@ from .failures import (LauncherNoise, RankFailedError, all_failures, cell_frames
                        parse_failure, rank_log)
 from .job import (FLUSH_EVERY, GRACE, LOG_PREFIX, TorchrunJob, child_env, log_dir, plan, resolve_nproc, run_argv,
                   run_script, sweep_log_dirs)
-from .processes import alive, process_tree
+from .processes import alive
 
-__all__ = ["FLUSH_EVERY", "GRACE", "LOG_PREFIX", "LauncherNoise", "RankFailedError", "TorchrunJob", "all_failures", "alive", "cell_frames",
-           "child_env", "job_failure", "last_traceback", "log_dir", "parse_failure", "plan", "process_tree",
+__all__ = ["FLUSH_EVERY", "GRACE", "LOG_PREFIX", "LauncherNoise", "RankFailedError", "TorchrunJob", "all_failures",
+           "alive", "cell_frames", "child_env", "job_failure", "last_traceback", "log_dir", "parse_failure", "plan",
            "rank_log", "resolve_nproc", "run_argv", "run_script", "sweep_log_dirs"]

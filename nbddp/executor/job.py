@@ -16,7 +16,7 @@ import time
 from .. import launch
 from ..errors import LaunchError
 from .failures import LauncherNoise, job_failure
-from .processes import JobProcesses, alive, die_with_parent
+from .processes import JobProcesses, alive, start_torchrun
 
 #: Seconds to wait after SIGINT, then after SIGTERM, before SIGKILL.
 GRACE = (5.0, 3.0)
@@ -109,11 +109,7 @@ class TorchrunJob:
         self._flushed = 0.0
 
     def start(self):
-        try:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent)
-        except OSError as exc:
-            raise LaunchError(f"cannot start torchrun ({exc.strerror}): {self.argv[0]}") from None
+        self.proc = start_torchrun(self.argv, self.env)
         self.processes = JobProcesses(self.proc.pid)
         self._selector = selectors.DefaultSelector()
         for pipe, dest in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):

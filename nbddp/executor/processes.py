@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
 import psutil
+
+from ..errors import LaunchError
 
 _GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
@@ -18,15 +21,6 @@ def alive(pid: int) -> bool:
         return False
     except psutil.AccessDenied:  # another user's process: it exists
         return True
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and all its descendants (the ranks run in sessions of their own, so a process-group signal to torchrun
-    does not reach them)."""
-    try:
-        return [pid] + [child.pid for child in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return [pid]
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -57,18 +51,30 @@ class JobProcesses:
     def signal(self, sig) -> None:
         """`sig` to torchrun's process group and to each rank's (a rank leads its own session; its children share
         it), and to each process itself."""
-        _send(os.killpg, self.root, sig)
+        send(os.killpg, self.root, sig)
         for proc in self.live():
             if proc.pid != self.root:
-                _send(os.killpg, proc.pid, sig)
-                _send(os.kill, proc.pid, sig)
+                send(os.killpg, proc.pid, sig)
+                send(os.kill, proc.pid, sig)
 
 
-def _send(send, pid, sig):
+def send(kill, pid, sig) -> bool:
+    """`kill(pid, sig)` (os.kill or os.killpg); False where the process or group is gone."""
     try:
-        send(pid, sig)
+        kill(pid, sig)
+        return True
     except OSError:
-        pass
+        return False
+
+
+def start_torchrun(argv, env) -> subprocess.Popen:
+    """torchrun in a session of its own (the kernel's interrupt does not reach it: nbddp stops the job itself), its
+    output piped, dying with the process that starts it."""
+    try:
+        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent)
+    except OSError as exc:
+        raise LaunchError(f"cannot start torchrun ({exc.strerror}): {argv[0]}") from None
 
 
 def die_with_parent():

@@ -84,8 +84,7 @@ def _nbddp_deal(loader):
 def nbddp_unsynced_loop(where):
     """A training loop nbddp could not put under DDP: stop before it, rather than train one copy per rank."""
     if NBDDP_WORLD_SIZE > 1:
-        if NBDDP_RANK == 0:
-            print(f"nbddp: {where} trains outside DDP and nbddp could not wrap it: every rank would train its own "
-                  "copy. Wrap the model in torch's DistributedDataParallel yourself, or run one process "
-                  "(NBDDP_NPROC=1)", flush=True)
+        nbddp_say("loop-unsynced", f"{where} trains outside DDP and nbddp could not wrap it: every rank would train "
+                                   "its own copy. Wrap the model in torch's DistributedDataParallel yourself, or run "
+                                   "one process (NBDDP_NPROC=1)")
         raise SystemExit(1)

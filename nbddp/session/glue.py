@@ -3,10 +3,10 @@ import os
 import sys
 
 from .. import launch
-from ..executor import RankFailedError, resolve_nproc
-from ..executor.processes import alive, die_with_parent
+from ..executor import RankFailedError, rank_log, resolve_nproc
+from ..executor.processes import alive, send, start_torchrun
 
-__all__ = ["RankFailedError", "alive", "die_with_parent", "resolve_nproc", "session_launch"]
+__all__ = ["RankFailedError", "alive", "rank_log", "resolve_nproc", "send", "session_launch", "start_torchrun"]
 
 
 def session_launch(nproc, *, all_ranks=False, log_dir=None) -> launch.Launch:

@@ -16,7 +16,7 @@ thread of its own, waits until the next cell starts.
 """
 from __future__ import annotations
 
-import glob
+import codecs
 import os
 import selectors
 import sys
@@ -27,7 +27,7 @@ from queue import Empty, Queue
 
 from . import wire
 from .cellrun import CellRun, ended
-from .glue import session_launch
+from .glue import rank_log, session_launch
 from .procs import Processes
 
 FLUSH_EVERY = 0.25  # seconds between two writes of the ranks' output into the cell
@@ -40,6 +40,8 @@ class Session:
         self.nproc, self.all_ranks = nproc, all_ranks
         self.conns, self.pending_text = {}, {"stdout": "", "stderr": ""}
         self.stderr_tail, self.flushed, self.echo = "", 0.0, True
+        # a character split between two reads is decoded whole (a progress bar's blocks are 3 bytes)
+        self.decoders = {dest: codecs.getincrementaldecoder("utf-8")(errors="replace") for dest in self.pending_text}
         self.cells_run, self.started = 0, None
         self.dead = None  # why the session ended
 
@@ -192,7 +194,7 @@ class Session:
         if not data:
             self.selector.unregister(key.fileobj)
             return
-        text = data.decode("utf-8", errors="replace")
+        text = self.decoders[key.data].decode(data)
         if key.data == "stderr":
             self.stderr_tail = (self.stderr_tail + text)[-_TAIL:]
         if self.echo:
@@ -244,9 +246,9 @@ class Session:
         if not text and rank == 0:  # rank 0 writes to the kernel's own pipes
             text = "\n".join(self.stderr_tail.splitlines()[-12:])
         elif not text and rank is not None:
-            logs = glob.glob(os.path.join(glob.escape(self.logs.name), "*", "attempt_*", str(rank), "stderr.log"))
-            if logs:
-                with open(max(logs, key=os.path.getmtime), encoding="utf-8", errors="replace") as fh:
+            log = rank_log(self.logs.name, rank)  # one machine: the rank is its local rank
+            if log:
+                with open(log, encoding="utf-8", errors="replace") as fh:
                     text = "\n".join(fh.read().splitlines()[-12:])
         self.dead = why + tail
         self.end()

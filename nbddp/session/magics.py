@@ -3,8 +3,8 @@
 While a session is on, an input transformer (IPython's `input_transformers_cleanup`, which sees each cell before
 IPython's own magic handling) routes every cell the user runs (not a front end's silent requests) into the
 `%%ddp_cell` magic, which converts it (history.py) and runs it on every rank (kernel.py). Cells that begin with
-`%ddp` (so `%ddp stop`), `%%local` or an extension command stay in the kernel; `%%local` itself only marks a cell that runs in the kernel, with the kernel's own display,
-errors and namespace.
+`%ddp` (so `%ddp stop`), `%%local` or an extension command stay in the kernel; `%%local` itself only marks a cell
+that runs in the kernel, with the kernel's own display, errors and namespace.
 """
 from __future__ import annotations
 

@@ -9,19 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
-from ..errors import LaunchError
-from .glue import alive, die_with_parent
-
-
-def _send(pid, sig, group=False):
-    try:
-        (os.killpg if group else os.kill)(pid, sig)
-        return True
-    except OSError:
-        return False
+from .glue import alive, send, start_torchrun
 
 
 class Processes:
@@ -31,12 +21,7 @@ class Processes:
         self.ranks = {}  # rank -> pid
 
     def start(self):
-        try:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True,
-                                         preexec_fn=die_with_parent)
-        except OSError as exc:
-            raise LaunchError(f"cannot start torchrun ({exc.strerror}): {self.argv[0]}") from None
+        self.proc = start_torchrun(self.argv, self.env)
         for pipe in (self.proc.stdout, self.proc.stderr):
             os.set_blocking(pipe.fileno(), False)
         return self
@@ -48,7 +33,7 @@ class Processes:
         """SIGINT to these ranks (KeyboardInterrupt in the cell they run)."""
         for rank in ranks:
             if rank in self.ranks:
-                _send(self.ranks[rank], signal.SIGINT)
+                send(os.kill, self.ranks[rank], signal.SIGINT)
 
     def end(self, grace=5.0):
         """Stop torchrun and every rank: SIGTERM (torchrun stops its ranks), then SIGKILL to what is left."""
@@ -57,9 +42,9 @@ class Processes:
         pids = list(self.ranks.values())
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             if self.proc.poll() is None:
-                _send(self.proc.pid, sig, group=True)
+                send(os.killpg, self.proc.pid, sig)
             for pid in pids:
-                _send(pid, sig, group=True) or _send(pid, sig)
+                send(os.killpg, pid, sig) or send(os.kill, pid, sig)
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline and (self.proc.poll() is None or any(map(alive, pids))):
                 time.sleep(0.05)

@@ -13,6 +13,7 @@ training itself (accelerate, torch's DDP or FSDP, Lightning's Fabric) is left al
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from ..cst import call_stmt, code_of, dotted, is_rank_test, live_calls
 from ..effects import Effects
@@ -22,14 +23,7 @@ from .base import TreeStep, TreeTransformer
 WRAP, DEAL, STOP = "nbddp_ddp", "nbddp_distributed", "nbddp_unsynced_loop"
 PARAMETERS = frozenset({"parameters", "named_parameters"})
 PASS_THROUGH = frozenset({"enumerate", "tqdm", "iter", "trange"})  # wrap what they iterate
-
-
-def _model_of(optimizer_value) -> str | None:
-    """`model` for an optimizer built from `model.parameters()` (anywhere in its arguments)."""
-    for call in live_calls(optimizer_value):
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value in PARAMETERS:
-            return dotted(call.func.value)
-    return None
+FOLLOW = 3  # assignments followed from an optimizer to the parameters it was built from
 
 
 class _Rewrite(TreeTransformer):
@@ -123,11 +117,26 @@ class _Rewrite(TreeTransformer):
                     todo += live_calls(definition.body)
         return found + self._stepped_parameters(loop)
 
+    def _model_of(self, optimizer, depth: int = 0) -> str | None:
+        """`model` for an optimizer (its name, or the call that makes it) built from `model.parameters()` anywhere in
+        its arguments, also through the names they read (`params = [p for p in model.parameters() if
+        p.requires_grad]`, parameter groups)."""
+        for call in live_calls(optimizer):
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value in PARAMETERS:
+                return dotted(call.func.value)
+        reads = [n for n in m.findall(optimizer, m.Name()) if n in self.names.referents]  # not `x.attr`'s attr
+        for name in reads if depth < FOLLOW else ():
+            value = self.names.value(name)
+            model = self._model_of(value, depth + 1) if value is not None else None
+            if model:
+                return model
+        return None
+
     def _model(self, loop) -> str | None:
         for optimizer in self._optimizers(loop):
-            value = self.names.value(optimizer) if isinstance(optimizer, cst.Name) else None
-            if value is not None and _model_of(value):
-                return _model_of(value)
+            model = self._model_of(optimizer)
+            if model:
+                return model
             if self.functions and isinstance(optimizer, cst.Name):
                 model = self._through_calls(self.functions[-1], optimizer.value)
                 if model:
@@ -138,9 +147,8 @@ class _Rewrite(TreeTransformer):
         """The model a function's optimizer parameter `param` trains, from the calls of that function: the parameter
         each call passes that model as (or the model's own name, read as a global in the function)."""
         for bound in self._calls_of(function):
-            optimizer = bound.get(param)
-            value = self.names.value(optimizer) if isinstance(optimizer, cst.Name) else None
-            model = _model_of(value) if value is not None else None
+            optimizer = bound.get(param)  # a name, or the optimizer made in the call's arguments
+            model = self._model_of(optimizer) if optimizer is not None else None
             if model:
                 return next((p for p, arg in bound.items() if dotted(arg) == model), model)
         return None

@@ -3,7 +3,8 @@
 Rank 0 of each node fills the datasets cache, then the other ranks read it instead of all writing it at once.
 A split or shuffle without a seed would differ between ranks, so every rank would train on other data. What is
 dataset work is nbddp.vocabulary's DATA: `load_dataset`, a dataset's `.map`/`.filter`, `train_test_split`; the
-builtins `map(...)`/`filter(...)` are not.
+builtins `map(...)`/`filter(...)` are not; a call of the notebook's own function that only prepares data
+(`dataset = get_questions()`, nbddp.effects' prepares_data) is too.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import libcst as cst
 
 from ..cst import (DESCEND, LEAVE, TAKE, add_keyword, code_of, dotted, is_if_false, keyword, live_calls, regroup,
                    statement_blocks)
+from ..effects import Effects
 from ..tree import starts_cell
 from ..vocabulary import COLLECTIVE, DATA, SEEDED, parts
 from .base import CallRewriter, TreeStep, call_kinds
@@ -49,17 +51,19 @@ class DataPrep(TreeStep):
 
     def run(self, tree, ctx):
         module = tree.visit(_Seeds(tree, ctx), frozenset({SEEDED}))
+        effects = Effects(tree.names)
         wrapped: dict = {}
         cell = [None]
 
         def kinds(call):
-            return call_kinds(tree.names, call)
+            """The call's own kinds; DATA for a function of the notebook's that only prepares data."""
+            own = call_kinds(tree.names, call)
+            return own | {DATA} if DATA not in own and effects.prepares_data(call) else own
 
         def select(stmt, nested):
             cell[0] = starts_cell(stmt) or cell[0]
             tree.at = stmt
-            if DATA not in tree.facts(stmt) or isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt) \
-                    or _is_ordered_with(stmt):
+            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt) or _is_ordered_with(stmt):
                 return LEAVE
             found = [kinds(c) for c in live_calls(stmt)]
             if not any(DATA in k for k in found):

@@ -3,9 +3,10 @@
 Under DDP each rank has its own GPU (`NBDDP_DEVICE`, `cuda:LOCAL_RANK`; the runtime makes it the current device), so
 `"cuda"`, `.cuda()` and `.to("cuda")` are right already; a fixed GPU number puts every rank on that one GPU:
 `torch.cuda.set_device(0)`, `.cuda(0)`, `.to(0)`, `.to("cuda:0")`, `device=0` or `device="cuda:0"` in any call,
-`torch.device("cuda", 0)`, a variable (`device = "cuda:0"`, `gpu = 0`) later used as a device. A notebook's own
-`os.environ["CUDA_VISIBLE_DEVICES"] = ...` (also from `%env`) would hide the other ranks' GPUs: it is removed.
-What cannot be rewritten safely (`set_device(gpu_id)` with a computed id) is reported.
+`torch.device("cuda", 0)`, a variable or a parameter's default (`device = "cuda:0"`, `gpu = 0`, `def f(gpu=0)`)
+later used as a device. A notebook's own `os.environ["CUDA_VISIBLE_DEVICES"] = ...` (also from `%env`) would hide
+the other ranks' GPUs: it is removed. What cannot be rewritten safely (`set_device(gpu_id)` with a computed id) is
+reported.
 """
 from __future__ import annotations
 
@@ -63,8 +64,7 @@ class _DeviceUses(cst.CSTVisitor):
     def visit_Call(self, call):
         for arg in device_args(self.names, call):
             if isinstance(arg.value, cst.Name):
-                for assignment in self.names._assignments(self.names.orig(arg.value)) or ():
-                    self.targets.add(getattr(assignment, "node", None))
+                self.targets.update(self.names.bindings(arg.value))
 
 
 class _Strings(cst.CSTTransformer):
@@ -101,18 +101,27 @@ class _Devices(TreeTransformer):
 
     def _ours(self, value) -> bool:
         """The rank's own device already: NBDDP_*, or a name this step points at it."""
-        if isinstance(value, cst.Name) and any(getattr(a, "node", None) in self.targets
-                                               for a in self.names._assignments(self.names.orig(value)) or ()):
+        if isinstance(value, cst.Name) and any(node in self.targets for node in self.names.bindings(value)):
             return True
         return any(m.startswith("NBDDP_") for m in self.names.meanings(value))
 
+    def _own(self, shown, value):
+        """`value`, bound to a name later used as a device, made this rank's own GPU where it names a fixed one."""
+        new = cst.Name(RANK_INDEX) if isinstance(value, cst.Integer) else value.visit(_Strings())
+        if new.deep_equals(value):
+            return value
+        self.report.change(self.cell, f"{shown} → this rank's own GPU; {WHY}")
+        return new
+
     def leave_Assign(self, original, updated):
         if any(self.names.orig(t.target) in self.targets for t in original.targets if isinstance(t.target, cst.Name)):
-            value = updated.value
-            new = cst.Name(RANK_INDEX) if isinstance(value, cst.Integer) else value.visit(_Strings())
-            if new is not value and not new.deep_equals(value):
-                self.report.change(self.cell, f"{code_of(original).strip()} → this rank's own GPU; {WHY}")
-                return updated.with_changes(value=new)
+            return updated.with_changes(value=self._own(code_of(original).strip(), updated.value))
+        return updated
+
+    def leave_Param(self, original, updated):  # `def put(model, gpu=0)`: the default
+        if self.names.orig(original) in self.targets and updated.default is not None:
+            shown = f"{original.name.value}={code_of(original.default)}"
+            return updated.with_changes(default=self._own(shown, updated.default))
         return updated
 
     def leave_SimpleStatementLine(self, original, updated):

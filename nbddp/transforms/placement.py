@@ -9,17 +9,11 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst import add_keyword, code_of, dotted, keyword
-from ..vocabulary import LOAD, is_model_class, parts
+from ..vocabulary import LOAD, parts
 from .base import CallRewriter, TreeStep
 
 SPLITTING_MAPS = frozenset({"auto", "balanced", "balanced_low_0", "sequential"})
 OURS = "nbddp_device_map"
-
-
-def is_model_loader(call: cst.Call) -> bool:
-    """`X.from_pretrained(...)` of a model class, read from the call alone (no notebook around it)."""
-    names = parts(dotted(call.func) or "")
-    return len(names) > 1 and names[-1] == "from_pretrained" and is_model_class(names[-2])
 
 
 def loader_name(call) -> str:

@@ -22,6 +22,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group
 # -- hooks: needed by fit, one_writer, agree, unsloth_group, lean_sync, peft_shim, balance
 # -- fit: the notebook loads a model: DDP if it fits one GPU, else one process split over all of them
+# -- files: the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
@@ -140,7 +141,8 @@ Respond in the following format:
         }) # type: ignore
         return data # type: ignore
 
-    dataset = get_gsm8k_questions()
+    with nbddp_main_process_first():
+        dataset = get_gsm8k_questions()
 
     # Reward functions
     def correctness_reward_func(prompts, completions, answer, **kwargs) -> list[float]:
