@@ -125,10 +125,11 @@ def session(tmp_path_factory):
         done["third"] = kernel.run("%ddp 2", timeout=300)
         pids = done["pids"] = _pids(kernel.run("%ddp"))
         kernel.km.shutdown_kernel(now=True)  # a forced restart: the kernel is killed, nothing in it runs again
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        done["left"] = [pid for pid in pids if _alive(pid)]
+        killed = time.monotonic()
+        for key, watched, seconds in (("left", pids[1:], 10), ("torchrun left", pids[:1], 30)):
+            while any(_alive(pid) for pid in watched) and time.monotonic() < killed + seconds:
+                time.sleep(0.2)
+            done[key] = [pid for pid in watched if _alive(pid)]
     finally:
         if kernel.km.is_alive():
             kernel.close()
@@ -232,8 +233,11 @@ def test_a_rank_that_dies_ends_the_session_and_its_processes_and_says_so(session
 
 
 def test_a_killed_kernel_leaves_no_rank_or_torchrun(session):
-    assert len(session["pids"]) == 3, session["pids"]  # torchrun and two ranks
-    assert session["left"] == [], "a process outlived the kernel by 10 s"
+    assert len(session["pids"]) == 3, session["pids"]  # torchrun, then the two ranks
+    assert session["left"] == [], "a rank outlived the kernel by 10 s"
+    # torchrun gets SIGTERM from the kernel's death and its ranks are gone: it ends, its shutdown taking a few seconds
+    # more when the machine is busy (once 10 s were not enough in a whole-suite run on 2 cores)
+    assert session["torchrun left"] == [], "torchrun outlived the kernel by 30 s"
 
 
 # ---- pure parts: no kernel, no ranks ----
