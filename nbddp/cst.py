@@ -104,13 +104,22 @@ def names_in(node) -> set[str]:
     return found
 
 
-def is_rank_test(node) -> bool:
+def is_rank_test(node, names=None) -> bool:
     """An `if` whose test mentions a rank or main-process flag, or reads the launcher's rank from the environment
-    (`os.environ["RANK"]`, `os.getenv("LOCAL_RANK")`): its body is already per-process."""
-    if not isinstance(node, cst.If):
+    (`os.environ["RANK"]`, `os.getenv("LOCAL_RANK")`), also through the values of the names it reads where `names`
+    (nbddp.names.Names) is given (`main = int(os.environ["RANK"]) == 0`, then `if main:`): its body is already
+    per-process."""
+    return isinstance(node, cst.If) and _is_rank_expr(node.test, names, 0)
+
+
+def _is_rank_expr(expr, names, depth) -> bool:
+    strings = {s.evaluated_value for s in m.findall(expr, m.SimpleString())}
+    if names_in(expr) & RANK_NAMES or strings & RANK_VARIABLES:
+        return True
+    if names is None or depth >= 3:
         return False
-    strings = {s.evaluated_value for s in m.findall(node.test, m.SimpleString())}
-    return bool(names_in(node.test) & RANK_NAMES or strings & RANK_VARIABLES)
+    values = (names.value(name) for name in m.findall(expr, m.Name()))
+    return any(value is not None and _is_rank_expr(value, names, depth + 1) for value in values)
 
 
 class LiveVisitor(cst.CSTVisitor):

@@ -78,7 +78,7 @@ class _Rewrite(TreeTransformer):
         return False  # methods of a Trainer subclass and the like: the Trainer distributes them
 
     def visit_If(self, node):
-        return not is_rank_test(node)
+        return not is_rank_test(node, self.names)
 
     def visit_For(self, node):
         return not self._trains(node)  # a training loop is rewritten whole, from the block that holds it

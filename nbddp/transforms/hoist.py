@@ -49,7 +49,7 @@ class _Hoist(TreeTransformer):
         return self.effects.mixed(node, self.options.main_prints)
 
     def visit_If(self, node):
-        return not (is_if_false(node) or is_rank_test(node))
+        return not (is_if_false(node) or is_rank_test(node, self.names))
 
     def leave_SimpleStatementLine(self, original, updated):
         if len(updated.body) != 1 or not isinstance(updated.body[0], cst.Expr) or \

@@ -136,7 +136,7 @@ class _Guards:
         if is_if_false(stmt):
             self.tainted -= writes
             return LEAVE
-        if is_rank_test(stmt):
+        if is_rank_test(stmt, self.names):
             self.tainted |= writes
             return LEAVE
         calls = live_calls(stmt)
