@@ -37,6 +37,7 @@ MODEL_SUFFIXES = (
     "ForVision2Seq", "ForAudioClassification", "ForImageClassification", "ForCTC",
 )
 SAVE_PREFIXES = ("save_pretrained", "save_lora", "save_model")
+DATA_WRITES = frozenset({"save_to_disk", "to_csv", "to_json", "to_parquet"})  # a dataset's or DataFrame's files
 GENERATION = frozenset({"generate", "fast_generate", "for_inference", "TextStreamer", "print_trainable_parameters"})
 GENERATION_TASKS = frozenset({"text-generation", "text2text-generation", "image-text-to-text", "summarization",
                               "translation", "automatic-speech-recognition", "text-to-audio", "text-to-speech"})
@@ -110,7 +111,7 @@ def _kinds_of(meaning: str) -> set[str]:
         found |= {BACKWARD, COLLECTIVE}
     if tail == "step" and method and is_optimizer(".".join(meaning.split(".")[:-1])):
         found |= {STEP, COLLECTIVE}
-    if tail.startswith(SAVE_PREFIXES) or meaning == "torch.save":
+    if tail.startswith(SAVE_PREFIXES) or meaning == "torch.save" or (method and tail in DATA_WRITES):
         found.add(SAVE)
     if tail.startswith("push_to_hub"):
         found.add(PUSH)

@@ -121,6 +121,20 @@ SHOWN = [
     cells(["def report():\n    print(trainer.evaluate())\n", "report()\n"],
           ["def report():\n    nbddp_evaluate = trainer.evaluate()\n    if NBDDP_IS_MAIN:\n        print(nbddp_evaluate)\n",
            "report()\n"], "inside a function"),
+    # a collective inside what saves: the save on rank 0, the collective (also as the receiver) on every rank
+    cells(["torch.save(trainer.evaluate(), 'metrics.pt')\n"],
+          ["nbddp_evaluate = trainer.evaluate()\nif NBDDP_IS_MAIN:\n    torch.save(nbddp_evaluate, 'metrics.pt')\n"
+           "nbddp_barrier(\"save\")\n"], "torch.save(evaluate)"),
+    cells(["for epoch in range(2):\n    trainer.train()\n    trainer.predict(test_ds).to_json(f'p{epoch}.json')\n"],
+          ["for epoch in range(2):\n    trainer.train()\n    nbddp_predict = trainer.predict(test_ds)\n    if NBDDP_IS_MAIN:\n"
+           "        nbddp_predict.to_json(f'p{epoch}.json')\n    nbddp_barrier(\"to_json\")\n"], "predict(...).to_json in a loop"),
+    # a dataset's or DataFrame's files are written once
+    cells(["ds = load_dataset('x')\n", "ds.save_to_disk('data')\n"],
+          ["with nbddp_main_process_first():\n    ds = load_dataset('x')\n",
+           "if NBDDP_IS_MAIN:\n    ds.save_to_disk('data')\nnbddp_barrier(\"save_to_disk\")\n"], "save_to_disk, two cells"),
+    cells(["import pandas as pd\ndef dump(rows):\n    pd.DataFrame(rows).to_csv('rows.csv')\n\ndump(rows)\n"],
+          ["import pandas as pd\ndef dump(rows):\n    pd.DataFrame(rows).to_csv('rows.csv')\n\nif NBDDP_IS_MAIN:\n"
+           "    dump(rows)\nnbddp_barrier(\"dump\")\n"], "to_csv inside a function"),
 ]
 
 TRACKERS = [
@@ -173,6 +187,7 @@ UNCHANGED = [
     "label = 'cuda:0'\nprint_later = label\n",  # a string never used as a device
     "def loss_fn(p, y):\n    print(p)\n    return (p - y).abs().mean()\n",  # prints but trains nothing
     "squares = list(map(lambda v: v * v, range(4)))\n",
+    "writer = frame.to_csv\nsaver = to_json\n",  # named, not called
     "nbddp_evaluate = trainer.evaluate()\nif NBDDP_IS_MAIN:\n    print(nbddp_evaluate)\nnbddp_barrier(\"print\")\n",
 ]
 

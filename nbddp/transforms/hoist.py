@@ -1,7 +1,7 @@
-"""Part of the rank-guards step: a collective inside what prints, displays or logs runs on every rank first.
+"""Part of the rank-guards step: a collective inside what prints, displays, logs or saves runs on every rank first.
 
 `print(trainer.evaluate())`, `print(f"{trainer.evaluate()}")`, `display(trainer.predict(ds).metrics)`,
-`wandb.log(trainer.evaluate())`: the collective is bound to a temporary on every rank (`nbddp_evaluate =
+`wandb.log(trainer.evaluate())`, `trainer.predict(ds).to_json(path)`: the collective is bound to a temporary on every rank (`nbddp_evaluate =
 trainer.evaluate()`), and the statement that shows it reads the temporary, so the rank-guards step can put it on
 rank 0 alone. Inside lambdas and comprehensions nothing moves (the collective may read their variables).
 """
@@ -11,9 +11,9 @@ import libcst as cst
 
 from ..cst import code_of, is_if_false, is_rank_test
 from ..tree import TreeTransformer
-from ..vocabulary import DISPLAY, PRINT, TRACK, parts
+from ..vocabulary import DISPLAY, PRINT, PUSH, SAVE, TRACK, parts
 
-SHOWS = frozenset({PRINT, DISPLAY, TRACK})
+SHOWS = frozenset({PRINT, DISPLAY, TRACK, SAVE, PUSH})
 SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
@@ -59,6 +59,9 @@ class _Hoist(TreeTransformer):
         if not self.effects.of_call(call) & self.shows or self.effects.collective(call):
             return updated
         extract = _Extract(self.effects)
+        func = call.func  # `trainer.predict(ds).to_json(path)`: the collective is the receiver
+        if isinstance(func, cst.Attribute):
+            func = func.with_changes(value=func.value.visit(extract))
         args = [arg.visit(extract) for arg in call.args]
         if not extract.found:
             return updated
@@ -68,7 +71,7 @@ class _Hoist(TreeTransformer):
                    for name, value in extract.found]
         assigns[0] = assigns[0].with_changes(leading_lines=updated.leading_lines)
         shown_stmt = updated.with_changes(leading_lines=(), body=[updated.body[0].with_changes(
-            value=call.with_changes(args=args))])
+            value=call.with_changes(func=func, args=args))])
         self.hoisted.add(id(shown_stmt.body))
         return cst.FlattenSentinel(assigns + [shown_stmt])
 
