@@ -13,7 +13,7 @@ def convert(notebook, **kwargs) -> str:
 def load_ipython_extension(ipython):
     """`%load_ext nbddp`: registers the %%torchrun magic and the %ddp session magics."""
     from .magic import TorchrunMagics
-    from .session.magics import register
+    from .cellwise.magics import register
 
     ipython.register_magics(TorchrunMagics)
     register(ipython)

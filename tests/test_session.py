@@ -243,7 +243,7 @@ def test_a_killed_kernel_leaves_no_rank_or_torchrun(session):
 # ---- pure parts: no kernel, no ranks ----
 
 def _run_compiled(code, **names):
-    from nbddp.session.worker import SHOW, compile_cell
+    from nbddp.cellwise.worker import SHOW, compile_cell
 
     shown = []
     namespace = {SHOW: shown.append, "nbddp_barrier": lambda: None, **names}
@@ -266,7 +266,7 @@ def test_a_cells_last_expression_goes_to_the_display_hook(code, shown):
 def test_the_kernel_reads_a_character_split_between_two_reads_whole():
     from types import SimpleNamespace
 
-    from nbddp.session.kernel import Session
+    from nbddp.cellwise.kernel import Session
 
     session, (read, write) = Session(2), os.pipe()
     key = SimpleNamespace(fileobj=os.fdopen(read, "rb", buffering=0), data="stdout")
@@ -280,7 +280,7 @@ def test_the_kernel_reads_a_character_split_between_two_reads_whole():
 
 
 def test_a_ranks_traceback_names_the_users_cell_lines():
-    from nbddp.session.worker import SHOW, compile_cell, format_failure
+    from nbddp.cellwise.worker import SHOW, compile_cell, format_failure
 
     source = "def f(d):\n    return d['key']\nprint('x')\nf({})\n"
     converted = "def f(d):\n    return d['key']\nif NBDDP_IS_MAIN:\n    print('x')\nnbddp_barrier()\nf({})\n"
@@ -300,7 +300,7 @@ def test_a_ranks_traceback_names_the_users_cell_lines():
 
 def test_cells_converted_one_by_one_are_the_script_cells(converted):
     """Each cell converted with the cells run before it is what `nbddp convert` makes of it in the whole notebook."""
-    from nbddp.session.history import History
+    from nbddp.cellwise.history import History
 
     for path in (EXAMPLE_NOTEBOOK,):  # (all 31 corpus notebooks agree too: minutes, so not in the suite)
         nb = nbformat.read(str(path), as_version=4)
@@ -314,7 +314,7 @@ def test_cells_converted_one_by_one_are_the_script_cells(converted):
 
 
 def test_the_example_session_notebook_is_valid_and_its_cells_convert_one_by_one():
-    from nbddp.session.history import History
+    from nbddp.cellwise.history import History
 
     path = EXAMPLE_NOTEBOOK.parent / "ddp_session.ipynb"
     nb = nbformat.read(str(path), as_version=4)
@@ -338,8 +338,8 @@ def _answers(run, now, *answers):
 
 
 def test_cellrun_passes_barriers_when_every_rank_is_there_and_succeeds_when_all_are_done():
-    from nbddp.session import wire
-    from nbddp.session.cellrun import CellRun
+    from nbddp.cellwise import wire
+    from nbddp.cellwise.cellrun import CellRun
 
     run = CellRun(1, [0, 1])
     assert _answers(run, 0, (0, wire.BARRIER, {"n": 1}), (1, wire.BARRIER, {"n": 1})) == [None, 1]
@@ -350,8 +350,8 @@ def test_cellrun_passes_barriers_when_every_rank_is_there_and_succeeds_when_all_
 
 def test_cellrun_interrupts_the_others_after_one_fails_and_names_the_failing_rank():
     from nbddp.executor import RankFailedError
-    from nbddp.session import wire
-    from nbddp.session.cellrun import AGREE_WAIT, FAILED_STOP_WAIT, CellRun
+    from nbddp.cellwise import wire
+    from nbddp.cellwise.cellrun import AGREE_WAIT, FAILED_STOP_WAIT, CellRun
 
     run = CellRun(1, [0, 1])
     _answers(run, 0, (0, wire.BARRIER, {"n": 1}), (1, wire.FAILED, {"traceback": "KeyError: 'k'", "interrupted": False}))
@@ -369,8 +369,8 @@ def test_cellrun_interrupts_the_others_after_one_fails_and_names_the_failing_ran
 
 
 def test_cellrun_stops_a_rank_waiting_at_a_barrier_that_the_others_left_behind():
-    from nbddp.session import wire
-    from nbddp.session.cellrun import CellRun
+    from nbddp.cellwise import wire
+    from nbddp.cellwise.cellrun import CellRun
 
     run = CellRun(1, [0, 1])
     _answers(run, 0, (1, wire.DONE, {}), (0, wire.BARRIER, {"n": 2}))
@@ -380,8 +380,8 @@ def test_cellrun_stops_a_rank_waiting_at_a_barrier_that_the_others_left_behind()
 
 
 def test_cellrun_interrupted_by_the_kernel_raises_keyboard_interrupt():
-    from nbddp.session import wire
-    from nbddp.session.cellrun import STOP_WAIT, CellRun
+    from nbddp.cellwise import wire
+    from nbddp.cellwise.cellrun import STOP_WAIT, CellRun
 
     run = CellRun(1, [0, 1])
     assert run.interrupted(0) == {0, 1}

@@ -1,4 +1,4 @@
-"""One rank of a `%ddp` session: `python -m nbddp.session.worker`, started by torchrun, once per GPU.
+"""One rank of a `%ddp` session: `python -m nbddp.cellwise.worker`, started by torchrun, once per GPU.
 
 It sets up what a generated script sets up before the notebook's first line (the runtime's rank facts, this rank's
 device, the process group: `nbddp.runtime.group.nbddp_start`), by importing nbddp's runtime modules as ordinary

@@ -12,7 +12,7 @@ The parts, each small:
   what the cell raises), pure code;
 - `procs`: the torchrun process and its ranks (start, signal, stop);
 - `wire`: the connection between the kernel and a rank (one local socket each, with an authentication key);
-- `worker`: what each rank runs (`python -m nbddp.session.worker` under torchrun): the runtime's rank facts and
+- `worker`: what each rank runs (`python -m nbddp.cellwise.worker` under torchrun): the runtime's rank facts and
   process group, then a loop that runs the cells it is sent in one namespace;
 - `display`: rank 0's rich output (display(), the value of a cell's last expression, plots) sent to the kernel;
 - `stop`: an interrupt stops a cell on every rank; inside a Trainer's loop, at the same step on every rank;

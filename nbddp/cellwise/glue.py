@@ -10,7 +10,7 @@ __all__ = ["RankFailedError", "alive", "rank_log", "resolve_nproc", "send", "ses
 
 
 def session_launch(nproc, *, all_ranks=False, log_dir=None) -> launch.Launch:
-    """The workers' launch, by the recipe every nbddp launch follows: torchrun running `-m nbddp.session.worker` on
+    """The workers' launch, by the recipe every nbddp launch follows: torchrun running `-m nbddp.cellwise.worker` on
     `nproc` processes, rank 0 on the console (every rank with all_ranks), the kernel's interpreter and cores."""
-    return launch.build("nbddp.session.worker", nproc, python=sys.executable, cpus=launch.cpu_count(), env=os.environ,
+    return launch.build("nbddp.cellwise.worker", nproc, python=sys.executable, cpus=launch.cpu_count(), env=os.environ,
                         flags=["-m"], all_ranks=all_ranks, log_dir=log_dir)
