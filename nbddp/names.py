@@ -265,6 +265,33 @@ class _ReadsWrites(cst.CSTVisitor):
     def visit_Name(self, node):
         self.reads.add(node.value)
 
+    def _own_scope(self, node, local, outer):
+        """A comprehension or lambda: the names it binds are its own (`[0 for _ in x]` reads x, not `_`); `outer`
+        (the first iterable, the defaults) runs in the enclosing scope."""
+        inner = _ReadsWrites()
+        for child in node.children:
+            child.visit(inner)
+        self.reads |= inner.reads - local
+        for part in outer:
+            part.visit(self)
+        return False
+
+    def _comprehension(self, node):
+        bound, loop = _ReadsWrites(), node.for_in
+        while loop is not None:
+            bound._bind(loop.target)
+            loop = loop.inner_for_in
+        return self._own_scope(node, bound.writes, [node.for_in.iter])
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comprehension
+
+    def visit_Lambda(self, node):
+        params = node.params
+        every = [*params.posonly_params, *params.params, *params.kwonly_params]
+        stars = [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+        local = {p.name.value for p in every + stars}
+        return self._own_scope(node, local, [p.default for p in every if p.default is not None])
+
 
 def reads_writes(node) -> tuple[set[str], set[str]]:
     """The names a statement reads and those it binds (def and class bodies run later: only their names)."""

@@ -178,6 +178,24 @@ DEVICES = [
            "# nbddp: removed CUDA_VISIBLE_DEVICES: each rank uses its own GPU\n"], "CUDA_VISIBLE_DEVICES"),
 ]
 
+GUARDED = 'if NBDDP_IS_MAIN:\n    {} = model.generate(x)\nnbddp_barrier("generate")\n'
+RANK0_VALUES = [
+    # a name bound by a comprehension or a lambda is its own, not the rank-0-only value of the same name
+    cells(["_ = model.generate(x)\n", "sums = [torch.zeros_like(m) for _ in range(world)]\ndist.all_gather(sums, m)\n"],
+          [GUARDED.format("_"), "sums = [torch.zeros_like(m) for _ in range(world)]\ndist.all_gather(sums, m)\n"],
+          "comprehension's own _"),
+    cells(["out = model.generate(x)\nsize = lambda out: len(out)\nn = {k: size(v) for k, v in rows.items()}\n"],
+          [GUARDED.format("out") + "size = lambda out: len(out)\nn = {k: size(v) for k, v in rows.items()}\n"],
+          "lambda's own parameter"),
+    # ... but its iterable, and a name it does not bind, are the notebook's
+    cells(["out = model.generate(x)\n", "texts = [t.strip() for t in out]\n"],
+          [GUARDED.format("out"), 'if NBDDP_IS_MAIN:\n    texts = [t.strip() for t in out]\nnbddp_barrier("strip")\n'],
+          "iterates over it"),
+    cells(["out = model.generate(x)\ncheck = lambda t: t in out\n"],
+          ['if NBDDP_IS_MAIN:\n    out = model.generate(x)\n    check = lambda t: t in out\nnbddp_barrier("generate")\n'],
+          "lambda reads it"),
+]
+
 UNCHANGED = [
     "def normalize(x):\n    return x / x.sum()\n\ny = normalize(z)\n",  # a function that only computes
     "total = 0\nfor batch in loader:\n    total += batch.sum()\n",  # a loop that only computes
@@ -192,7 +210,7 @@ UNCHANGED = [
 ]
 
 
-@pytest.mark.parametrize("befores, afters", NAMES + FUNCTIONS + SHOWN + TRACKERS + DEVICES)
+@pytest.mark.parametrize("befores, afters", NAMES + FUNCTIONS + SHOWN + TRACKERS + DEVICES + RANK0_VALUES)
 def test_idiom(befores, afters):
     converted, _ = convert(*befores)
     assert converted == afters

@@ -516,6 +516,54 @@ def test_one_writer_wraps_what_unsloth_attaches_and_wandb_on_other_ranks(monkeyp
     assert wandb.init(project="p") == {"project": "p", "mode": "disabled"}
 
 
+ATTACHED_PICKLES = """
+import json, pickle, textwrap, types
+import dill
+plain = nbddp_one_writer_attached(types.SimpleNamespace(save_pretrained_merged=json.dump))
+assert plain.save_pretrained_merged.__wrapped__ is json.dump
+assert nbddp_one_writer_attached(plain).save_pretrained_merged is plain.save_pretrained_merged  # once
+print(pickle.loads(pickle.dumps(plain)).save_pretrained_merged is json.dump)
+tokenizer = types.SimpleNamespace(save_pretrained_merged=json.dump)
+tokenizer.save_pretrained = types.MethodType(textwrap.indent, tokenizer)  # bound to it, as Unsloth does
+copy = dill.loads(dill.dumps(nbddp_one_writer_attached(tokenizer)))  # datasets' map workers use dill
+print(copy.save_pretrained_merged is json.dump, copy.save_pretrained.__func__ is textwrap.indent,
+      copy.save_pretrained.__self__ is copy)
+# transformers copies PushToHubMixin.push_to_hub (patched) into its classes by the code; Unsloth keeps the copy bound
+# as `original_push_to_hub`; dill pickles the copy by value (recurse: every script function it reaches, too)
+import transformers.tokenization_utils_base as base
+dill.settings["recurse"] = True
+tokenizer.original_push_to_hub = types.MethodType(base.PreTrainedTokenizerBase.push_to_hub, tokenizer)
+payload = dill.dumps(tokenizer)
+print(getattr(base.PreTrainedTokenizerBase.push_to_hub, "_nbddp_one_writer", False),
+      b"nbddp_store" not in payload and b"_nbddp_skipped" not in payload, callable(dill.loads(payload).original_push_to_hub))
+# a later patch (Unsloth patches everything) displaces the class's writer, which then pickles by value, small
+import functools, inspect
+ours = base.PreTrainedTokenizerBase.save_pretrained
+base.PreTrainedTokenizerBase.save_pretrained = functools.wraps(ours)(lambda *args, **kwargs: ours(*args, **kwargs))
+tokenizer.original_save_pretrained = types.MethodType(ours, tokenizer)
+payload = dill.dumps(tokenizer.original_save_pretrained)
+original = inspect.unwrap(ours)  # transformers' own, no longer at its class: it would travel by value, its code too
+own = [name.encode() for name in original.__code__.co_varnames  # its locals (tokenizer_config_file, ...)
+       if len(name) > 14 and name not in inspect.signature(original).parameters]
+print("save_directory" in inspect.signature(ours).parameters, not [n for n in own if n in payload],
+      b"_nbddp_skipped" not in payload)
+"""
+
+
+def test_an_attached_writer_pickles_as_the_method_it_wraps_in_a_script(tmp_path):
+    """Unsloth attaches saving methods to the tokenizer, and datasets' map workers get the tokenizer by pickle (the
+    Trainer's own tokenizing with num_proc): in a script, where the runtime is the script's own code, a closure
+    there would not pickle (pickle: a local object; dill: by value, with every script function it reaches, which on a
+    GPU machine reached a torch config module that cannot be pickled: `cannot pickle 'ConfigModuleInstance'`)."""
+    from nbddp import inline
+
+    script = tmp_path / "script.py"
+    script.write_text(inline.render(inline.Choice({"one_writer": "test"})) + ATTACHED_PICKLES, encoding="utf-8")
+    env = dict(os.environ, WORLD_SIZE="2", RANK="0")  # a rank of a 2-process job: the one writer is on
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True"] * 10, done.stdout + done.stderr[-2000:]
+
+
 def test_agreement_stats_and_which_ranks_differ():
     big = torch.arange(-3.0, 5.0)
     assert agree.nbddp_weight_stats([big, torch.ones(2, 3)]) == [[4.0, 16.0], [6.0, 6.0]]

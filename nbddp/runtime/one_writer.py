@@ -8,6 +8,7 @@ finished the same call (the same line, the same time), so a later load of the fo
 waiting if rank 0 reaches the next barrier without making it. The Trainer's own saving is left alone: it already
 writes on the main process only, and its save_model must run on every rank under FSDP or DeepSpeed."""
 import functools
+import operator
 import sys
 
 from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_RANK, NBDDP_WORLD_SIZE
@@ -41,32 +42,57 @@ def _nbddp_skipped(name, key=None):
                          lambda: f"rank 0: {name}")
 
 
-def nbddp_one_writer(method, name):
-    """`method`, run on global rank 0 only (a call from inside another patched call runs as it is)."""
-    if getattr(method, "_nbddp_one_writer", False):
-        return method
+class NbddpWriter:
+    """A saving method, run on global rank 0 only. Objects that hold it travel to other processes (datasets' map
+    workers get the tokenizer their function uses), where a function of the script would travel by value, with every
+    function of the script it reaches, and so would a library's method that is no longer where it was defined. So a
+    writer pickles by reference: as its class's attribute (`owner`), else as the method it wraps."""
+    _nbddp_one_writer = True
 
-    @functools.wraps(method)
-    def write(*args, **kwargs):
+    def __init__(self, method, name, owner=None):
+        functools.update_wrapper(self, method)
+        self.method, self.name, self.owner = method, name, owner
+
+    def __call__(self, *args, **kwargs):
+        return self.write(sys._getframe(1), args, kwargs)
+
+    def __reduce__(self):
+        return (getattr, (self.owner, self.name)) if self.owner else (operator.itemgetter(0), ((self.method,),))
+
+    def write(self, caller, args, kwargs):
+        """A call made at `caller`: it runs on rank 0 (a call from inside another patched call runs as it is); another
+        rank notes it and waits for rank 0's."""
         state = _NBDDP_WRITES
         if state["depth"]:
-            return method(*args, **kwargs)
-        frame = sys._getframe(1)
-        site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            return self.method(*args, **kwargs)
+        site = f"{caller.f_code.co_filename}:{caller.f_lineno}"
         count = state["sites"][site] = state["sites"].get(site, 0) + 1
         key = f"nbddp/wrote/{site}/{count}"
         if not NBDDP_IS_MAIN:
-            return _nbddp_skipped(name, key)
+            return _nbddp_skipped(self.name, key)
         state["depth"] += 1
         try:
-            return method(*args, **kwargs)
+            return self.method(*args, **kwargs)
         finally:
             state["depth"] -= 1
             store = nbddp_store()
             if store is not None:
                 store.set(key, "1")
 
-    write._nbddp_one_writer = True
+
+def nbddp_one_writer(method, name, owner=None):
+    """A class's saving method, run on global rank 0 only. A function, since transformers copies some by their code
+    (copy_func), and a copy, or this function once a later patch displaces it, pickles by value: it holds nothing
+    of the script but `sys` and the writer (also as `__wrapped__`, which signatures follow to `method`)."""
+    if getattr(method, "_nbddp_one_writer", False):
+        return method
+    writer = NbddpWriter(method, name, owner)
+
+    @functools.wraps(method)
+    def write(*args, **kwargs):
+        return writer.write(sys._getframe(1), args, kwargs)
+
+    write._nbddp_one_writer, write.__wrapped__ = True, writer
     return write
 
 
@@ -75,14 +101,15 @@ def _nbddp_patch_writers(module):
         cls = getattr(module, cls_name, None)
         for name in methods if NBDDP_ONE_WRITER and cls is not None else ():
             if name in vars(cls):
-                setattr(cls, name, nbddp_one_writer(vars(cls)[name], name))
+                setattr(cls, name, nbddp_one_writer(vars(cls)[name], name, cls))
 
 
 def nbddp_one_writer_attached(obj):
     """The saving methods Unsloth attaches to one model or tokenizer (save_pretrained_merged, push_to_hub_gguf, …)."""
     for name, value in list(vars(obj).items()) if NBDDP_ONE_WRITER and hasattr(obj, "__dict__") else ():
         if name.startswith(("save_pretrained", "push_to_hub", "save_lora")) and callable(value):
-            setattr(obj, name, nbddp_one_writer(value, name))
+            if not getattr(value, "_nbddp_one_writer", False):
+                setattr(obj, name, NbddpWriter(value, name))
     return obj
 
 
