@@ -529,23 +529,23 @@ copy = dill.loads(dill.dumps(nbddp_one_writer_attached(tokenizer)))  # datasets'
 print(copy.save_pretrained_merged is json.dump, copy.save_pretrained.__func__ is textwrap.indent,
       copy.save_pretrained.__self__ is copy)
 # transformers copies PushToHubMixin.push_to_hub (patched) into its classes by the code; Unsloth keeps the copy bound
-# as `original_push_to_hub`; dill pickles the copy by value (recurse: every script function it reaches, too)
+# as `original_push_to_hub`; dill pickles the copy by value (recurse: every function it reaches, too), and must not
+# reach transformers' own push_to_hub by value: no longer at its class, it would travel with its module's globals
+import functools, inspect
 import transformers.tokenization_utils_base as base
 dill.settings["recurse"] = True
+carries = lambda payload, function: inspect.unwrap(function).__code__.co_code in payload  # its code travels too
 tokenizer.original_push_to_hub = types.MethodType(base.PreTrainedTokenizerBase.push_to_hub, tokenizer)
 payload = dill.dumps(tokenizer)
 print(getattr(base.PreTrainedTokenizerBase.push_to_hub, "_nbddp_one_writer", False),
-      b"nbddp_store" not in payload and b"_nbddp_skipped" not in payload, callable(dill.loads(payload).original_push_to_hub))
+      not carries(payload, base.PreTrainedTokenizerBase.push_to_hub) and b"_nbddp_skipped" not in payload,
+      callable(dill.loads(payload).original_push_to_hub))
 # a later patch (Unsloth patches everything) displaces the class's writer, which then pickles by value, small
-import functools, inspect
 ours = base.PreTrainedTokenizerBase.save_pretrained
 base.PreTrainedTokenizerBase.save_pretrained = functools.wraps(ours)(lambda *args, **kwargs: ours(*args, **kwargs))
 tokenizer.original_save_pretrained = types.MethodType(ours, tokenizer)
 payload = dill.dumps(tokenizer.original_save_pretrained)
-original = inspect.unwrap(ours)  # transformers' own, no longer at its class: it would travel by value, its code too
-own = [name.encode() for name in original.__code__.co_varnames  # its locals (tokenizer_config_file, ...)
-       if len(name) > 14 and name not in inspect.signature(original).parameters]
-print("save_directory" in inspect.signature(ours).parameters, not [n for n in own if n in payload],
+print("save_directory" in inspect.signature(ours).parameters, not carries(payload, ours),
       b"_nbddp_skipped" not in payload)
 """
 
