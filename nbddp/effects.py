@@ -19,8 +19,8 @@ from __future__ import annotations
 import libcst as cst
 
 from .cst import live_calls
-from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, PEFT, PRINT, STEP,
-                         is_generation_pipeline, kinds)
+from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, PEFT, PRINT, SAVE, STEP,
+                         is_file_write, is_generation_pipeline, kinds)
 
 FUNCTION_MAIN_ONLY = MAIN_ONLY - {PRINT}  # a helper that only prints still runs everywhere (it may compute too)
 
@@ -41,6 +41,11 @@ class Effects:
         task = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "task"), None)
         if isinstance(task, cst.SimpleString) and is_generation_pipeline(meanings, task.evaluated_value):
             found.add(GENERATE)
+        positional = [a.value for a in call.args if a.keyword is None]
+        mode = next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"),
+                    positional[1] if len(positional) > 1 else None)
+        if isinstance(mode, cst.SimpleString) and is_file_write(meanings, mode.evaluated_value):
+            found.add(SAVE)
         for node in names.definitions(call.func):
             found |= self.of_def(node)
         return frozenset(found)

@@ -152,6 +152,11 @@ def is_optimizer(receiver: str) -> bool:
         "optim" in receiver and receiver.endswith(")"))
 
 
+def is_file_write(meanings, mode) -> bool:
+    """`open(path, "w")` (also "a", "x", "+"): a file the notebook writes is written by rank 0 only, as saves are."""
+    return "builtins.open" in meanings and isinstance(mode, str) and any(c in mode for c in "wax+")
+
+
 def is_generation_pipeline(meanings, task) -> bool:
     """`pipeline("text-generation", ...)`: a generation pipeline runs on rank 0 only."""
     return any(parts(m)[-1] == "pipeline" for m in meanings) and task in GENERATION_TASKS

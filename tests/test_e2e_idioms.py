@@ -5,7 +5,8 @@ What it checks, from files the job's own modules write (nothing of nbddp's logic
   one writer per saved folder: a notebook function that trains and saves, and a loop that trains and saves each
       epoch (probe.py, imported by the notebook, logs each save_pretrained call with its rank);
   one tracker run: wandb.init/log/finish from rank 0 only (a fake `wandb` module beside the script logs each call);
-  one print of evaluate's result, while evaluate itself runs on both ranks (it is a collective).
+  one print of evaluate's result, while evaluate itself runs on both ranks (it is a collective);
+  one writer of a file the notebook opens for writing, read back on every rank after it.
 """
 from __future__ import annotations
 
@@ -80,6 +81,8 @@ CELLS = [
     "for epoch in range(2):\n    trainer.train()\n    model.save_pretrained(f'epoch_{epoch}')\n"
     "    wandb.log({'epoch': epoch})\n",
     "print(f\"EVAL {trainer.evaluate()['eval_loss']:.4f}\")\nwandb.finish()\n",
+    "with open('notes.txt', 'a') as notes:\n    notes.write(os.environ.get('RANK', '0') + '\\n')\n",
+    "ranks_read = open('notes.txt').read().split()\nassert ranks_read == ['0'], ranks_read\n",
 ]
 
 
@@ -117,6 +120,11 @@ def test_one_tracker_run_from_rank_0(job):
     done, _ = job
     lines = [line for line in (done.cwd / "tracker.log").read_text().split("\n") if line]
     assert lines == ["0 init", "0 run.log ['saved']", "0 log ['epoch']", "0 log ['epoch']", "0 finish"], lines
+
+
+def test_a_file_opened_for_writing_is_written_once_and_read_by_every_rank(job):
+    done, _ = job
+    assert (done.cwd / "notes.txt").read_text() == "0\n", done.explain()
 
 
 def test_evaluate_runs_everywhere_and_prints_once(job):

@@ -196,6 +196,27 @@ RANK0_VALUES = [
           "lambda reads it"),
 ]
 
+FILES = [
+    # a file opened for writing is written once, by rank 0, before the others go on (they may read it)
+    cells(["import json\nwith open('data.jsonl', 'w') as f:\n    for row in rows:\n        f.write(json.dumps(row))\n",
+           "ds = load_dataset('json', data_files='data.jsonl')\n"],
+          ["import json\nif NBDDP_IS_MAIN:\n    with open('data.jsonl', 'w') as f:\n        for row in rows:\n"
+           "            f.write(json.dumps(row))\nnbddp_barrier(\"open\")\n",
+           "with nbddp_main_process_first():\n    ds = load_dataset('json', data_files='data.jsonl')\n"],
+          "with open, then read back"),
+    cells(["out = open('log.txt', mode='a')\n", "out.write('x')\nout.close()\n"],
+          ['if NBDDP_IS_MAIN:\n    out = open(\'log.txt\', mode=\'a\')\nnbddp_barrier("open")\n',
+           'if NBDDP_IS_MAIN:\n    out.write(\'x\')\n    out.close()\nnbddp_barrier("write")\n'], "handle over two cells"),
+    cells(["import json\ndef dump(rows):\n    with open('x.json', 'w') as fh:\n        json.dump(rows, fh)\n\n",
+           "for epoch in range(2):\n    trainer.train()\n    dump(rows)\n"],
+          ["import json\ndef dump(rows):\n    with open('x.json', 'w') as fh:\n        json.dump(rows, fh)\n\n",
+           "for epoch in range(2):\n    trainer.train()\n    if NBDDP_IS_MAIN:\n        dump(rows)\n"
+           "    nbddp_barrier(\"dump\")\n"], "inside a function, in a loop"),
+    cells(["write = open\nwith write('out.txt', 'wt') as f:\n    f.write('x')\n"],
+          ['write = open\nif NBDDP_IS_MAIN:\n    with write(\'out.txt\', \'wt\') as f:\n        f.write(\'x\')\n'
+           'nbddp_barrier("write")\n'], "through an alias"),
+]
+
 UNCHANGED = [
     "def normalize(x):\n    return x / x.sum()\n\ny = normalize(z)\n",  # a function that only computes
     "total = 0\nfor batch in loader:\n    total += batch.sum()\n",  # a loop that only computes
@@ -207,10 +228,11 @@ UNCHANGED = [
     "squares = list(map(lambda v: v * v, range(4)))\n",
     "writer = frame.to_csv\nsaver = to_json\n",  # named, not called
     "nbddp_evaluate = trainer.evaluate()\nif NBDDP_IS_MAIN:\n    print(nbddp_evaluate)\nnbddp_barrier(\"print\")\n",
+    "with open('data.txt') as f:\n    text = f.read()\nraw = open(p, 'rb').read()\nfh = open(p, mode)\n",  # reads
 ]
 
 
-@pytest.mark.parametrize("befores, afters", NAMES + FUNCTIONS + SHOWN + TRACKERS + DEVICES + RANK0_VALUES)
+@pytest.mark.parametrize("befores, afters", NAMES + FUNCTIONS + SHOWN + TRACKERS + DEVICES + RANK0_VALUES + FILES)
 def test_idiom(befores, afters):
     converted, _ = convert(*befores)
     assert converted == afters

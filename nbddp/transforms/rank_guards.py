@@ -1,4 +1,5 @@
-"""Step: what the notebook does once (save, push, generate, display, log to a tracker, print) runs on global rank 0.
+"""Step: what the notebook does once (save, write a file, push, generate, display, log to a tracker, print) runs on
+global rank 0.
 
 Each run of such statements becomes `if NBDDP_IS_MAIN: ...`, followed by `nbddp_barrier("<what>")` where other ranks
 may depend on it (a saved folder) or where rank 0 may take long (generation): at the top level every guard but a
@@ -115,6 +116,8 @@ class _Guards:
             return kinds, f"{name}(), which {' and '.join(verbs)}", name
         if MEMORY in kinds:
             return kinds, "GPU memory stats", name
+        if "builtins.open" in self.names.meanings(call.func) and call.args:
+            return kinds, f"writes {code_of(call.args[0].value)}", name
         task = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "task"), None)
         if name == "pipeline" and isinstance(task, cst.SimpleString):
             return kinds, f"pipeline({task.evaluated_value!r})", name
