@@ -4,7 +4,8 @@ converted and run as one 2-process torchrun job (gloo), every rank's output show
 What it checks, from files the job's own modules write (nothing of nbddp's logic):
   one writer per saved folder: a notebook function that trains and saves, and a loop that trains and saves each
       epoch (probe.py, imported by the notebook, logs each save_pretrained call with its rank);
-  one tracker run: wandb.init/log/finish from rank 0 only (a fake `wandb` module beside the script logs each call);
+  one tracker run: wandb.init/log/finish from rank 0 only (a fake `wandb` module beside the script logs each call),
+      also a run opened as a context around training, which trains on both ranks;
   one print of evaluate's result, while evaluate itself runs on both ranks (it is a collective);
   one writer of a file the notebook opens for writing, read back on every rank after it.
 """
@@ -47,6 +48,12 @@ class Run:
     def log(self, data):
         _log(f"run.log {sorted(data)}")
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _log("exit")
+
 
 def init(**kwargs):
     _log("init")
@@ -81,6 +88,7 @@ CELLS = [
     "for epoch in range(2):\n    trainer.train()\n    model.save_pretrained(f'epoch_{epoch}')\n"
     "    wandb.log({'epoch': epoch})\n",
     "print(f\"EVAL {trainer.evaluate()['eval_loss']:.4f}\")\nwandb.finish()\n",
+    "with wandb.init(project = 'ctx') as ctx_run:\n    trainer.train()\n    ctx_run.log({'inside': 1})\n",
     "with open('notes.txt', 'a') as notes:\n    notes.write(os.environ.get('RANK', '0') + '\\n')\n",
     "ranks_read = open('notes.txt').read().split()\nassert ranks_read == ['0'], ranks_read\n",
 ]
@@ -119,7 +127,8 @@ def test_one_writer_per_saved_folder(job):
 def test_one_tracker_run_from_rank_0(job):
     done, _ = job
     lines = [line for line in (done.cwd / "tracker.log").read_text().split("\n") if line]
-    assert lines == ["0 init", "0 run.log ['saved']", "0 log ['epoch']", "0 log ['epoch']", "0 finish"], lines
+    assert lines == ["0 init", "0 run.log ['saved']", "0 log ['epoch']", "0 log ['epoch']", "0 finish",
+                     "0 init", "0 run.log ['inside']", "0 exit"], lines  # a run as a context around training
 
 
 def test_a_file_opened_for_writing_is_written_once_and_read_by_every_rank(job):

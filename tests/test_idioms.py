@@ -217,6 +217,18 @@ FILES = [
            'nbddp_barrier("write")\n'], "through an alias"),
 ]
 
+CONTEXTS = [
+    # a tracker's run opened as a context around training: the run on rank 0, the training on every rank
+    cells(["import mlflow\nwith mlflow.start_run():\n    trainer.train()\n    mlflow.log_metric('loss', 1.0)\n"],
+          ["import mlflow\nwith (mlflow.start_run() if NBDDP_IS_MAIN else nbddp_no_context()):\n    trainer.train()\n"
+           "    if NBDDP_IS_MAIN:\n        mlflow.log_metric('loss', 1.0)\n"], "mlflow run around train()"),
+    cells(["import wandb\nwith wandb.init(project='p') as run, torch.no_grad():\n    trainer.train()\n    run.log({'a': 1})\n",
+           "print(run.id)\n"],
+          ["import wandb\nwith (wandb.init(project='p') if NBDDP_IS_MAIN else nbddp_no_context()) as run, torch.no_grad():\n"
+           "    trainer.train()\n    if NBDDP_IS_MAIN:\n        run.log({'a': 1})\n",
+           'if NBDDP_IS_MAIN:\n    print(run.id)\nnbddp_barrier("print")\n'], "wandb run as a context, read later"),
+]
+
 UNCHANGED = [
     "def normalize(x):\n    return x / x.sum()\n\ny = normalize(z)\n",  # a function that only computes
     "total = 0\nfor batch in loader:\n    total += batch.sum()\n",  # a loop that only computes
@@ -232,7 +244,7 @@ UNCHANGED = [
 ]
 
 
-@pytest.mark.parametrize("befores, afters", NAMES + FUNCTIONS + SHOWN + TRACKERS + DEVICES + RANK0_VALUES + FILES)
+@pytest.mark.parametrize("befores, afters", NAMES + FUNCTIONS + SHOWN + TRACKERS + DEVICES + RANK0_VALUES + FILES + CONTEXTS)
 def test_idiom(befores, afters):
     converted, _ = convert(*befores)
     assert converted == afters
@@ -250,7 +262,7 @@ def test_left_as_is(source):
 @pytest.mark.parametrize("source, warning", [
     ("torch.cuda.set_device(args.gpu)\n", "cannot tell which GPU"),
     ("x = x.to(f'cuda:{gpu}')\n", "a GPU number computed by the notebook"),
-    ("import mlflow\nwith mlflow.start_run():\n    trainer.train()\n", "opens a block that also does work every rank"),
+    ("with open('log.txt', 'w') as log:\n    trainer.train()\n", "opens a block that also does work every rank"),
     ("out = model.generate(x)\ntrainer = SFTTrainer(model=model, train_dataset=out)\n", "only rank 0 computed"),
 ])
 def test_what_cannot_be_converted_safely_is_reported(source, warning):

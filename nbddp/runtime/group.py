@@ -1,4 +1,5 @@
 """Rank facts from torchrun's environment, this rank's device, the process group, and how the job starts."""
+import contextlib
 import datetime
 import os
 import sys
@@ -20,6 +21,7 @@ NBDDP_MODE = "ddp"  # or "split": one process, the model over every GPU (nbddp_f
 # 1800 s is the Trainer's own ddp_timeout default (torch's NCCL default is 600 s).
 NBDDP_GROUP_TIMEOUT = float(os.environ.get("NBDDP_GROUP_TIMEOUT", "1800"))
 NBDDP_AT_TEARDOWN = []  # checks every rank runs at the end of a script that did not fail, in this order
+nbddp_no_context = contextlib.nullcontext  # on the other ranks, for a rank-0-only context (a tracker's run)
 
 
 def nbddp_start(mode="ddp", group=True):

@@ -150,6 +150,8 @@ class _Guards:
         why = [r for r in map(self.reason, header_calls if blocks else calls) if r]
         collective = any(self.effects.collective(c) for c in calls)
         if why and blocks and collective:
+            if isinstance(stmt, cst.With) and all(kinds <= {TRACK} for kinds, _, _ in why):
+                return self.tracked(stmt)
             self.report.warn(self.cell, f"{why[0][1]}(...) opens a block that also does work every rank must do; it "
                                         "runs on every rank: check it")
             return DESCEND
@@ -179,6 +181,24 @@ class _Guards:
             return DESCEND
         self.tainted -= writes
         return LEAVE
+
+    def tracked(self, stmt: cst.With):
+        """`with mlflow.start_run():` around training: the tracker's context on rank 0 (`nbddp_no_context()` on the
+        others, so `as run` is None there and what reads it is guarded), the block itself on every rank."""
+        items = []
+        for item in stmt.items:
+            if isinstance(item.item, cst.Call) and self.reason(item.item):
+                self.reasons.setdefault(self.cell, []).append(f"{self.reason(item.item)[1]}(...) as a context, "
+                                                              "the block on every rank")
+                guarded = cst.IfExp(test=cst.Name("NBDDP_IS_MAIN"), body=item.item,
+                                    orelse=cst.Call(cst.Name("nbddp_no_context")),
+                                    lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                item = item.with_changes(item=guarded)
+            if item.asname is not None and isinstance(item.item, cst.IfExp):
+                self.tainted |= reads_writes(item)[1]
+            items.append(item)
+        body = regroup(stmt.body.body, self.select, self.wrap, True)
+        return stmt.with_changes(items=items, body=stmt.body.with_changes(body=body))
 
     def _prints_in(self, blocks) -> bool:
         """A block that shows what a collective returned (`for d in sets: print(trainer.evaluate(d))`)."""
