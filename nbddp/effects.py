@@ -42,10 +42,13 @@ class Effects:
         if isinstance(task, cst.SimpleString) and is_generation_pipeline(meanings, task.evaluated_value):
             found.add(GENERATE)
         positional = [a.value for a in call.args if a.keyword is None]
+        path = next((a.value for a in call.args if a.keyword and a.keyword.value == "file"),
+                    positional[0] if positional else None)
         mode = next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"),
                     positional[1] if len(positional) > 1 else None)
-        if isinstance(mode, cst.SimpleString) and is_file_write(meanings, mode.evaluated_value):
-            found.add(SAVE)
+        if isinstance(path, (cst.SimpleString, cst.ConcatenatedString)) and isinstance(mode, cst.SimpleString) \
+                and is_file_write(meanings, mode.evaluated_value):
+            found.add(SAVE)  # one path for every rank; a computed one may be each rank's own (f"log-{rank}.txt")
         for node in names.definitions(call.func):
             found |= self.of_def(node)
         return frozenset(found)

@@ -153,7 +153,8 @@ def is_optimizer(receiver: str) -> bool:
 
 
 def is_file_write(meanings, mode) -> bool:
-    """`open(path, "w")` (also "a", "x", "+"): a file the notebook writes is written by rank 0 only, as saves are."""
+    """`open("path", "w")` (also "a", "x", "+"): a file the notebook writes is written by rank 0 only, as saves are
+    (the caller passes only literal paths: a computed one may be each rank's own)."""
     return "builtins.open" in meanings and isinstance(mode, str) and any(c in mode for c in "wax+")
 
 

@@ -241,6 +241,7 @@ UNCHANGED = [
     "writer = frame.to_csv\nsaver = to_json\n",  # named, not called
     "nbddp_evaluate = trainer.evaluate()\nif NBDDP_IS_MAIN:\n    print(nbddp_evaluate)\nnbddp_barrier(\"print\")\n",
     "with open('data.txt') as f:\n    text = f.read()\nraw = open(p, 'rb').read()\nfh = open(p, mode)\n",  # reads
+    "with open(f'pid-{os.environ[\"RANK\"]}', 'w') as f:\n    f.write(str(os.getpid()))\n",  # each rank's own file
 ]
 
 
