@@ -5,7 +5,11 @@
 # Without SMS: bench/t4_class.py probes the share first (green contexts while the offline hub builds, then MPS)
 # and picks N and the mechanism. Then bench/kaggle_t4.py runs SLUG at 15 GiB per GPU, `one+whole,self` for ROUNDS
 # rounds (order rotated), each run 5 optimizer steps (the rate over steps 3-5), stopping before BUDGET_S seconds.
-# $OUT gets: machine.txt, hub.log, t4-probe-*-TAG.json, t4-SLUG-TAG.json, t4-logs-TAG.tar.gz.
+# Then, in what is left of BUDGET_S: T4_KGB=KGB_SLUG (a script converted with --keep-global-batch) runs `one,self` on
+# the whole GPUs, 8 steps, the losses to compare step by step; T4_SPLIT=SLUG:GIB runs `self` at GIB free per GPU
+# (where the model must split over both) on the share.
+# $OUT gets: machine.txt, hub.log, t4-probe-*-TAG.json, t4-SLUG-TAG.json, [kgb-TAG.json, split-TAG.json,]
+# t4-logs-TAG.tar.gz.
 tag=$1 budget=$2 slug=$3 rounds=$4 first=$5 sms=${6:-} share=${7:-mps} cumem=${8:-}
 t0=$(date +%s)
 root=$PWD
@@ -45,6 +49,19 @@ python3 bench/kaggle_t4.py --script "$root/.gpurun/$slug.py" --gib 15 --runs one
     --first-round "$first" --sms "$sms" --share "$share" --skip 1 --timeout 240 --deadline "$left" \
     --env NBDDP_BENCH_ARGS=max_steps=5 --env NBDDP_BENCH_EXIT_AFTER_TRAIN=1 "${extra[@]}" \
     --work "/tmp/kaggle-t4-$tag" --out "$OUT/t4-$slug-$tag.json" 2>&1 | grep -v "^\s*$" | tail -40
+steps=(--skip 1 --env NBDDP_BENCH_EXIT_AFTER_TRAIN=1 "${extra[@]}")
+if [ -n "${T4_KGB:-}" ]; then
+    left=$(( budget - ($(date +%s) - t0) - 15 ))
+    python3 bench/kaggle_t4.py --script "$root/.gpurun/$T4_KGB.py" --gib 15 --runs one,self --timeout 200 \
+        --deadline "$left" --env NBDDP_BENCH_ARGS=max_steps=8 "${steps[@]}" --work "/tmp/kaggle-t4-$tag/kgb" \
+        --out "$OUT/kgb-$tag.json" 2>&1 | grep -o '"run": "[a-z]*"\|"losses": \[[^]]*\]\|"returncode": [0-9]*'
+fi
+if [ -n "${T4_SPLIT:-}" ]; then
+    left=$(( budget - ($(date +%s) - t0) - 15 ))
+    python3 bench/kaggle_t4.py --script "$root/.gpurun/${T4_SPLIT%%:*}.py" --gib "${T4_SPLIT##*:}" --runs self \
+        --sms "$sms" --share "$share" --timeout 240 --deadline "$left" --env NBDDP_BENCH_ARGS=max_steps=5 "${steps[@]}" \
+        --work "/tmp/kaggle-t4-$tag/split" --out "$OUT/split-$tag.json" 2>&1 | tail -2 | cut -c1-600
+fi
 (cd /tmp && find "kaggle-t4-$tag" \( -name '*.log' -o -path '*/probe/*.json' \) -print0 \
     | tar -czf "$OUT/t4-logs-$tag.tar.gz" --null -T - /tmp/probe-green.log 2>/dev/null)
 echo "done at $(( $(date +%s) - t0 )) s"
