@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst import live_calls
+from .cst import arguments, live_calls
 from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, PEFT, PRINT, SAVE, STEP,
                          is_file_write, is_generation_pipeline, kinds)
 
@@ -38,17 +38,10 @@ class Effects:
         for arg in call.args:  # generation handed over rather than called: Thread(target=model.generate)
             if isinstance(arg.value, cst.Attribute) and GENERATE in kinds(names.meanings(arg.value)):
                 found.add(GENERATE)
-        task = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "task"), None)
-        if isinstance(task, cst.SimpleString) and is_generation_pipeline(meanings, task.evaluated_value):
+        if is_generation_pipeline(meanings, *map(names.literal, arguments(call, "task"))):
             found.add(GENERATE)
-        positional = [a.value for a in call.args if a.keyword is None]
-        path = next((a.value for a in call.args if a.keyword and a.keyword.value == "file"),
-                    positional[0] if positional else None)
-        mode = next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"),
-                    positional[1] if len(positional) > 1 else None)
-        if isinstance(path, (cst.SimpleString, cst.ConcatenatedString)) and isinstance(mode, cst.SimpleString) \
-                and is_file_write(meanings, mode.evaluated_value):
-            found.add(SAVE)  # one path for every rank; a computed one may be each rank's own (f"log-{rank}.txt")
+        if is_file_write(meanings, *map(names.literal, arguments(call, "file", "mode"))):
+            found.add(SAVE)
         for node in names.definitions(call.func):
             found |= self.of_def(node)
         return frozenset(found)

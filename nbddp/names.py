@@ -14,6 +14,7 @@ API (every node may be one a step rewrote: `orig()` maps it back to the node the
   names.definitions(expr) -> the notebook's own FunctionDef/Lambda nodes a callee refers to (a def, a lambda bound to
                              a name, `partial(f, ...)`, a method of a class the notebook defines, through `obj.m`).
   names.value(name)       -> the expression a name was last assigned (`'org/model'` for `model_id`), or None.
+  names.literal(node)     -> a literal's value, also through the names last assigned one (`'org/model'`), or `...`.
   names.bindings(name)    -> the nodes a read of the name may be bound by (an Assign, a Param, a def, an import).
   names.orig(node)        -> the node the analysis saw (steps record rewrites in `names.origin`; see tree.py).
   reads_writes(node), header_of(stmt): which names a statement reads and binds, in order (flow across cells).
@@ -162,6 +163,17 @@ class Names:
             return None
         latest = max(assignments, key=lambda a: self.order.get(a.node, -1))
         return self.values[latest.node]
+
+    def literal(self, node, depth: int = 0):
+        """The value of a literal (a string, True, False, None), or of a name last assigned one; else `...`."""
+        if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)) and isinstance(node.evaluated_value, str):
+            return node.evaluated_value
+        if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
+            return {"True": True, "False": False, "None": None}[node.value]
+        if isinstance(node, cst.Name) and depth < MAX_DEPTH:
+            value = self.value(node)
+            return self.literal(value, depth + 1) if value is not None else ...
+        return ...
 
     def definitions(self, expr, depth: int = 0) -> list:
         """The notebook's own functions (FunctionDef or Lambda) a callee refers to."""

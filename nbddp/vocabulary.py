@@ -152,10 +152,12 @@ def is_optimizer(receiver: str) -> bool:
         "optim" in receiver and receiver.endswith(")"))
 
 
-def is_file_write(meanings, mode) -> bool:
-    """`open("path", "w")` (also "a", "x", "+"): a file the notebook writes is written by rank 0 only, as saves are
-    (the caller passes only literal paths: a computed one may be each rank's own)."""
-    return "builtins.open" in meanings and isinstance(mode, str) and any(c in mode for c in "wax+")
+def is_file_write(meanings, path, mode) -> bool:
+    """`open("notes.txt", "w")` (also "a", "x", "+"): a file the notebook writes is written by rank 0 only, as saves
+    are. Only a path known before the run (a literal, or a name assigned one): a computed path (`f"log-{rank}.txt"`)
+    may be each rank's own."""
+    return "builtins.open" in meanings and isinstance(path, str) and isinstance(mode, str) and \
+        any(c in mode for c in "wax+")
 
 
 def is_generation_pipeline(meanings, task) -> bool:

@@ -43,6 +43,10 @@ NAMES = [
            "m = Loader.get_peft_model(m, target_modules=['embed_tokens'], "
            "temporary_location=f\"_unsloth_temporary_saved_buffers/rank{NBDDP_RANK}\")\n"], "assigned loader"),
     # a name imported from elsewhere is not Unsloth's loader
+    # a generation pipeline's task through a name
+    cells(["task = 'text-generation'\ngen = pipeline(task, model=model)\n"],
+          ['task = \'text-generation\'\nif NBDDP_IS_MAIN:\n    gen = pipeline(task, model=model)\nnbddp_barrier("pipeline")\n'],
+          "pipeline task through a name"),
     cells(["from mylib import FastLanguageModel as FLM\nm = FLM.get_peft_model(m, target_modules=['lm_head'])\n"],
           ["from mylib import FastLanguageModel as FLM\nm = FLM.get_peft_model(m, target_modules=['lm_head'])\n"],
           "not unsloth's loader"),
@@ -215,6 +219,10 @@ FILES = [
     cells(["write = open\nwith write('out.txt', 'wt') as f:\n    f.write('x')\n"],
           ['write = open\nif NBDDP_IS_MAIN:\n    with write(\'out.txt\', \'wt\') as f:\n        f.write(\'x\')\n'
            'nbddp_barrier("write")\n'], "through an alias"),
+    cells(["path = 'data.jsonl'\nmode = 'w'\n", "with open(path, mode) as f:\n    f.write('x')\n"],
+          ["path = 'data.jsonl'\nmode = 'w'\n",
+           'if NBDDP_IS_MAIN:\n    with open(path, mode) as f:\n        f.write(\'x\')\nnbddp_barrier("open")\n'],
+          "path and mode through names, over two cells"),
 ]
 
 CONTEXTS = [
@@ -264,6 +272,7 @@ def test_left_as_is(source):
     ("torch.cuda.set_device(args.gpu)\n", "cannot tell which GPU"),
     ("x = x.to(f'cuda:{gpu}')\n", "a GPU number computed by the notebook"),
     ("with open('log.txt', 'w') as log:\n    trainer.train()\n", "opens a block that also does work every rank"),
+    ("with open('log.txt', 'w') as log: trainer.train()\n", "open(...) opens a block"),  # one line: not rank 0 only
     ("out = model.generate(x)\ntrainer = SFTTrainer(model=model, train_dataset=out)\n", "only rank 0 computed"),
 ])
 def test_what_cannot_be_converted_safely_is_reported(source, warning):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import (DESCEND, LEAVE, TAKE, LiveVisitor, code_of, is_if_false, is_rank_test, live_calls, regroup,
-                   statement_blocks)
+from ..cst import (DESCEND, LEAVE, TAKE, LiveVisitor, arguments, code_of, is_if_false, is_rank_test, live_calls,
+                   regroup, statement_blocks)
 from ..effects import Effects
 from ..names import header_of, reads_writes
 from ..tree import starts_cell
@@ -118,9 +118,9 @@ class _Guards:
             return kinds, "GPU memory stats", name
         if "builtins.open" in self.names.meanings(call.func) and call.args:
             return kinds, f"writes {code_of(call.args[0].value)}", name
-        task = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "task"), None)
-        if name == "pipeline" and isinstance(task, cst.SimpleString):
-            return kinds, f"pipeline({task.evaluated_value!r})", name
+        task = self.names.literal(arguments(call, "task")[0])
+        if name == "pipeline" and isinstance(task, str):
+            return kinds, f"pipeline({task!r})", name
         if TRACK in kinds:  # wandb.init, writer.add_scalar: the tracker's own name says more
             name = ".".join(parts(code_of(call.func))[-2:])
         return kinds, name, name.split(".")[-1]
@@ -149,10 +149,10 @@ class _Guards:
         header_reads = set().union(*(reads_writes(h)[0] for h in headers)) if blocks else reads
         why = [r for r in map(self.reason, header_calls if blocks else calls) if r]
         collective = any(self.effects.collective(c) for c in calls)
-        if why and blocks and collective:
-            if isinstance(stmt, cst.With) and all(kinds <= {TRACK} for kinds, _, _ in why):
+        if why and (blocks or headers) and collective:  # a one-line `with ...: trainer.train()` too
+            if blocks and isinstance(stmt, cst.With) and all(kinds <= {TRACK} for kinds, _, _ in why):
                 return self.tracked(stmt)
-            self.report.warn(self.cell, f"{why[0][1]}(...) opens a block that also does work every rank must do; it "
+            self.report.warn(self.cell, f"{why[0][2]}(...) opens a block that also does work every rank must do; it "
                                         "runs on every rank: check it")
             return DESCEND
         if header_reads & self.tainted:
@@ -187,9 +187,9 @@ class _Guards:
         others, so `as run` is None there and what reads it is guarded), the block itself on every rank."""
         items = []
         for item in stmt.items:
-            if isinstance(item.item, cst.Call) and self.reason(item.item):
-                self.reasons.setdefault(self.cell, []).append(f"{self.reason(item.item)[1]}(...) as a context, "
-                                                              "the block on every rank")
+            why = self.reason(item.item) if isinstance(item.item, cst.Call) else None
+            if why:
+                self.reasons.setdefault(self.cell, []).append(f"{why[1]}(...) as a context, the block on every rank")
                 guarded = cst.IfExp(test=cst.Name("NBDDP_IS_MAIN"), body=item.item,
                                     orelse=cst.Call(cst.Name("nbddp_no_context")),
                                     lpar=[cst.LeftParen()], rpar=[cst.RightParen()])

@@ -51,26 +51,15 @@ class _Facts(cst.CSTVisitor):
             self.cell = starts_cell(node) or self.cell
         return super().on_visit(node)
 
-    def literal(self, node, depth=0):
-        """The value of a literal, or of a name last assigned one; else `...` (unknown)."""
-        if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
-            return node.evaluated_value
-        if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
-            return {"True": True, "False": False, "None": None}[node.value]
-        if isinstance(node, cst.Name) and depth < 8:
-            value = self.analysis.value(node)
-            return self.literal(value, depth + 1) if value is not None else ...
-        return ...
-
     def _model(self, node):
         """The id and weight bits of a model load: load_in_4bit/8bit, float32, else 16 bits; Unsloth's loaders load
         in 4 bits unless told otherwise. A flag nbddp cannot read counts as set (the smaller model)."""
         arg = keyword(node, MODEL_KEYWORDS[0]) or keyword(node, MODEL_KEYWORDS[1]) or next(
             (a for a in node.args if a.keyword is None and not a.star), None)
-        model = self.literal(arg.value) if arg is not None else ...
+        model = self.analysis.literal(arg.value) if arg is not None else ...
 
         def flag(key):
-            return self.literal(keyword(node, key).value) if keyword(node, key) is not None else None
+            return self.analysis.literal(keyword(node, key).value) if keyword(node, key) is not None else None
 
         dtype = keyword(node, "dtype") or keyword(node, "torch_dtype")
         unsloth = any(map(is_unsloth_loader, self.analysis.meanings(node.func)))
@@ -124,7 +113,7 @@ class _Facts(cst.CSTVisitor):
                 and sum(arg.keyword is None and not arg.star for arg in node.args) < 2:
             self.own_ddp.append(f"{name}() without args")
         elif name in ("save_pretrained", "save_model") and node.args and node.args[0].keyword is None:
-            self.saved.add(self.literal(node.args[0].value))
+            self.saved.add(self.analysis.literal(node.args[0].value))
         elif LOAD in what:
             self._model(node)
             device_map = keyword(node, "device_map")
