@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 
 from nbddp import launch
@@ -102,14 +101,6 @@ def assert_trained(job: Job, world_size: int):
     assert all(math.isfinite(log["loss"]) for log in logs), logs
     assert logs[-1]["epoch"] == pytest.approx(MAX_STEPS * PER_DEVICE * world_size / ROWS), logs
     assert job.count(f"seconds used for training on {world_size} process(es).") == 1, job.explain()
-
-
-def alive(pid: int) -> bool:
-    """The process runs (psutil's view; an exited process not yet reaped does not run)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 # A rank's lines that record how its launcher (torchrun, the rank's parent) was started: argv and environment.

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from e2e import alive
+from nbddp.executor import alive
 
 pytestmark = pytest.mark.ddp
 

@@ -10,9 +10,10 @@ import time
 import pytest
 
 from conftest import make_notebook
-from e2e import (LAUNCHER_PROBE, Job, alive, assert_adapter_saved_once, assert_clean_exit, assert_trained, child_env,
+from e2e import (LAUNCHER_PROBE, Job, assert_adapter_saved_once, assert_clean_exit, assert_trained, child_env,
                  launcher_seen, run_job, torchrun_launch)
 from nbddp import launch
+from nbddp.executor import alive
 from nbddp.pipeline import convert_notebook
 from nbddp.runtime import fit, group, hooks, launcher
 

@@ -17,7 +17,7 @@ import pytest
 
 from e2e import child_env
 from test_kernel import Kernel, streamed
-from e2e import alive as _alive
+from nbddp.executor import alive as _alive
 from tinymodels import EXAMPLE_NOTEBOOK
 
 pytestmark = pytest.mark.ddp

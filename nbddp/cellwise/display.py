@@ -25,7 +25,7 @@ class Display:
     """What shows a rank's rich output; `show(value)` is the displayhook for a cell's last expression."""
 
     def __init__(self, send, main: bool):
-        self.send, self.shell = send, None
+        self.shell = None
         if not main:
             os.environ.setdefault("MPLBACKEND", "Agg")
             return

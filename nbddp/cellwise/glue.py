@@ -3,10 +3,10 @@ import os
 import sys
 
 from .. import launch
-from ..executor import RankFailedError, rank_log, resolve_nproc
+from ..executor import FLUSH_EVERY, RankFailedError, rank_log, resolve_nproc
 from ..executor.processes import alive, send, start_torchrun
 
-__all__ = ["RankFailedError", "alive", "rank_log", "resolve_nproc", "send", "session_launch", "start_torchrun"]
+__all__ = ["FLUSH_EVERY", "RankFailedError", "alive", "rank_log", "resolve_nproc", "send", "session_launch", "start_torchrun"]
 
 
 def session_launch(nproc, *, all_ranks=False, log_dir=None) -> launch.Launch:

@@ -27,10 +27,9 @@ from queue import Empty, Queue
 
 from . import wire
 from .cellrun import CellRun, ended
-from .glue import rank_log, session_launch
+from .glue import FLUSH_EVERY, rank_log, session_launch
 from .procs import Processes
 
-FLUSH_EVERY = 0.25  # seconds between two writes of the ranks' output into the cell
 START_WAIT = 600.0  # torch's import and the process group, on every rank
 _TAIL = 64 * 1024
 
@@ -42,7 +41,7 @@ class Session:
         self.stderr_tail, self.flushed, self.echo = "", 0.0, True
         # a character split between two reads is decoded whole (a progress bar's blocks are 3 bytes)
         self.decoders = {dest: codecs.getincrementaldecoder("utf-8")(errors="replace") for dest in self.pending_text}
-        self.cells_run, self.started = 0, None
+        self.cells_run = 0
         self.dead = None  # why the session ended
 
     # ---- start and stop ----
@@ -91,7 +90,6 @@ class Session:
         finally:
             listener.close()
             self._flush()
-        self.started = time.time()
         return self
 
     def end(self):

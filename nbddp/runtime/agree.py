@@ -52,11 +52,7 @@ def nbddp_check_agreement(params, when):
     store = nbddp_store()
     if store is None or not NBDDP_CHECK_AGREEMENT:
         return None
-    seen, unique = set(), []
-    for param in params:
-        if param is not None and param.requires_grad and id(param) not in seen:
-            seen.add(id(param))
-            unique.append(param)
+    unique = list(dict.fromkeys(p for p in params if p is not None and p.requires_grad))  # tensors hash by identity
     _NBDDP_TRAINED["checks"] += 1
     _NBDDP_TRAINED["stepped"].clear()
     key, world = f"nbddp/agree/{_NBDDP_TRAINED['checks']}", torch.distributed.get_world_size()
@@ -90,7 +86,7 @@ def _nbddp_check_at_teardown():
     """Optimizers that stepped since the last check, on any rank (every rank exchanges, so the waits match)."""
     if NBDDP_CHECK_AGREEMENT:
         trained = _NBDDP_TRAINED["params"]
-        params = [ref() for key in sorted(_NBDDP_TRAINED["stepped"], key=list(trained).index) for ref in trained[key]]
+        params = [ref() for key, refs in trained.items() if key in _NBDDP_TRAINED["stepped"] for ref in refs]
         nbddp_check_agreement(params, "the script's own training steps")
 
 

@@ -13,8 +13,8 @@ NBDDP_WAITS = [0]  # barriers this rank has passed; every rank counts the same o
 
 
 def nbddp_store():
-    """The process group's store, or None (no group, a torch without it, or NBDDP_STORE_WAIT=0)."""
-    if not (NBDDP_STORE_WAIT and torch.distributed.is_available() and torch.distributed.is_initialized()):
+    """The process group's store, or None (no group, or a torch without it)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return None
     try:
         return torch.distributed.distributed_c10d._get_default_store()
@@ -36,9 +36,10 @@ def nbddp_wait_until(ready, waiting_for):
 
 
 def nbddp_store_barrier(what=None):
-    """Every rank gets here, however long rank 0's work (`what`) takes; the lowest rank that waits says so once."""
+    """Every rank gets here, however long rank 0's work (`what`) takes; the lowest rank that waits says so once.
+    False (the caller uses the group's own barrier) without a store or with NBDDP_STORE_WAIT=0."""
     store = nbddp_store()
-    if store is None:
+    if store is None or not NBDDP_STORE_WAIT:
         return False
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     NBDDP_WAITS[0] += 1
