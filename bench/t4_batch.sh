@@ -14,7 +14,8 @@ tag=$1 budget=$2 slug=$3 rounds=$4 first=$5 sms=${6:-} share=${7:-mps} cumem=${8
 t0=$(date +%s)
 root=$PWD
 export NCCL_NVLS_ENABLE=0
-mkdir -p /tmp/t4 && ln -sfn "$root/.gpurun/bench" /tmp/t4/bench && ln -sfn "$root/.whl" /tmp/t4/.whl && cd /tmp/t4 || exit 1
+mkdir -p /tmp/t4 && ln -sfn "$root/.gpurun/bench" /tmp/t4/bench && ln -sfn "$root/.whl" /tmp/t4/.whl \
+    && ln -sfn "$root/nbddp" /tmp/t4/nbddp && cd /tmp/t4 || exit 1
 stop_mps() { CUDA_MPS_PIPE_DIRECTORY=/tmp/nbddp-mps/pipe nvidia-cuda-mps-control <<< quit >/dev/null 2>&1 || true; }
 trap stop_mps EXIT
 if [ -z "$sms" ]; then  # green contexts need no daemon: probe them while the hub builds

@@ -5,11 +5,13 @@ converter cannot see: in a module the notebook imports, in code built at run tim
 A call the converter already made rank-0-only never runs on the other ranks, so nothing changes there (no second
 barrier). Where every rank makes the call, the other ranks skip it and wait, through the store, until rank 0 has
 finished the same call (the same line, the same time), so a later load of the folder finds it whole; they stop
-waiting if rank 0 reaches the next barrier without making it. The Trainer's own saving is left alone: it already
-writes on the main process only, and its save_model must run on every rank under FSDP or DeepSpeed."""
+waiting if rank 0 reaches the next barrier without making it. The Trainer's checkpoints call save_pretrained on its
+main process only, so they are unchanged (with `save_on_each_node`, other machines skip theirs); its save_model
+itself is not wrapped, as it must run on every rank under FSDP or DeepSpeed."""
 import functools
 import operator
 import sys
+import types
 
 from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_RANK, NBDDP_WORLD_SIZE
 from .hooks import NBDDP_IMPORTS, _nbddp_choice, nbddp_say
@@ -80,18 +82,21 @@ class NbddpWriter:
                 store.set(key, "1")
 
 
+def _nbddp_write(*args, **kwargs):  # the code of every class-level writer; `writer` is in its own globals
+    return writer.write(sys._getframe(1), args, kwargs)  # noqa: F821
+
+
 def nbddp_one_writer(method, name, owner=None):
     """A class's saving method, run on global rank 0 only. A function, since transformers copies some by their code
-    (copy_func), and a copy, or this function once a later patch displaces it, pickles by value: it holds nothing
-    of the script but `sys` and the writer (also as `__wrapped__`, which signatures follow to `method`)."""
+    (copy_func), and a copy, or this function once a later patch displaces it, pickles by value, with its globals:
+    so its globals are its own, `sys` and the writer (also its `__wrapped__`, which signatures follow to `method`),
+    not the script's (datasets' map workers got every function of the script, and a torch config module that
+    cannot be pickled)."""
     if getattr(method, "_nbddp_one_writer", False):
         return method
     writer = NbddpWriter(method, name, owner)
-
-    @functools.wraps(method)
-    def write(*args, **kwargs):
-        return writer.write(sys._getframe(1), args, kwargs)
-
+    write = functools.update_wrapper(
+        types.FunctionType(_nbddp_write.__code__, {"sys": sys, "writer": writer}, name), method)
     write._nbddp_one_writer, write.__wrapped__ = True, writer
     return write
 
