@@ -16,7 +16,7 @@ root=$PWD
 export NCCL_NVLS_ENABLE=0
 mkdir -p /tmp/t4 && ln -sfn "$root/.gpurun/bench" /tmp/t4/bench && ln -sfn "$root/.whl" /tmp/t4/.whl \
     && ln -sfn "$root/nbddp" /tmp/t4/nbddp && cd /tmp/t4 || exit 1
-stop_mps() { CUDA_MPS_PIPE_DIRECTORY=/tmp/nbddp-mps/pipe nvidia-cuda-mps-control <<< quit >/dev/null 2>&1 || true; }
+stop_mps() { python3 bench/t4_class.py stop-mps >/dev/null 2>&1 || true; }
 trap stop_mps EXIT
 if [ -z "$sms" ]; then  # green contexts need no daemon: probe them while the hub builds
     python3 bench/t4_class.py probe --phase green --out "$OUT/t4-probe-green-$tag.json" > /tmp/probe-green.log 2>&1 &

@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from run_notebooks import recipe  # nbddp's launch recipe (bench/ is on sys.path)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPS_DIRS = {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nbddp-mps/pipe", "CUDA_MPS_LOG_DIRECTORY": "/tmp/nbddp-mps/log"}
 T4 = {"sms": 40, "fp16_tflops_peak": 65, "fp16_tflops_measured": "25-40", "copy_gbps_peak": 320}
@@ -171,11 +173,12 @@ def same_losses(a, b, rtol=2e-2):
 def nccl_check(env_extra):
     """A 2-rank NCCL all-reduce (bench/allreduce.py, small) under the share, peer-to-peer off: its exit status."""
     env = dict(os.environ, **env_extra, NCCL_P2P_DISABLE="1", NCCL_NVLS_ENABLE="0")
+    job = recipe.build(os.path.join(HERE, "allreduce.py"), 2, python=sys.executable, cpus=recipe.cpu_count(), env=env,
+                       script_args=["--numel", "4194304", "--dtypes", "float16", "--steps", "5",
+                                    "--out", "/tmp/nbddp-nccl-check.json"], routed=False)
     with open("/tmp/nbddp-nccl-check.log", "w") as log:
-        rc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             os.path.join(HERE, "allreduce.py"), "--numel", "4194304", "--dtypes", "float16",
-                             "--steps", "5", "--out", "/tmp/nbddp-nccl-check.json"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, timeout=120).returncode
+        rc = subprocess.run(job.argv, env={**env, **job.env}, stdout=log, stderr=subprocess.STDOUT,
+                            timeout=120).returncode
     return {"returncode": rc, "tail": open("/tmp/nbddp-nccl-check.log").read().strip().splitlines()[-3:]}
 
 
@@ -259,8 +262,9 @@ def main(argv=None):
                    help="green: the green contexts and the whole GPU only (no daemon: other GPU work may run); mps")
     p.add_argument("--target-tflops", type=float, default=32.0, help="the matmul figure N is chosen by")
     p.add_argument("--out", required=True)
+    sub.add_parser("stop-mps", help="stop the MPS daemon that a probe or kaggle_t4.py --sms started, if one runs")
     args = parser.parse_args(argv)
-    measure(args) if args.cmd == "measure" else probe(args)
+    {"measure": measure, "probe": probe, "stop-mps": lambda _: mps_stop()}[args.cmd](args)
 
 
 if __name__ == "__main__":

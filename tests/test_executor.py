@@ -1,6 +1,8 @@
 """The executor's helpers (pure), and `nbddp run` end to end on CPU: a failing rank sets the exit status, and the
 job runs exactly as `--dry-run` says."""
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -70,14 +72,12 @@ def test_rank_failed_error_message_and_exit_status():
     assert "killed by signal 9 (SIGKILL)" in str(killed) and killed.exit_status() == 137
 
 
-def test_child_env_is_unbuffered_and_never_turns_nvls_on():
-    env = executor.child_env({"PATH": "/bin"}, nproc=2)
-    assert env["PYTHONUNBUFFERED"] == "1" and env["NCCL_NVLS_ENABLE"] == "0" and env["PATH"] == "/bin"
-    assert env["OMP_NUM_THREADS"] == str(max(1, launch.cpu_count() // 2))
-    assert executor.child_env({"OMP_NUM_THREADS": "3"}, nproc=2)["OMP_NUM_THREADS"] == "3"
-    assert executor.child_env({"NCCL_NVLS_ENABLE": "0"})["NCCL_NVLS_ENABLE"] == "0"
-    assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" not in env
-    assert executor.child_env({}, all_ranks=True)["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank ${rank}] "
+def test_a_launch_is_unbuffered_and_never_turns_nvls_on():
+    env = launch.launch_env({"PATH": "/bin"}, 2, 8)
+    assert env == {"PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "4"}
+    assert "OMP_NUM_THREADS" not in launch.launch_env({"OMP_NUM_THREADS": "3"}, 2, 8)  # the user's stays
+    assert "NCCL_NVLS_ENABLE" not in launch.launch_env({"NCCL_NVLS_ENABLE": "0"}, 1, 8)
+    assert launch.launch_env({}, 1, 8, all_ranks=True)["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank ${rank}] "
 
 
 def test_resolve_nproc():
@@ -152,3 +152,14 @@ def test_cli_run_failed_rank_sets_exit_status(tmp_path, capsys, monkeypatch):
     assert "rank 1 args" not in out  # rank 0's output only, by default
     errors = [line for line in err.splitlines() if line.startswith("nbddp: error:")]
     assert errors == ["nbddp: error: rank 0 failed with exit code 5: KeyError: 'missing-key'; fix it and run again"]
+
+
+def test_the_log_folders_of_a_dead_kernel_go_its_sessions_too(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    names = [f"nbddp-logs-{gone.pid}", f"nbddp-logs-{gone.pid}-session-x1", f"nbddp-logs-{os.getpid()}-session-x2",
+             f"nbddp-logs-{os.getppid()}", "nbddp-logs-mine"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    executor.sweep_log_dirs(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])

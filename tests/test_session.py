@@ -17,7 +17,7 @@ import pytest
 
 from e2e import child_env
 from test_kernel import Kernel, streamed
-from nbddp.executor import alive as _alive
+from nbddp.executor import alive as _alive, sweep_log_dirs
 from tinymodels import EXAMPLE_NOTEBOOK
 
 pytestmark = pytest.mark.ddp
@@ -130,6 +130,9 @@ def session(tmp_path_factory):
             while any(_alive(pid) for pid in watched) and time.monotonic() < killed + seconds:
                 time.sleep(0.2)
             done[key] = [pid for pid in watched if _alive(pid)]
+        done["logs left"] = sorted(p.name for p in (cwd / "tmp").iterdir() if p.name.startswith("nbddp-logs-"))
+        sweep_log_dirs(str(cwd / "tmp"))  # what the next job or session of any kernel does first
+        done["logs swept"] = sorted(p.name for p in (cwd / "tmp").iterdir() if p.name.startswith("nbddp-logs-"))
     finally:
         if kernel.km.is_alive():
             kernel.close()
@@ -238,6 +241,9 @@ def test_a_killed_kernel_leaves_no_rank_or_torchrun(session):
     # torchrun gets SIGTERM from the kernel's death and its ranks are gone: it ends, its shutdown taking a few seconds
     # more when the machine is busy (once 10 s were not enough in a whole-suite run on 2 cores)
     assert session["torchrun left"] == [], "torchrun outlived the kernel by 30 s"
+    # its log folder stays behind (nothing in the kernel ran again), named so that the next job clears it
+    assert [name for name in session["logs left"] if "-session-" in name], session["logs left"]
+    assert session["logs swept"] == []
 
 
 # ---- pure parts: no kernel, no ranks ----
@@ -276,7 +282,7 @@ def test_the_kernel_reads_a_character_split_between_two_reads_whole():
         session._read(key)
     os.close(write)
     key.fileobj.close()
-    assert session.pending_text["stdout"] == "x\u2588"
+    assert session.output.pending["stdout"] == "x\u2588"
 
 
 def test_a_ranks_traceback_names_the_users_cell_lines():

@@ -3,10 +3,11 @@ import os
 import sys
 
 from .. import launch
-from ..executor import FLUSH_EVERY, RankFailedError, rank_log, resolve_nproc
-from ..executor.processes import alive, send, start_torchrun
+from ..executor import LOG_PREFIX, JobOutput, RankFailedError, rank_log, resolve_nproc, sweep_log_dirs
+from ..executor.processes import JobProcesses, send, start_torchrun
 
-__all__ = ["FLUSH_EVERY", "RankFailedError", "alive", "rank_log", "resolve_nproc", "send", "session_launch", "start_torchrun"]
+__all__ = ["LOG_PREFIX", "JobOutput", "JobProcesses", "RankFailedError", "rank_log", "resolve_nproc", "send",
+           "session_launch", "start_torchrun", "sweep_log_dirs"]
 
 
 def session_launch(nproc, *, all_ranks=False, log_dir=None) -> launch.Launch:

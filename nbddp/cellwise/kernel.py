@@ -16,10 +16,8 @@ thread of its own, waits until the next cell starts.
 """
 from __future__ import annotations
 
-import codecs
 import os
 import selectors
-import sys
 import tempfile
 import threading
 import time
@@ -27,27 +25,24 @@ from queue import Empty, Queue
 
 from . import wire
 from .cellrun import CellRun, ended
-from .glue import FLUSH_EVERY, rank_log, session_launch
+from .glue import LOG_PREFIX, JobOutput, rank_log, session_launch, sweep_log_dirs
 from .procs import Processes
 
 START_WAIT = 600.0  # torch's import and the process group, on every rank
-_TAIL = 64 * 1024
 
 
 class Session:
     def __init__(self, nproc: int, all_ranks=False):
         self.nproc, self.all_ranks = nproc, all_ranks
-        self.conns, self.pending_text = {}, {"stdout": "", "stderr": ""}
-        self.stderr_tail, self.flushed, self.echo = "", 0.0, True
-        # a character split between two reads is decoded whole (a progress bar's blocks are 3 bytes)
-        self.decoders = {dest: codecs.getincrementaldecoder("utf-8")(errors="replace") for dest in self.pending_text}
+        self.conns, self.output = {}, JobOutput()
         self.cells_run = 0
         self.dead = None  # why the session ended
 
     # ---- start and stop ----
 
     def start(self):
-        self.logs = tempfile.TemporaryDirectory(prefix=f"nbddp-session-{os.getpid()}-")
+        sweep_log_dirs()  # a killed kernel's session left its own
+        self.logs = tempfile.TemporaryDirectory(prefix=f"{LOG_PREFIX}{os.getpid()}-session-")
         listener, reach = wire.listen()
         job = session_launch(self.nproc, all_ranks=self.all_ranks, log_dir=self.logs.name)
         self.procs = Processes(job.argv, {**os.environ, **job.env, **reach}).start()
@@ -71,7 +66,7 @@ class Session:
                     conn = accepted.get_nowait()
                     kind, fields = conn.recv()
                     self.conns[fields["rank"]] = conn
-                    self.procs.ranks[fields["rank"]] = fields["pid"]
+                    self.procs.joined(fields["rank"], fields["pid"])
                     self.selector.register(conn, selectors.EVENT_READ, fields["rank"])
                 except Empty:
                     pass
@@ -89,13 +84,13 @@ class Session:
             raise
         finally:
             listener.close()
-            self._flush()
+            self.output.flush()
         return self
 
     def end(self):
         if self.dead is None:
             self.dead = "stopped"
-        self.echo = False
+        self.output.echo = False
         for conn in self.conns.values():
             conn.close()
         if getattr(self, "selector", None) is not None:
@@ -113,7 +108,7 @@ class Session:
         deadline = time.monotonic() + 30
         while self.procs.running() and time.monotonic() < deadline:
             self._events(0.1)
-        self._flush()
+        self.output.flush()
         self.end()
 
     # ---- one cell ----
@@ -180,29 +175,18 @@ class Session:
                 self._show(message[1])
             else:
                 out.append((key.data, message))
-        if time.monotonic() - self.flushed >= FLUSH_EVERY:
-            self._flush()
+        self.output.flush(due=True)
         return out
 
     def _read(self, key):
-        try:
-            data = os.read(key.fileobj.fileno(), 65536)
-        except BlockingIOError:
-            return
-        if not data:
+        if not self.output.read(key.data, key.fileobj.fileno()):
             self.selector.unregister(key.fileobj)
-            return
-        text = self.decoders[key.data].decode(data)
-        if key.data == "stderr":
-            self.stderr_tail = (self.stderr_tail + text)[-_TAIL:]
-        if self.echo:
-            self.pending_text[key.data] += text
 
     def _drain(self):
         for key in list(self.selector.get_map().values()):
             if isinstance(key.data, str):
                 self._read(key)
-        self._flush()
+        self.output.flush()
 
     def _settle(self):
         """The last output of a cell: rank 0's is in the pipes already; the other ranks' (--all-ranks) comes from
@@ -213,14 +197,6 @@ class Session:
             if time.monotonic() >= end:
                 return
             self._events(0.1)
-
-    def _flush(self):
-        """What came since the last write, one write per stream (a front end shows each write as one message)."""
-        self.flushed = time.monotonic()
-        pending, self.pending_text = self.pending_text, {"stdout": "", "stderr": ""}
-        for dest in (name for name, text in pending.items() if text):
-            getattr(sys, dest).write(pending[dest])
-            getattr(sys, dest).flush()
 
     @staticmethod
     def _show(fields):
@@ -242,7 +218,7 @@ class Session:
                 why += f" after rank {failed} failed"
                 break
         if not text and rank == 0:  # rank 0 writes to the kernel's own pipes
-            text = "\n".join(self.stderr_tail.splitlines()[-12:])
+            text = "\n".join(self.output.stderr_tail.splitlines()[-12:])
         elif not text and rank is not None:
             log = rank_log(self.logs.name, rank)  # one machine: the rank is its local rank
             if log:

@@ -11,20 +11,27 @@ import os
 import signal
 import time
 
-from .glue import alive, send, start_torchrun
+from .glue import JobProcesses, send, start_torchrun
 
 
 class Processes:
     def __init__(self, argv, env):
         self.argv, self.env = argv, env
-        self.proc = None
+        self.proc = self.tree = None
         self.ranks = {}  # rank -> pid
 
     def start(self):
         self.proc = start_torchrun(self.argv, self.env)
+        self.tree = JobProcesses(self.proc.pid)
         for pipe in (self.proc.stdout, self.proc.stderr):
             os.set_blocking(pipe.fileno(), False)
         return self
+
+    def joined(self, rank, pid):
+        """A rank connected: its pid, and the process tree seen now, so that the end finds the rank even where
+        torchrun is gone by then."""
+        self.ranks[rank] = pid
+        self.tree.live()
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -39,16 +46,15 @@ class Processes:
         """Stop torchrun and every rank: SIGTERM (torchrun stops its ranks), then SIGKILL to what is left."""
         if self.proc is None:
             return
-        pids = list(self.ranks.values())
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            if self.proc.poll() is None:
-                send(os.killpg, self.proc.pid, sig)
-            for pid in pids:
-                send(os.killpg, pid, sig) or send(os.kill, pid, sig)
+            self.tree.signal(sig)
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and (self.proc.poll() is None or any(map(alive, pids))):
+            while time.monotonic() < deadline and not self._gone():
                 time.sleep(0.05)
-            if self.proc.poll() is not None and not any(map(alive, pids)):
+            if self._gone():
                 break
         for pipe in (self.proc.stdout, self.proc.stderr):
             pipe.close()
+
+    def _gone(self) -> bool:
+        return self.proc.poll() is not None and not self.tree.live()

@@ -2,7 +2,6 @@
 streamed live, stopped whole on interrupt, and its log folder cleaned up, also after a kernel that died."""
 from __future__ import annotations
 
-import codecs
 import glob
 import os
 import selectors
@@ -15,15 +14,13 @@ import time
 
 from .. import launch
 from ..errors import LaunchError
-from .failures import LauncherNoise, job_failure
+from .failures import job_failure
+from .output import JobOutput
 from .processes import JobProcesses, alive, start_torchrun
 
 #: Seconds to wait after SIGINT, then after SIGTERM, before SIGKILL.
 GRACE = (5.0, 3.0)
-#: Seconds between two writes of the job's output (it comes in bursts: 20,000 lines would be hundreds of messages).
-FLUSH_EVERY = 0.25
 LOG_PREFIX = "nbddp-logs-"
-_TAIL_CHARS = 64 * 1024
 
 
 def _gpu_count() -> int:
@@ -53,12 +50,6 @@ def plan(script, nproc, *, extra=(), script_args=(), all_ranks=False, env=None) 
     return launch.build(script, nproc, python=sys.executable, cpus=launch.cpu_count(),
                         env=os.environ if env is None else env, flags=extra, script_args=script_args,
                         all_ranks=all_ranks, log_dir=log_dir(extra))
-
-
-def child_env(base=None, all_ranks=False, nproc=1) -> dict:
-    """The kernel's environment (or `base`) plus what the recipe sets for a job of `nproc` processes."""
-    base = dict(os.environ if base is None else base)
-    return {**base, **launch.launch_env(base, nproc, launch.cpu_count(), all_ranks)}
 
 
 def run_script(script, nproc, *, extra=(), script_args=(), all_ranks=False, env=None, grace=GRACE) -> None:
@@ -100,13 +91,8 @@ class TorchrunJob:
 
     def __init__(self, argv, env=None, log_dir=None, grace=GRACE, script=None):
         self.argv, self.env, self.log_dir, self.grace, self.script = list(argv), env, log_dir, grace, script
-        self._noise = LauncherNoise()
         self.proc = self.processes = self._selector = None
-        self.stderr_tail = ""
-        self._decoders = {}
-        self._echo = True  # off once interrupted: torchrun's and the ranks' shutdown noise is drained, not shown
-        self._pending = {"stdout": "", "stderr": ""}  # output not yet written: a few writes a second at most
-        self._flushed = 0.0
+        self.output = JobOutput()  # echo off once interrupted: the shutdown noise is drained, not shown
 
     def start(self):
         self.proc = start_torchrun(self.argv, self.env)
@@ -114,7 +100,6 @@ class TorchrunJob:
         self._selector = selectors.DefaultSelector()
         for pipe, dest in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
             self._selector.register(pipe, selectors.EVENT_READ, dest)
-            self._decoders[dest] = codecs.getincrementaldecoder("utf-8")(errors="replace")
         return self
 
     def _pump(self, timeout: float) -> bool:
@@ -124,33 +109,12 @@ class TorchrunJob:
                 time.sleep(min(timeout, 0.05))
             return False
         for key, _ in self._selector.select(timeout):
-            data = os.read(key.fd, 65536)
-            dest = key.data
-            if not data:
+            if not self.output.read(key.data, key.fd):
                 self._selector.unregister(key.fileobj)
                 key.fileobj.close()
-                text = self._decoders[dest].decode(b"", final=True)
-            else:
-                text = self._decoders[dest].decode(data)
-            if text and dest == "stderr":
-                self.stderr_tail = (self.stderr_tail + text)[-_TAIL_CHARS:]
-                text = self._noise.feed(text)
-            if text and self._echo:
-                self._pending[dest] += text
         open_pipes = bool(self._selector.get_map())
-        if not open_pipes or time.monotonic() - self._flushed >= FLUSH_EVERY:
-            self._flush()
+        self.output.flush(due=open_pipes)
         return open_pipes
-
-    def _flush(self):
-        """Write what came since the last write, as one message per stream (a notebook front end shows each
-        write as one output message)."""
-        self._flushed = time.monotonic()
-        for dest, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
-            if self._pending[dest]:
-                stream.write(self._pending[dest])
-                stream.flush()
-                self._pending[dest] = ""
 
     def wait(self) -> int:
         try:
@@ -196,7 +160,7 @@ class TorchrunJob:
             return
         print(f"\nnbddp: interrupted; stopping torchrun and its ranks ({len(self.processes.live())} processes)",
               file=sys.stderr, flush=True)
-        self._echo = False
+        self.output.echo = False
         try:
             for sig, grace in zip((signal.SIGINT, signal.SIGTERM), self.grace):
                 self.processes.signal(sig)
@@ -217,4 +181,4 @@ class TorchrunJob:
 
     def failure(self, returncode: int) -> LaunchError:
         """The error for a job that exited with `returncode` != 0 (see failures.job_failure)."""
-        return job_failure(self.stderr_tail, returncode, self.log_dir, self.script)
+        return job_failure(self.output.stderr_tail, returncode, self.log_dir, self.script)

@@ -35,6 +35,11 @@ def nbddp_wait_until(ready, waiting_for):
         step = min(step * 2, 0.5)
 
 
+def nbddp_barrier_key(index, rank):
+    """The store key that says `rank` has reached the store barrier number `index` (1, 2, ...)."""
+    return f"nbddp/barrier/{index}/{rank}"
+
+
 def nbddp_store_barrier(what=None):
     """Every rank gets here, however long rank 0's work (`what`) takes; the lowest rank that waits says so once.
     False (the caller uses the group's own barrier) without a store or with NBDDP_STORE_WAIT=0."""
@@ -43,17 +48,16 @@ def nbddp_store_barrier(what=None):
         return False
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     NBDDP_WAITS[0] += 1
-    key = f"nbddp/barrier/{NBDDP_WAITS[0]}"
-    store.set(f"{key}/{rank}", "1")
-    store.add(key, 1)
+    keys = [nbddp_barrier_key(NBDDP_WAITS[0], r) for r in range(world)]
+    store.set(keys[rank], "1")
 
     def waiting_for():
-        absent = [r for r in range(world) if not store.check([f"{key}/{r}"])]
+        absent = [r for r in range(world) if not store.check([keys[r]])]
         if not absent or rank != min(set(range(world)) - set(absent)):
             return None
         if absent == [0]:
             return "rank 0: " + (what or "rank 0's work")
         return f"rank{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))}" + (f" ({what})" if what else "")
 
-    nbddp_wait_until(lambda: store.add(key, 0) >= world, waiting_for)
+    nbddp_wait_until(lambda: store.check(keys), waiting_for)
     return True
