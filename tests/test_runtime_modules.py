@@ -614,3 +614,33 @@ def test_a_loop_nbddp_could_not_wrap_stops_every_rank_with_one_line(monkeypatch,
         loop.nbddp_unsynced_loop("the training loop of cell 3")
     assert stopped.value.code == 1
     assert capsys.readouterr().out.startswith("nbddp: the training loop of cell 3 trains outside DDP")
+
+
+AGREE_FAILS = """
+import os, torch, torch.distributed as dist
+from nbddp.runtime import agree
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=0, world_size=1)
+agree.NBDDP_CHECK_AGREEMENT = True
+weight = torch.nn.Parameter(torch.ones(3))
+print("same", agree.nbddp_check_agreement([weight], "train()"))
+def broken(params):
+    raise RuntimeError("meta tensors hold no data")
+agree.nbddp_weight_stats = broken
+print("broken", agree.nbddp_check_agreement([weight], "train()"))
+dist.destroy_process_group()
+"""
+
+
+def test_an_agreement_check_that_cannot_read_the_weights_warns_and_the_training_stands(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NBDDP_")}
+    done = subprocess.run([sys.executable, "-c", AGREE_FAILS], env={**env, "PORT": str(port)}, capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and "same []" in lines and "broken None" in lines, done.stdout + done.stderr[-2000:]
+    assert ("nbddp: warning: after train(), the ranks' weights were not compared (rank 0: RuntimeError: meta "
+            "tensors hold no data)") in lines

@@ -56,11 +56,18 @@ def nbddp_check_agreement(params, when):
     _NBDDP_TRAINED["checks"] += 1
     _NBDDP_TRAINED["stepped"].clear()
     key, world = f"nbddp/agree/{_NBDDP_TRAINED['checks']}", torch.distributed.get_world_size()
-    store.set(f"{key}/{torch.distributed.get_rank()}", json.dumps(nbddp_weight_stats(unique)))
+    try:  # a check must not fail the training it follows: a rank that cannot read its weights says why instead
+        mine = nbddp_weight_stats(unique)
+    except Exception as exc:
+        mine = f"rank {torch.distributed.get_rank()}: {type(exc).__name__}: {exc}"
+    store.set(f"{key}/{torch.distributed.get_rank()}", json.dumps(mine))
     nbddp_store_barrier("the check that the ranks agree")
     if not NBDDP_IS_MAIN:
         return None
     stats = [json.loads(store.get(f"{key}/{rank}")) for rank in range(world)]
+    unread = [got for got in stats if isinstance(got, str)]
+    if unread:
+        return nbddp_say(key, f"warning: after {when}, the ranks' weights were not compared ({unread[0]})")
     if not any(stats):
         return []
     differ = nbddp_ranks_that_differ(stats)

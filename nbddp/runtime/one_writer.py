@@ -15,7 +15,7 @@ import types
 
 from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_RANK, NBDDP_WORLD_SIZE
 from .hooks import NBDDP_IMPORTS, _nbddp_choice, nbddp_say
-from .wait import NBDDP_WAITS, nbddp_barrier_key, nbddp_store, nbddp_store_barrier, nbddp_wait_until
+from .wait import NBDDP_BARRIER_KEY, NBDDP_WAITS, nbddp_store, nbddp_store_barrier, nbddp_wait_until
 
 NBDDP_ONE_WRITER = NBDDP_WORLD_SIZE > 1 and _nbddp_choice("NBDDP_ONE_WRITER") is not False
 _NBDDP_WRITES = {"depth": 0, "sites": {}, "skipped": set()}
@@ -40,7 +40,7 @@ def _nbddp_skipped(name, key=None):
         store.set(f"nbddp/skip/{store.add('nbddp/skips', 1)}", f"{NBDDP_RANK} {name}")
     passed = NBDDP_WAITS[0]
     if key is not None:
-        nbddp_wait_until(lambda: store.check([key]) or store.check([nbddp_barrier_key(passed + 1, 0)]),
+        nbddp_wait_until(lambda: store.check([key]) or store.check([NBDDP_BARRIER_KEY.format(passed + 1, 0)]),
                          lambda: f"rank 0: {name}")
 
 

@@ -10,6 +10,7 @@ import torch.distributed
 NBDDP_WAIT_NOTICE = float(os.environ.get("NBDDP_WAIT_NOTICE", "60"))  # seconds before a waiting rank says so
 NBDDP_STORE_WAIT = os.environ.get("NBDDP_STORE_WAIT", "1").strip().lower() not in ("0", "false", "no", "off")
 NBDDP_WAITS = [0]  # barriers this rank has passed; every rank counts the same ones
+NBDDP_BARRIER_KEY = "nbddp/barrier/{}/{}"  # (barrier number, rank): that rank has reached it
 
 
 def nbddp_store():
@@ -35,11 +36,6 @@ def nbddp_wait_until(ready, waiting_for):
         step = min(step * 2, 0.5)
 
 
-def nbddp_barrier_key(index, rank):
-    """The store key that says `rank` has reached the store barrier number `index` (1, 2, ...)."""
-    return f"nbddp/barrier/{index}/{rank}"
-
-
 def nbddp_store_barrier(what=None):
     """Every rank gets here, however long rank 0's work (`what`) takes; the lowest rank that waits says so once.
     False (the caller uses the group's own barrier) without a store or with NBDDP_STORE_WAIT=0."""
@@ -48,7 +44,7 @@ def nbddp_store_barrier(what=None):
         return False
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     NBDDP_WAITS[0] += 1
-    keys = [nbddp_barrier_key(NBDDP_WAITS[0], r) for r in range(world)]
+    keys = [NBDDP_BARRIER_KEY.format(NBDDP_WAITS[0], r) for r in range(world)]
     store.set(keys[rank], "1")
 
     def waiting_for():
