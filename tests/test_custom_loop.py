@@ -97,6 +97,29 @@ def test_a_loop_stepping_a_parameter_whatever_its_name_follows_the_calls_value()
     assert any("m trains through DDP" in n.text for n in report.changes)
 
 
+@pytest.mark.parametrize("signature, call", [
+    ("net, data, *, o", "fit(model, loader, o=optimizer)"),  # keyword-only
+    ("net, o, /, data", "fit(model, optimizer, loader)"),  # positional-only
+    ("net, o, data", "def main():\n    fit(model, optimizer, loader)\nmain()"),  # called from another def
+    ("net, o, data", "def run(m, opt2):\n    fit(m, opt2, loader)\nrun(model, optimizer)"),  # passed on twice
+    ("net, o, data", "def run(*, steps):\n    fit(net=model, o=steps, data=loader)\nrun(steps=optimizer)"),
+])
+def test_the_optimizer_parameter_is_followed_however_the_function_is_declared_and_called(signature, call):
+    loop = f"def fit({signature}):\n    for b in data:\n        net(**b).loss.backward()\n        o.step()\n"
+    (converted,), report = _converted(loop + call + "\n")
+    assert converted == (f"def fit({signature}):\n    nbddp_ddp(net)\n    for b in nbddp_distributed(data):\n"
+                         "        net(**b).loss.backward()\n        o.step()\n" + call + "\n")
+    assert not report.warnings
+
+
+def test_a_parameter_passed_on_from_a_function_never_given_an_optimizer_still_stops_the_script():
+    code = ("def fit(net, o, data):\n    for b in data:\n        net(**b).loss.backward()\n        o.step()\n"
+            "def run(m, x):\n    fit(m, x, loader)\nrun(model, make_optimizer())\n")
+    (converted,), report = _converted(code)
+    assert converted.startswith("def fit(net, o, data):\n    nbddp_unsynced_loop('the training loop of cell 2')\n")
+    assert any("cannot tell" in n.text for n in report.warnings)
+
+
 def test_an_optimizer_built_from_named_parameters_or_parameter_groups_finds_its_model():
     sources, report = _converted(
         "params = [p for p in net.parameters() if p.requires_grad]\nopt = torch.optim.SGD(params, lr=0.1)\n",

@@ -5,7 +5,8 @@ A training loop is a `for`/`while` whose body, through the notebook's functions 
 BACKWARD and STEP (nbddp.effects). Before the outermost such loop, `nbddp_ddp(model)` routes the model's training
 forward through DDP; the model is the one whose `.parameters()` the stepped optimizer was built from, followed
 through the notebook's assignments (nbddp.names) and, for a loop inside the notebook's own function whose optimizer
-is a parameter, through the calls of that function. The data the innermost loop around the backward iterates
+is a parameter, through the calls of that function (made anywhere, also in another of the notebook's functions,
+whose own parameter is then followed in turn). The data the innermost loop around the backward iterates
 becomes `nbddp_distributed(...)`, each rank's share of a DataLoader. Where the model cannot be told, the script
 stops before the loop (`nbddp_unsynced_loop`) rather than train one copy per rank. A notebook that distributes its
 training itself (accelerate, torch's DDP or FSDP, Lightning's Fabric) is left alone.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from ..cst import call_stmt, code_of, dotted, is_rank_test, live_calls
+from ..cst import call_stmt, code_of, dotted, is_if_false, is_rank_test, live_calls
 from ..effects import Effects
 from ..vocabulary import BACKWARD, OWN_DDP, STEP, is_optimizer, kinds, parts
 from .base import TreeStep, TreeTransformer
@@ -31,6 +32,7 @@ class _Rewrite(TreeTransformer):
         super().__init__(tree, ctx)
         self.effects = Effects(self.names)
         self.functions: list[cst.FunctionDef] = []
+        self.calls: dict[cst.FunctionDef, list] = {}  # a function -> its calls (_calls_of)
 
     def _trains(self, node) -> bool:
         if not isinstance(node, (cst.For, cst.While)):
@@ -43,8 +45,7 @@ class _Rewrite(TreeTransformer):
         passes an optimizer as (its value followed, whatever the parameter is called)."""
         if not self.functions:
             return []
-        params = {p.name.value for p in self.functions[-1].params.params}
-        found = []
+        params, found = _parameters(self.functions[-1]), []
         for call in live_calls(loop.body):
             if isinstance(call.func, cst.Attribute) and call.func.attr.value == "step":
                 found += [e for e in [call.func.value, *(a.value for a in call.args if a.keyword is None)]
@@ -53,19 +54,27 @@ class _Rewrite(TreeTransformer):
                               for m in self.names.meanings(arg))]
         return found
 
-    def _arguments(self, function, param) -> list[cst.BaseExpression]:
-        """What the calls of the notebook's `function` pass as `param`."""
-        return [bound[param] for bound in self._calls_of(function) if param in bound]
-
-    def _calls_of(self, function) -> list[dict]:
-        """Each call of `function` in the notebook, as parameter -> argument."""
-        params = [p.name.value for p in function.params.params]
+    def _arguments(self, function, param, depth: int = 0) -> list[cst.BaseExpression]:
+        """What the calls of the notebook's `function` pass as `param`; where a call passes a parameter of the
+        function it is made in, what that function's calls pass."""
         found = []
-        for call in live_calls(self.tree.first):
-            if function in self.names.definitions(call.func):
-                bound = {p: a.value for p, a in zip(params, call.args) if a.keyword is None}
-                found.append(bound | {a.keyword.value: a.value for a in call.args if a.keyword is not None})
+        for caller, bound in self._calls_of(function):
+            arg = bound.get(param)
+            if _forwarded(arg, caller) and depth < FOLLOW:
+                found += self._arguments(caller, arg.value, depth + 1)
+            elif arg is not None:
+                found.append(arg)
         return found
+
+    def _calls_of(self, function) -> list[tuple]:
+        """Each call of `function` in the notebook, also inside another of its functions (`caller`, else None), as
+        (caller, parameter -> argument)."""
+        if function not in self.calls:
+            collector = _Calls()
+            self.tree.first.visit(collector)
+            self.calls[function] = [(caller, _bind(function, call)) for caller, call in collector.calls
+                                    if function in self.names.definitions(call.func)]
+        return self.calls[function]
 
     def visit_FunctionDef(self, node):
         self.functions.append(self.names.orig(node))
@@ -143,12 +152,15 @@ class _Rewrite(TreeTransformer):
                     return model
         return None
 
-    def _through_calls(self, function, param) -> str | None:
+    def _through_calls(self, function, param, depth: int = 0) -> str | None:
         """The model a function's optimizer parameter `param` trains, from the calls of that function: the parameter
-        each call passes that model as (or the model's own name, read as a global in the function)."""
-        for bound in self._calls_of(function):
+        each call passes that model as (or the model's own name, read as a global in the function); a call that
+        passes on a parameter of the function it is made in is followed to that function's calls."""
+        for caller, bound in self._calls_of(function):
             optimizer = bound.get(param)  # a name, or the optimizer made in the call's arguments
             model = self._model_of(optimizer) if optimizer is not None else None
+            if model is None and _forwarded(optimizer, caller) and depth < FOLLOW:
+                model = self._through_calls(caller, optimizer.value, depth + 1)
             if model:
                 return next((p for p, arg in bound.items() if dotted(arg) == model), model)
         return None
@@ -207,6 +219,43 @@ def _fors(node) -> list[cst.For]:
 
     node.visit(_Fors())
     return found
+
+
+class _Calls(cst.CSTVisitor):
+    """Every call of live code, with the notebook's function it is made in (None: at a cell's top level)."""
+
+    def __init__(self):
+        self.calls, self.stack = [], []
+
+    def visit_FunctionDef(self, node):
+        self.stack.append(node)
+
+    def leave_FunctionDef(self, node):
+        self.stack.pop()
+
+    def visit_If(self, node):
+        return not is_if_false(node)
+
+    def visit_Call(self, node):
+        self.calls.append((self.stack[-1] if self.stack else None, node))
+
+
+def _parameters(function) -> list[str]:
+    """The names a def binds its arguments to, positional ones first (keyword-only ones follow)."""
+    params = function.params
+    return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
+
+
+def _bind(function, call) -> dict:
+    """parameter -> argument for one call of `function` (positions, then keywords; `*args` and `**kw` left out)."""
+    positional = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+    bound = dict(zip(positional, (a.value for a in call.args if a.keyword is None and not a.star)))
+    return bound | {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+
+
+def _forwarded(arg, caller) -> bool:
+    """`arg` is a parameter of the function `caller` that the call is made in: its value is what calls of `caller` pass."""
+    return caller is not None and isinstance(arg, cst.Name) and arg.value in _parameters(caller)
 
 
 def _called(stmt) -> str | None:
