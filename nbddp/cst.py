@@ -50,9 +50,8 @@ def keyword(call: cst.Call, name: str) -> cst.Arg | None:
 
 def arguments(call: cst.Call, *names: str) -> list:
     """The arguments bound to these parameters, in order, by position or by keyword (None where absent)."""
-    positional = [a.value for a in call.args if a.keyword is None and not a.star]
-    return [keyword(call, name).value if keyword(call, name) else positional[i] if i < len(positional) else None
-            for i, name in enumerate(names)]
+    positional = [a.value for a in call.args if a.keyword is None and not a.star] + [None] * len(names)
+    return [getattr(keyword(call, name), "value", positional[i]) for i, name in enumerate(names)]
 
 
 def has_star_kwargs(call: cst.Call) -> bool:

@@ -51,6 +51,7 @@ NOT_DATASETS = frozenset({"builtins", "multiprocessing", "concurrent", "pandas",
                           "functools", "operator", "pd", "np"})
 TRACKERS = frozenset({"wandb", "mlflow", "comet_ml", "neptune", "trackio", "swanlab", "clearml", "aim"})
 TRACKER_CLASSES = frozenset({"SummaryWriter"})  # torch.utils.tensorboard / tensorboardX: writer = SummaryWriter()
+OPEN = "builtins.open"  # open(path, mode): a write at a known path is a save (is_file_write)
 DISPLAY_MODULE = "IPython.display"  # Audio, Image, Markdown… from here only display; datasets.Audio is data
 TRL_CONFIGS = frozenset({
     "SFTConfig", "DPOConfig", "ORPOConfig", "KTOConfig", "CPOConfig", "GRPOConfig", "PPOConfig", "RewardConfig",
@@ -156,7 +157,7 @@ def is_file_write(meanings, path, mode) -> bool:
     """`open("notes.txt", "w")` (also "a", "x", "+"): a file the notebook writes is written by rank 0 only, as saves
     are. Only a path known before the run (a literal, or a name assigned one): a computed path (`f"log-{rank}.txt"`)
     may be each rank's own."""
-    return "builtins.open" in meanings and isinstance(path, str) and isinstance(mode, str) and \
+    return OPEN in meanings and isinstance(path, str) and isinstance(mode, str) and \
         any(c in mode for c in "wax+")
 
 

@@ -112,9 +112,12 @@ def test_the_optimizer_parameter_is_followed_however_the_function_is_declared_an
     assert not report.warnings
 
 
-def test_a_parameter_passed_on_from_a_function_never_given_an_optimizer_still_stops_the_script():
-    code = ("def fit(net, o, data):\n    for b in data:\n        net(**b).loss.backward()\n        o.step()\n"
-            "def run(m, x):\n    fit(m, x, loader)\nrun(model, make_optimizer())\n")
+@pytest.mark.parametrize("run", [
+    "def run(m, x):\n    fit(m, x, loader)\nrun(model, make_optimizer())\n",  # never given an optimizer
+    "def run(m, x):\n    x = make_optimizer()\n    fit(m, x, loader)\nrun(model, optimizer)\n",  # rebound first
+])
+def test_a_parameter_passed_on_without_a_known_optimizer_still_stops_the_script(run):
+    code = "def fit(net, o, data):\n    for b in data:\n        net(**b).loss.backward()\n        o.step()\n" + run
     (converted,), report = _converted(code)
     assert converted.startswith("def fit(net, o, data):\n    nbddp_unsynced_loop('the training loop of cell 2')\n")
     assert any("cannot tell" in n.text for n in report.warnings)

@@ -287,6 +287,12 @@ def test_reports_say_what_changed():
     assert "cell 1: rank 0 only: push_to_hub" in text
     assert "cell 2: removed `os.environ['CUDA_VISIBLE_DEVICES'] = '0'`" in text
     assert "cell 3: trainer.evaluate(...) runs on every rank" in text
+    _, aliased = convert("from transformers import pipeline as pp\ntask = 'text-generation'\n",
+                         "gen = pp(task, model=model)\n",
+                         "with open(mode='w', file='notes.txt') as f:\n    f.write('x')\n")
+    text = aliased.format()  # the pipeline and the file by their values, whatever the callee is called
+    assert "cell 2: rank 0 only: pipeline('text-generation')" in text
+    assert "cell 3: rank 0 only: writes 'notes.txt'" in text
 
 
 def test_a_fault_names_the_step_cell_and_line(monkeypatch):

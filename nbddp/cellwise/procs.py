@@ -22,7 +22,7 @@ class Processes:
 
     def start(self):
         self.proc = start_torchrun(self.argv, self.env)
-        self.tree = JobProcesses(self.proc.pid)
+        self.tree = JobProcesses(self.proc)
         for pipe in (self.proc.stdout, self.proc.stderr):
             os.set_blocking(pipe.fileno(), False)
         return self
@@ -49,12 +49,9 @@ class Processes:
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             self.tree.signal(sig)
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and not self._gone():
+            while time.monotonic() < deadline and not self.tree.gone():
                 time.sleep(0.05)
-            if self._gone():
+            if self.tree.gone():
                 break
         for pipe in (self.proc.stdout, self.proc.stderr):
             pipe.close()
-
-    def _gone(self) -> bool:
-        return self.proc.poll() is not None and not self.tree.live()

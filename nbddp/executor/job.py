@@ -96,7 +96,7 @@ class TorchrunJob:
 
     def start(self):
         self.proc = start_torchrun(self.argv, self.env)
-        self.processes = JobProcesses(self.proc.pid)
+        self.processes = JobProcesses(self.proc)
         self._selector = selectors.DefaultSelector()
         for pipe, dest in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
             self._selector.register(pipe, selectors.EVENT_READ, dest)
@@ -136,12 +136,9 @@ class TorchrunJob:
             self._selector.close()
             self._selector = None
 
-    def _gone(self) -> bool:
-        return self.proc.poll() is not None and not self.processes.live()
-
     def _wait_gone(self, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
-        while not self._gone():
+        while not self.processes.gone():
             if time.monotonic() >= deadline:
                 return False
             try:
@@ -169,7 +166,7 @@ class TorchrunJob:
         except KeyboardInterrupt:
             pass
         for _ in range(50):
-            if self._gone():
+            if self.processes.gone():
                 break
             self.processes.signal(signal.SIGKILL)
             time.sleep(0.1)

@@ -31,11 +31,16 @@ def _running(proc: psutil.Process) -> bool:
 
 
 class JobProcesses:
-    """torchrun (`root`, leading a session of its own) and every descendant seen while it ran: a rank whose
-    torchrun is already gone is still found, and signalled."""
+    """torchrun (`launcher`, the Popen that leads a session of its own) and every descendant seen while it ran: a
+    rank whose torchrun is already gone is still found, and signalled."""
 
-    def __init__(self, root: int):
-        self.root, self.top, self.seen = root, psutil.Process(root), {}
+    def __init__(self, launcher: subprocess.Popen):
+        self.launcher, self.root = launcher, launcher.pid
+        self.top, self.seen = psutil.Process(self.root), {}
+
+    def gone(self) -> bool:
+        """torchrun has exited (and is reaped) and no process of the job is left."""
+        return self.launcher.poll() is not None and not self.live()
 
     def live(self) -> list[psutil.Process]:
         """The job's processes still running, the tree walked again while torchrun runs."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from ..cst import call_stmt, code_of, dotted, is_if_false, is_rank_test, live_calls
+from ..cst import LiveVisitor, arguments, call_stmt, code_of, dotted, is_rank_test, live_calls
 from ..effects import Effects
 from ..vocabulary import BACKWARD, OWN_DDP, STEP, is_optimizer, kinds, parts
 from .base import TreeStep, TreeTransformer
@@ -60,7 +60,7 @@ class _Rewrite(TreeTransformer):
         found = []
         for caller, bound in self._calls_of(function):
             arg = bound.get(param)
-            if _forwarded(arg, caller) and depth < FOLLOW:
+            if self._forwarded(arg, caller) and depth < FOLLOW:
                 found += self._arguments(caller, arg.value, depth + 1)
             elif arg is not None:
                 found.append(arg)
@@ -72,9 +72,16 @@ class _Rewrite(TreeTransformer):
         if function not in self.calls:
             collector = _Calls()
             self.tree.first.visit(collector)
-            self.calls[function] = [(caller, _bind(function, call)) for caller, call in collector.calls
-                                    if function in self.names.definitions(call.func)]
+            params = _parameters(function)
+            self.calls[function] = [(caller, {p: a for p, a in zip(params, arguments(call, *params)) if a is not None})
+                                    for caller, call in collector.calls if function in self.names.definitions(call.func)]
         return self.calls[function]
+
+    def _forwarded(self, arg, caller) -> bool:
+        """`arg` reads a parameter of `caller`, the function the call is made in, that nothing there rebinds: its
+        value is what the calls of `caller` pass."""
+        bound = self.names.bindings(arg) if caller is not None and isinstance(arg, cst.Name) else []
+        return bool(bound) and all(any(node is p for p in _params(caller)) for node in bound)
 
     def visit_FunctionDef(self, node):
         self.functions.append(self.names.orig(node))
@@ -159,7 +166,7 @@ class _Rewrite(TreeTransformer):
         for caller, bound in self._calls_of(function):
             optimizer = bound.get(param)  # a name, or the optimizer made in the call's arguments
             model = self._model_of(optimizer) if optimizer is not None else None
-            if model is None and _forwarded(optimizer, caller) and depth < FOLLOW:
+            if model is None and self._forwarded(optimizer, caller) and depth < FOLLOW:
                 model = self._through_calls(caller, optimizer.value, depth + 1)
             if model:
                 return next((p for p, arg in bound.items() if dotted(arg) == model), model)
@@ -221,41 +228,32 @@ def _fors(node) -> list[cst.For]:
     return found
 
 
-class _Calls(cst.CSTVisitor):
-    """Every call of live code, with the notebook's function it is made in (None: at a cell's top level)."""
+class _Calls(LiveVisitor):
+    """Every call of live code, also in the notebook's functions, with the function it is made in (None: at a
+    cell's top level)."""
 
     def __init__(self):
         self.calls, self.stack = [], []
 
     def visit_FunctionDef(self, node):
         self.stack.append(node)
+        return True
 
     def leave_FunctionDef(self, node):
         self.stack.pop()
-
-    def visit_If(self, node):
-        return not is_if_false(node)
 
     def visit_Call(self, node):
         self.calls.append((self.stack[-1] if self.stack else None, node))
 
 
-def _parameters(function) -> list[str]:
-    """The names a def binds its arguments to, positional ones first (keyword-only ones follow)."""
+def _params(function) -> list[cst.Param]:
+    """A def's parameters that take one argument each, positional ones first (keyword-only ones follow)."""
     params = function.params
-    return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
+    return [*params.posonly_params, *params.params, *params.kwonly_params]
 
 
-def _bind(function, call) -> dict:
-    """parameter -> argument for one call of `function` (positions, then keywords; `*args` and `**kw` left out)."""
-    positional = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
-    bound = dict(zip(positional, (a.value for a in call.args if a.keyword is None and not a.star)))
-    return bound | {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-
-
-def _forwarded(arg, caller) -> bool:
-    """`arg` is a parameter of the function `caller` that the call is made in: its value is what calls of `caller` pass."""
-    return caller is not None and isinstance(arg, cst.Name) and arg.value in _parameters(caller)
+def _parameters(function) -> list[str]:
+    return [p.name.value for p in _params(function)]
 
 
 def _called(stmt) -> str | None:

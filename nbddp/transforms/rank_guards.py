@@ -21,7 +21,7 @@ from ..cst import (DESCEND, LEAVE, TAKE, LiveVisitor, arguments, code_of, is_if_
 from ..effects import Effects
 from ..names import header_of, reads_writes
 from ..tree import starts_cell
-from ..vocabulary import DISPLAY, GENERATE, MEMORY, PUSH, SAVE, TRACK, parts
+from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_generation_pipeline, parts
 from .base import TreeStep
 from .hoist import hoist
 
@@ -116,10 +116,11 @@ class _Guards:
             return kinds, f"{name}(), which {' and '.join(verbs)}", name
         if MEMORY in kinds:
             return kinds, "GPU memory stats", name
-        if "builtins.open" in self.names.meanings(call.func) and call.args:
-            return kinds, f"writes {code_of(call.args[0].value)}", name
+        meanings = self.names.meanings(call.func)
+        if OPEN in meanings:  # a file write at a known path (is_file_write)
+            return kinds, f"writes {code_of(arguments(call, 'file')[0])}", name
         task = self.names.literal(arguments(call, "task")[0])
-        if name == "pipeline" and isinstance(task, str):
+        if is_generation_pipeline(meanings, task):
             return kinds, f"pipeline({task!r})", name
         if TRACK in kinds:  # wandb.init, writer.add_scalar: the tracker's own name says more
             name = ".".join(parts(code_of(call.func))[-2:])
