@@ -25,6 +25,7 @@ from .transforms.placement import Placement
 from .transforms.rank_guards import RankGuards
 from .transforms.runtime_needs import RuntimeNeeds
 from .transforms.scratch import Scratch
+from .transforms.show import Show
 from .transforms.trainer_args import TrainerArgs
 from .tree import Tree
 
@@ -58,8 +59,7 @@ def steps() -> list[Transform]:
 def tree_steps() -> list[TreeStep]:
     """The steps over the notebook's one tree, in order."""
     return [Autocast(), Placement(), Devices(), Scratch(), TrainerArgs(), CustomLoop(), DataPrep(), GlobalBatch(),
-            RankGuards(),
-            RuntimeNeeds()]
+            Show(), RankGuards(), RuntimeNeeds()]
 
 
 def _step_error(exc, step, tree=None):

@@ -15,6 +15,8 @@ distributes training itself: DistributedDataParallel, FSDP, accelerate's Acceler
 config: TrainingArguments, SFTConfig, ...), SEEDED (a split or shuffle, which takes a seed), AMP (the deprecated
 torch.cuda.amp), DEVICE (`.to`, `.cuda`, `set_device`, `torch.device`).
 
+`prompt(meanings, ...)` says whether a call asks the user for a value (input(), getpass(), a library's login).
+
 MAIN_ONLY holds the kinds that run on global rank 0 only; LIGHT those that need no barrier after them inside loops
 and function bodies (nothing another rank reads later).
 """
@@ -159,6 +161,34 @@ def is_file_write(meanings, path, mode) -> bool:
     may be each rank's own."""
     return OPEN in meanings and isinstance(path, str) and isinstance(mode, str) and \
         any(c in mode for c in "wax+")
+
+
+PROMPTS = {"builtins.input": "input()", "getpass.getpass": "getpass()"}  # and every library prompt through them
+LOGINS = frozenset({"login", "interpreter_login", "notebook_login"})  # a library's login: without a key, it asks
+CREDENTIALS = frozenset({"token", "key", "api_key", "password"})  # keywords that give a login its key
+HUB = "huggingface_hub"
+ASK_INSTEAD = "set the value in the notebook instead (from an environment variable or a Kaggle/Colab secret)"
+HF_TOKEN_INSTEAD = "set HF_TOKEN (in the environment, or a Kaggle/Colab secret of that name)"
+
+
+def prompt(meanings, credentials: bool, modules=frozenset()):
+    """What a call that asks the user for a value asks, as (what, how to give the value instead), else None: input(),
+    getpass(), a library's login() (`login`, `interpreter_login`, `notebook_login` of a module the notebook imports,
+    one of `modules`) given no key (`credentials`: a positional argument or a key keyword); huggingface_hub's is told
+    by name (HF_TOKEN)."""
+    for meaning in sorted(meanings):
+        names = parts(meaning)
+        if meaning in PROMPTS:
+            return PROMPTS[meaning], ASK_INSTEAD
+        if credentials or len(names) < 2 or names[0] not in modules or names[-1] not in LOGINS or \
+                "(" in meaning or "[" in meaning:  # a method of a value (`ftp.login()`) is not a library's login
+            continue
+        if names[0] != HUB:
+            return f"{meaning}() without a key", ASK_INSTEAD.replace("set the value", "pass the key")
+        if names[-1] == "notebook_login":
+            return f"{meaning}() (a notebook widget; the script asks in the terminal)", HF_TOKEN_INSTEAD
+        return f"{meaning}() without a token", HF_TOKEN_INSTEAD
+    return None
 
 
 def is_generation_pipeline(meanings, task) -> bool:

@@ -65,7 +65,7 @@ FUNCTIONS = [
           ["class Saver:\n    def save(self, path):\n        model.save_pretrained(path)\n\ns = Saver()\n"
            "if NBDDP_IS_MAIN:\n    s.save('o')\nnbddp_barrier(\"save\")\n"], "method"),
     cells(["push = lambda: model.push_to_hub('me/m')\npush()\n"],
-          ["push = lambda: model.push_to_hub('me/m')\nif NBDDP_IS_MAIN:\n    push()\nnbddp_barrier(\"push\")\n"],
+          ["push = lambda: model.push_to_hub('me/m')\nif NBDDP_IS_MAIN:\n    nbddp_show(push())\nnbddp_barrier(\"push\")\n"],
           "lambda"),
     cells(["from functools import partial\nsave = partial(model.save_pretrained, 'out')\nsave()\n"],
           ["from functools import partial\nsave = partial(model.save_pretrained, 'out')\nif NBDDP_IS_MAIN:\n    save()\n"
@@ -103,7 +103,7 @@ FUNCTIONS = [
            "def prep_and_save():\n    ds = load_dataset('x')\n    if NBDDP_IS_MAIN:\n"
            "        torch.save(ds, 'ds.pt')\n    nbddp_barrier(\"save\")\n"
            "def outer():\n    prep_and_train()\n    return load_dataset('y')\n",
-           "prep_and_train()\nprep_and_save()\nouter()\n"], "functions that prepare data and do more"),
+           "prep_and_train()\nprep_and_save()\nnbddp_show(outer())\n"], "functions that prepare data and do more"),
 ]
 
 SHOWN = [
@@ -172,11 +172,11 @@ DEVICES = [
           ["clf = pipeline('text-classification', model=m, device=NBDDP_DEVICE)\nz = torch.zeros(2, device=NBDDP_DEVICE)\n"
            "d = torch.device(NBDDP_DEVICE)\n"], "device= in any call"),
     cells(["device = 'cuda:0' if torch.cuda.is_available() else 'cpu'\n", "model.to(device)\n"],
-          ["device = NBDDP_DEVICE if torch.cuda.is_available() else 'cpu'\n", "model.to(device)\n"],
+          ["device = NBDDP_DEVICE if torch.cuda.is_available() else 'cpu'\n", "nbddp_show(model.to(device))\n"],
           "a device variable used in a later cell"),
     cells(["def put(m, gpu=0, device='cuda:1', steps=0):\n    return m.cuda(gpu).to(device)\n", "put(model)\n"],
           ["def put(m, gpu=NBDDP_LOCAL_RANK, device=NBDDP_DEVICE, steps=0):\n    return m.cuda(gpu).to(device)\n",
-           "put(model)\n"], "a parameter's default used as a device"),
+           "nbddp_show(put(model))\n"], "a parameter's default used as a device"),
     cells(["import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'\nimport torch\n", "%env CUDA_VISIBLE_DEVICES=1\n"],
           ["import os\n# nbddp: removed CUDA_VISIBLE_DEVICES: each rank uses its own GPU\nimport torch\n",
            "# nbddp: removed CUDA_VISIBLE_DEVICES: each rank uses its own GPU\n"], "CUDA_VISIBLE_DEVICES"),
@@ -186,7 +186,7 @@ GUARDED = 'if NBDDP_IS_MAIN:\n    {} = model.generate(x)\nnbddp_barrier("generat
 RANK0_VALUES = [
     # a name bound by a comprehension or a lambda is its own, not the rank-0-only value of the same name
     cells(["_ = model.generate(x)\n", "sums = [torch.zeros_like(m) for _ in range(world)]\ndist.all_gather(sums, m)\n"],
-          [GUARDED.format("_"), "sums = [torch.zeros_like(m) for _ in range(world)]\ndist.all_gather(sums, m)\n"],
+          [GUARDED.format("_"), "sums = [torch.zeros_like(m) for _ in range(world)]\nnbddp_show(dist.all_gather(sums, m))\n"],
           "comprehension's own _"),
     cells(["out = model.generate(x)\nsize = lambda out: len(out)\nn = {k: size(v) for k, v in rows.items()}\n"],
           [GUARDED.format("out") + "size = lambda out: len(out)\nn = {k: size(v) for k, v in rows.items()}\n"],
@@ -210,7 +210,7 @@ FILES = [
           "with open, then read back"),
     cells(["out = open('log.txt', mode='a')\n", "out.write('x')\nout.close()\n"],
           ['if NBDDP_IS_MAIN:\n    out = open(\'log.txt\', mode=\'a\')\nnbddp_barrier("open")\n',
-           'if NBDDP_IS_MAIN:\n    out.write(\'x\')\n    out.close()\nnbddp_barrier("write")\n'], "handle over two cells"),
+           'if NBDDP_IS_MAIN:\n    out.write(\'x\')\n    nbddp_show(out.close())\nnbddp_barrier("write")\n'], "handle over two cells"),
     cells(["import json\ndef dump(rows):\n    with open('x.json', 'w') as fh:\n        json.dump(rows, fh)\n\n",
            "for epoch in range(2):\n    trainer.train()\n    dump(rows)\n"],
           ["import json\ndef dump(rows):\n    with open('x.json', 'w') as fh:\n        json.dump(rows, fh)\n\n",

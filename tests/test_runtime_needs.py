@@ -124,15 +124,15 @@ def test_each_carried_module_says_why_in_one_line():
     conversion = convert_notebook(make_notebook(*UNSLOTH_SFT))
     lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
     assert [line.split(":")[0][5:] for line in lines] == ["recipe", "launcher", "wait", "group", "hooks", "fit",
-                                                          "one_writer", "agree", "unsloth_group", "lean_sync",
-                                                          "peft_shim", "balance"]
+                                                          "one_writer", "agree", "ipython_forms", "unsloth_group",
+                                                          "lean_sync", "peft_shim", "balance"]
     assert lines[4] == "# -- hooks: needed by fit, one_writer, agree, unsloth_group, lean_sync, peft_shim, balance"
     assert "the notebook trains with a Trainer" in lines[-1]
 
 
 @pytest.mark.parametrize("notebook, most", [
-    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 556),
-    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 691),
+    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 583),
+    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 718),
 ])
 def test_lines_before_the_first_notebook_cell(notebook, most):
     lines = convert_notebook(str(notebook)).script.splitlines()
@@ -180,7 +180,7 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
                   and ast.get_docstring(n) and len(n.body) > 1]
     assert documented == []
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
-        ["recipe", "launcher", "wait", "group", "hooks", "fit", "files", "one_writer", "agree", "ask",
+        ["recipe", "launcher", "wait", "group", "hooks", "fit", "files", "one_writer", "agree", "ask", "ipython_forms",
          "unsloth_group", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim",
          "global_batch", "balance", "loop"]
 

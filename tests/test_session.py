@@ -248,25 +248,32 @@ def test_a_killed_kernel_leaves_no_rank_or_torchrun(session):
 
 # ---- pure parts: no kernel, no ranks ----
 
-def _run_compiled(code, **names):
-    from nbddp.cellwise.worker import SHOW, compile_cell
+def _shown_by_cell(code, main=True, **names):
+    """What a cell converted as the session converts it shows through the session's display hook (nbddp_show)."""
+    from nbddp.cellwise.history import History
 
     shown = []
-    namespace = {SHOW: shown.append, "nbddp_barrier": lambda: None, **names}
-    exec(compile_cell(code, "<cell>"), namespace)
+    namespace = {"nbddp_show": shown.append, "nbddp_barrier": lambda *a: None, "NBDDP_IS_MAIN": main, **names}
+    exec(compile(History().convert(code).code, "<cell>", "exec"), namespace)
     return shown
 
 
-@pytest.mark.parametrize("code, shown", [
-    ("x = 2\nx * 3\n", [6]),
-    ("x = 2\nx * 3;\n", []),  # a trailing semicolon hides it, as in a notebook
-    ("x = 2\n", []),
-    ("if NBDDP_IS_MAIN:\n    y = 5\n    y + 1\nnbddp_barrier()\n", [6]),  # the converter's rank-0 guard
-    ("if NBDDP_IS_MAIN:\n    y = 5\n    y + 1\nelse:\n    pass\nnbddp_barrier()\n", []),
-    ("print\n3\nnbddp_barrier()\n", []),
+class _Model:
+    def generate(self, x):
+        return x + 1
+
+
+@pytest.mark.parametrize("code, main, shown", [
+    ("x = 2\nx * 3\n", True, [6]),
+    ("x = 2\nx * 3;\n", True, []),  # a trailing semicolon hides it, as in a notebook
+    ("x = 2\n", True, []),
+    ("out = model.generate(5)\nout\n", True, [6]),  # under the converter's rank-0 guard
+    ("out = model.generate(5)\nout\n", False, []),
+    ("print\n3\n", True, [3]),
+    ("print(3)\n", True, []),  # print's value (None) is not shown
 ])
-def test_a_cells_last_expression_goes_to_the_display_hook(code, shown):
-    assert _run_compiled(code, NBDDP_IS_MAIN=True) == shown
+def test_a_cells_last_expression_goes_to_the_display_hook(code, main, shown):
+    assert _shown_by_cell(code, main, model=_Model()) == shown
 
 
 def test_the_kernel_reads_a_character_split_between_two_reads_whole():
@@ -286,7 +293,7 @@ def test_the_kernel_reads_a_character_split_between_two_reads_whole():
 
 
 def test_a_ranks_traceback_names_the_users_cell_lines():
-    from nbddp.cellwise.worker import SHOW, compile_cell, format_failure
+    from nbddp.cellwise.worker import format_failure
 
     source = "def f(d):\n    return d['key']\nprint('x')\nf({})\n"
     converted = "def f(d):\n    return d['key']\nif NBDDP_IS_MAIN:\n    print('x')\nnbddp_barrier()\nf({})\n"
@@ -294,8 +301,7 @@ def test_a_ranks_traceback_names_the_users_cell_lines():
 
     linecache.cache["<nbddp In[4]>"] = (len(converted), None, converted.splitlines(True), "<nbddp In[4]>")
     try:
-        exec(compile_cell(converted, "<nbddp In[4]>"), {"NBDDP_IS_MAIN": False, "nbddp_barrier": lambda: None,
-                                                        SHOW: print})
+        exec(compile(converted, "<nbddp In[4]>", "exec"), {"NBDDP_IS_MAIN": False, "nbddp_barrier": lambda: None})
     except KeyError as exc:
         text = format_failure(exc, "<nbddp In[4]>", "Cell In[4]", source)
     assert text.splitlines() == ["Traceback (most recent call last):",

@@ -46,7 +46,7 @@ MAGICS = [
     case("x = 1\n%env K=V\n%env HF_HOME /tmp/hf\n",
          "x = 1\nos.environ['K'] = 'V'\nos.environ['HF_HOME'] = '/tmp/hf'\n"),
     case("%env K = 1 # why\n", "os.environ['K'] = '1 # why'\n"),  # what IPython sets too (and a warning)
-    case("%cd /tmp/work\n", "os.chdir(os.path.expanduser('/tmp/work'))\n"),
+    case("%cd /tmp/work\nx = 1\n", "os.chdir(os.path.expanduser('/tmp/work'))\nx = 1\n"),
     case("files = !ls\n", "files = nbddp_getoutput('ls')\n"),
     case("%%writefile -a out.txt\nhello\n",
          "# nbddp: %%writefile -a out.txt\nnbddp_write_file('out.txt', 'hello\\n', append=True)\n"),
@@ -145,7 +145,7 @@ AUTOCAST = [
 
 UNCHANGED = [
     'clf = pipeline("text-classification", model=m)\nlabels = clf(texts)\n',  # not generation: every rank may run it
-    'worker = Thread(target=load_shard, args=(1,))\nworker.start()\n',
+    'worker = Thread(target=load_shard, args=(1,))\nworker.start();\n',  # `;`: the cell shows nothing
     'from other import FastLanguageModel as FLM\ntok = FLMTokenizer.from_pretrained("m")\n',  # not a model loader
     'tok = FastTokenizer.from_pretrained("m")\n',
     'def save():\n    model.save_pretrained("x")\n    out = model.generate(x)\n    print(out)\n',

@@ -60,6 +60,16 @@ class Display:
         if data:
             self.shell.display_pub.publish(data, metadata)
 
+    def display(self, *values, **kwargs):
+        """A cell's display(...) without an import: IPython's own on rank 0; text on the others (which only
+        `--all-ranks` shows)."""
+        if self.shell is None:
+            print(*values)
+            return None
+        from IPython.display import display
+
+        return display(*values, **kwargs)
+
     def after_cell(self):
         """What IPython does after a cell: matplotlib-inline shows the figures the cell drew."""
         if self.shell is not None:

@@ -13,16 +13,15 @@ nbddp's own barriers (after rank-0 work, main-process-first data, shell lines) g
 torch.distributed (`Worker.barrier`), so that a rank waiting there can be interrupted and the session survives a
 rank that failed while the others waited for it.
 
-A cell's last expression is shown (rank 0) as the notebook shows it: the cell is compiled from its syntax tree with
-that expression handed to the display hook, as IPython itself does (`ast`, at run time; the converter's rewrites
-are libcst). Where the converter put the cell's end under `if NBDDP_IS_MAIN:`, the expression inside is shown.
+A cell's last expression is shown (rank 0) as the notebook shows it: the converter hands it to `nbddp_show`
+(nbddp/transforms/show.py), which here is the session's display hook, formatted by IPython's own formatters; a
+`display(...)` the notebook calls without an import is IPython's own display on rank 0.
 
 The rank leaves when the kernel says stop (after a barrier, the group closed), and at once when its connection
 closes without a stop: the kernel is gone.
 """
 from __future__ import annotations
 
-import ast
 import builtins
 import importlib
 import importlib.util
@@ -41,7 +40,6 @@ from .stop import Stopper
 
 #: the runtime's names a converted cell may read
 PUBLIC = ("nbddp_", "NBDDP_", "Nbddp")
-SHOW = "_nbddp_show"
 _FRAMES = 10
 
 
@@ -53,6 +51,7 @@ class Runtime:
         import torch
 
         self.barrier = barrier
+        self.own = {}  # the session's own versions of runtime names (the display hook), kept over the runtime's
         self.main = types.ModuleType("__main__")
         self.main.__dict__.update(__builtins__=builtins, os=os, sys=sys, torch=torch)
         sys.modules["__main__"] = self.main
@@ -66,31 +65,8 @@ class Runtime:
                     if getattr(loaded, "nbddp_barrier", self.barrier) is not self.barrier:
                         loaded.nbddp_barrier = self.barrier  # also in the modules this one imported
                 self.main.__dict__.update({k: v for k, v in vars(module).items() if k.startswith(PUBLIC)})
+                self.main.__dict__.update(self.own)
                 self.loaded.append(name)
-
-
-def _is_main_guard(node) -> bool:
-    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "NBDDP_IS_MAIN"
-
-
-def _is_barrier(node) -> bool:
-    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-            and isinstance(node.value.func, ast.Name) and node.value.func.id.startswith("nbddp_barrier"))
-
-
-def compile_cell(code: str, name: str):
-    """The cell's code object, its last expression (also under the converter's rank-0 guard) passed to SHOW."""
-    tree = ast.parse(code, name)
-    body = tree.body
-    if len(body) >= 2 and _is_barrier(body[-1]) and _is_main_guard(body[-2]) and not body[-2].orelse:
-        body = body[-2].body
-    last = body[-1] if body else None
-    quiet = code.rstrip().endswith(";")
-    if isinstance(last, ast.Expr) and not quiet and not _is_barrier(last):
-        call = ast.Call(func=ast.Name(SHOW, ast.Load()), args=[last.value], keywords=[])
-        body[-1] = ast.copy_location(ast.Expr(ast.copy_location(call, last.value)), last)
-        ast.fix_missing_locations(tree)
-    return compile(tree, name, "exec", dont_inherit=True)
 
 
 def format_failure(exc: BaseException, name: str, label: str, source: str) -> str:
@@ -157,7 +133,8 @@ class Worker:
         self.runtime.need(["group", "hooks"])
 
         self.display = Display(self.send, main=group.NBDDP_IS_MAIN)
-        self.runtime.main.__dict__[SHOW] = self.display.show
+        self.runtime.own.update(nbddp_show=self.display.show, display=self.display.display)
+        self.runtime.main.__dict__.update(self.runtime.own)
         unsloth_first = "unsloth" not in sys.modules and importlib.util.find_spec("unsloth") is not None
         group.nbddp_start(group=not unsloth_first)
         if unsloth_first:
@@ -187,7 +164,7 @@ class Worker:
         self.cell, self.barriers = fields["id"], 0
         try:
             self.runtime.need(fields["modules"])
-            exec(compile_cell(code, name), self.runtime.main.__dict__)
+            exec(compile(code, name, "exec", dont_inherit=True), self.runtime.main.__dict__)
             self.display.after_cell()
         except BaseException as exc:  # noqa: B036 - a cell's SystemExit and KeyboardInterrupt are reported too
             self._flush()

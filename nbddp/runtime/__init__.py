@@ -7,6 +7,6 @@ through `from .module import name` lines, which inlining drops. Importing this p
 """
 
 # Inlining order where no import decides it; a module's `from .x import` lines put x before it.
-MODULES = ("recipe", "launcher", "wait", "group", "fit", "files", "hooks", "one_writer", "agree", "ask", "unsloth_group",
+MODULES = ("recipe", "launcher", "wait", "group", "fit", "files", "hooks", "one_writer", "agree", "ask", "ipython_forms", "unsloth_group",
            "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance",
            "loop")

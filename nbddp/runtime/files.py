@@ -1,5 +1,6 @@
 """Files, caches and shell commands: once per machine (local rank 0) while the other ranks wait."""
 import contextlib
+import io
 import subprocess
 import sys
 
@@ -20,16 +21,29 @@ def nbddp_shell(command, shell=True):
     """A notebook `!command`: runs once per machine (local rank 0) while the other ranks wait."""
     if NBDDP_IS_LOCAL_MAIN:
         sys.stdout.flush()
-        done = subprocess.run(command, shell=True, executable=None if shell is True else shell)
+        captured = isinstance(sys.stdout, io.StringIO)  # inside %%capture: the output is kept there
+        pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if captured else {}
+        done = subprocess.run(command, shell=True, executable=None if shell is True else shell, text=True, **pipe)
+        if captured:
+            sys.stdout.write(done.stdout)
         if done.returncode:
             print(f"nbddp: shell command exited with status {done.returncode}: {command}", file=sys.stderr)
     nbddp_barrier(f"shell command {command[:60]}")
 
 
+class NbddpLines(list):
+    """What `x = !command` binds, as IPython's SList: the output's lines, also as `.s` (joined by spaces), `.n`
+    (by newlines) and `.l` (the list)."""
+
+    s = spstr = property(" ".join)
+    n = nlstr = property("\n".join)
+    l = property(list)  # noqa: E741 - IPython's name
+
+
 def nbddp_getoutput(command):
     """A notebook `x = !command`: the output lines."""
     done = subprocess.run(command, shell=True, capture_output=True, text=True)
-    return (done.stdout + done.stderr).splitlines()
+    return NbddpLines((done.stdout + done.stderr).splitlines())
 
 
 def nbddp_write_file(path, text, append=False):

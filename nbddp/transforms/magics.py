@@ -1,8 +1,9 @@
 """Step 1: IPython syntax (magics, `!shell` lines) becomes plain Python, or is removed with a note.
 
-IPython's own TransformerManager finds the magics and turns them into `get_ipython().…(...)` calls; we then
-rewrite those calls structurally with libcst. Installs are listed in the script header, `%%capture` keeps its
-Python, `%env`/`%cd` become os calls, other shell commands and `%%writefile` run once per node.
+IPython's own TransformerManager finds the magics and turns them into `get_ipython().…(...)` calls, which
+ipython_calls.py rewrites structurally with libcst. Cell magics are read here: installs are listed in the script
+header; `%%capture [name]` keeps the cell's output out of the console, in `name` (`nbddp_capture`); `%%time` and
+the like keep their Python; shell cells and `%%writefile` run once per node.
 """
 from __future__ import annotations
 
@@ -10,26 +11,19 @@ import shlex
 
 import libcst as cst
 
-from ..cst import call_stmt, code_of, names_in, parse
+from ..cst import live_calls, names_in, parse, statement_blocks
 from ..errors import ConversionError
 from .base import Context, Transform, cell_number
-from .markers import MARK, Tidy, marker
-from .shell import install_lines, is_install, one_line, script_lines
+from .expansion import line_expression
+from .ipython_calls import IPythonCalls
+from .markers import MARK, Tidy, is_marker
+from .shell import install_lines, script_lines
 
-DROP_QUIETLY = frozenset({
-    "matplotlib", "load_ext", "reload_ext", "unload_ext", "autoreload", "aimport", "config", "pinfo", "pinfo2",
-    "pdef", "pdoc", "psource", "pfile", "who", "who_ls", "whos", "xmode", "precision", "colors", "clear", "lsmagic",
-    "history", "page", "pwd", "ls", "pylab", "notebook", "tensorflow_version", "reset", "reset_selective",
-    "rehashx", "alias", "unalias", "bookmark", "dhist", "dirs", "env_list", "magic", "quickref", "doctest_mode",
-    "autocall", "automagic", "qtconsole", "connect_info", "store", "recall", "rerun", "save", "logstart", "logstop",
-    "logon", "logoff", "logstate", "pprint", "sc", "cat", "more", "less", "man", "nbdev_export",
-})
-INSTALL_MAGICS = frozenset({"pip", "conda", "mamba", "uv", "micromamba"})
-BODY_MAGICS = frozenset({"capture", "time", "timeit", "prun", "debug", "memit", "ipytest"})
+BODY_MAGICS = frozenset({"time", "timeit", "prun", "debug", "memit", "ipytest"})
+CAPTURE_FLAGS = {"--no-stdout": "stdout", "--no-stderr": "stderr", "--no-display": "display"}
 SHELL_CELL_MAGICS = frozenset({"bash", "sh", "shell", "system", "sx"})
 DISPLAY_CELL_MAGICS = frozenset({"html", "HTML", "markdown", "md", "javascript", "js", "latex", "svg", "perl", "ruby"})
 FILE_MAGICS = frozenset({"writefile", "file"})
-
 
 
 def _ipython_to_python(source: str) -> str:
@@ -63,138 +57,16 @@ def _leading_comments(source: str) -> tuple[str, str]:
     return "", source
 
 
-def _command_literal(command: str) -> cst.BaseExpression:
-    """The command as a string; with `{expr}` parts, an f-string, as IPython expands them from the namespace."""
-    if "{" in command:
-        try:
-            return cst.parse_expression("f" + repr(command))
-        except cst.ParserSyntaxError:
-            pass
-    return cst.SimpleString(repr(command))
-
-
-def _stmt(text: str) -> cst.BaseStatement:
-    return cst.parse_statement(text + "\n")
-
-
-def _literal_args(call: cst.Call) -> list[str] | None:
-    values = []
-    for arg in call.args:
-        if not isinstance(arg.value, (cst.SimpleString, cst.ConcatenatedString)):
-            return None
-        value = arg.value.evaluated_value
-        if not isinstance(value, str):
-            return None
-        values.append(value)
-    return values
-
-
-def is_ipython_call(node) -> bool:
-    """`get_ipython().<something>(...)`, as IPython's transformers write it (libcst.matchers is slow to import)."""
-    func = node.func if isinstance(node, cst.Call) else None
-    owner = func.value if isinstance(func, cst.Attribute) else None
-    return (isinstance(owner, cst.Call) and isinstance(owner.func, cst.Name) and owner.func.value == "get_ipython")
-
-
-class _IPythonCalls(cst.CSTTransformer):
-    """Rewrites the `get_ipython().system/run_line_magic/getoutput(...)` calls IPython's transformers produce."""
-
-    def __init__(self, cell: int, ctx: Context):
-        self.cell, self.ctx = cell, ctx
-        self.installs = 0
-
-    @staticmethod
-    def _whole_line(node) -> bool:
-        return len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and is_ipython_call(node.body[0].value)
-
-    def visit_SimpleStatementLine(self, node):
-        return not self._whole_line(node)  # whole-line calls are replaced below, not visited as expressions
-
-    # A whole statement line that is one IPython call: replace the line.
-    def leave_SimpleStatementLine(self, original, updated):
-        if not self._whole_line(updated):
-            return updated
-        call = updated.body[0].value
-        kind = call.func.attr.value
-        args = _literal_args(call)
-        if args is None:
-            self.ctx.report.warn(self.cell, f"could not read IPython call {one_line(code_of(call))}; removed it")
-            return marker("removed an IPython call it could not read")
-        if kind in {"system", "getoutput"}:
-            new = self._shell(args[0])
-        elif kind == "run_line_magic":
-            new = self._line_magic(args[0], args[1] if len(args) > 1 else "")
-        else:
-            self.ctx.report.warn(self.cell, f"removed get_ipython().{kind}(...), which has no script equivalent")
-            new = [marker(f"removed get_ipython().{kind}(...)")]
-        new = list(new)
-        new[0] = new[0].with_changes(leading_lines=updated.leading_lines)
-        return cst.FlattenSentinel(new)
-
-    # An IPython call inside an expression: `files = !ls` → getoutput.
-    def leave_Call(self, original, updated):
-        if not is_ipython_call(updated):
-            return updated
-        kind = updated.func.attr.value
-        args = _literal_args(updated)
-        if kind == "getoutput" and args:
-            self.ctx.report.change(self.cell, f"`!{one_line(args[0], 60)}` output captured with a subprocess")
-            return cst.Call(cst.Name("nbddp_getoutput"), args=[cst.Arg(_command_literal(args[0]))])
-        self.ctx.report.warn(self.cell, f"an IPython call inside an expression ({kind}) was replaced by None")
-        return cst.Name("None")
-
-    def _shell(self, command: str):
-        if is_install(command):
-            self.ctx.report.install(command)
-            self.installs += 1
-            return [marker(f"removed `!{command}` (install; see the header)")]
-        self.ctx.report.change(self.cell, f"`!{one_line(command, 60)}` runs once per node (local rank 0), the others wait")
-        return [call_stmt("nbddp_shell", _command_literal(command))]
-
-    def _line_magic(self, name: str, line: str):
-        report = self.ctx.report
-        if name in INSTALL_MAGICS:
-            command = f"{name} {line}".strip()
-            report.install(command)
-            self.installs += 1
-            return [marker(f"removed `%{command}` (install; see the header)")]
-        if name in {"env", "set_env"}:
-            key, sep, value = line.partition("=") if "=" in line else line.partition(" ")
-            key, value = key.strip(), value.strip()
-            if key and sep:
-                report.change(self.cell, f"`%{name} {one_line(line, 50)}` → os.environ")
-                if " #" in value:
-                    report.warn(self.cell, f"`%{name}` sets {key} to {value!r}, comment included (IPython does the "
-                                "same); drop the comment in the notebook if the value is meant to be "
-                                f"{value.split(' #')[0].strip()!r}")
-                return [_stmt(f"os.environ[{key!r}] = {value!r}")]
-            return [marker(f"removed `%{name} {line}` (only displays)")]
-        if name == "cd":
-            report.change(self.cell, f"`%cd {line}` → os.chdir")
-            return [_stmt(f"os.chdir(os.path.expanduser({line.strip().strip(chr(34) + chr(39))!r}))")]
-        if name in {"time", "timeit", "prun", "memit"}:
-            try:
-                return list(parse(line + "\n").body) or [marker(f"removed empty `%{name}`")]
-            except ConversionError:
-                report.warn(self.cell, f"`%{name} {one_line(line, 50)}` is not Python; removed it")
-                return [marker(f"removed `%{name} {line}`")]
-        if name in {"sx", "system"}:
-            return self._shell(line)
-        if name in DROP_QUIETLY:
-            report.change(self.cell, f"removed `%{name}` (notebook-only)")
-            return [marker(f"removed `%{name} {line}`".strip() + " (notebook-only)")]
-        report.warn(self.cell, f"unknown magic `%{name} {one_line(line, 50)}` removed; check the script does not need it")
-        return [marker(f"removed unknown magic `%{name} {line}`")]
-
-
 class Magics(Transform):
     name = "magics"
+    installs = 0  # install commands removed so far
 
     def preprocess_cell(self, cell, ctx):
         cell.source = self.convert(cell.source, cell_number(cell), ctx)
         return cell
 
-    def convert(self, source: str, cell: int, ctx: Context) -> str:
+    def convert(self, source: str, cell: int, ctx: Context, offset: int = 0) -> str:
+        """The cell's text as Python; `offset`: lines of the cell above `source` (a cell magic's own line)."""
         header, rest = _leading_comments(source)
         if rest.lstrip().startswith("%%"):
             return header + self._cell_magic(rest.lstrip(), cell, ctx)
@@ -203,18 +75,48 @@ class Magics(Transform):
         try:
             python = _ipython_to_python(source)
         except SyntaxError as exc:
-            raise ConversionError(f"IPython cannot read it ({exc.msg})", step=self.name, cell=cell, line=exc.lineno)
+            raise ConversionError(f"IPython cannot read it ({exc.msg})", step=self.name, cell=cell,
+                                  line=exc.lineno and exc.lineno + offset)
         module = parse(python, cell=cell, step=self.name)  # not Python even for IPython: say so here
         if "get_ipython" not in python:
             return source
-        calls = _IPythonCalls(cell, ctx)
-        new = module.visit(calls).visit(Tidy())
+        calls = IPythonCalls(cell, ctx, self.name, offset)
+        new = calls.rewrite(module).visit(Tidy())
+        self.installs += calls.installs
         if calls.installs:
             ctx.report.change(cell, f"removed {calls.installs} install command(s); they are listed in the header")
         if "get_ipython" in names_in(new):
-            ctx.report.warn(cell, "the cell calls get_ipython() itself; a script has no IPython: rewrite that part "
-                            "(nbddp_shell(...) runs a shell command once per node)")
+            ctx.report.warn(cell, "the cell calls get_ipython() itself; in a script it returns None (no IPython): "
+                            "rewrite that part (nbddp_shell(...) runs a shell command once per node)")
         return new.code
+
+    def _capture(self, line: str, body: str, cell: int, ctx: Context) -> str:
+        """`%%capture [--no-stdout] [--no-stderr] [--no-display] [name]`: the cell's Python inside
+        `with nbddp_capture(...) as name:`. Without a name, an install cell's (its installs are removed: what is left
+        serves them) and a cell's that calls nothing are dropped."""
+        words = line.split()
+        unknown = [w for w in words if w.startswith("-") and w not in CAPTURE_FLAGS]
+        names = [w for w in words if not w.startswith("-")]
+        if unknown or len(names) > 1 or (names and not names[0].isidentifier()):
+            raise ConversionError(f"`%%capture {line}`: IPython takes `%%capture [--no-stdout] [--no-stderr] "
+                                  "[--no-display] [name]`; fix the line in the notebook", step=self.name, cell=cell,
+                                  line=1)
+        installs = self.installs
+        code = self.convert(body, cell, ctx, offset=1)
+        module = parse(code, cell=cell, step=self.name)
+        mark = MARK + f"%%capture {line}".rstrip()
+        if not names and (self.installs > installs or not any(map(_runs_something, module.body))):
+            ctx.report.change(cell, "`%%capture` dropped (it hid the cell's installs, or the cell shows nothing); its "
+                                    "Python is kept")
+            return mark + " dropped; the cell's code is kept\n" + code
+        kwargs = ", ".join(f"{CAPTURE_FLAGS[w]}=False" for w in dict.fromkeys(words) if w in CAPTURE_FLAGS)
+        with_ = cst.parse_statement(f"with nbddp_capture({kwargs}){' as ' + names[0] if names else ''}:\n    pass\n")
+        statements = list(module.body) or [cst.SimpleStatementLine([cst.Pass()])]
+        statements[0] = statements[0].with_changes(leading_lines=(*module.header, *statements[0].leading_lines))
+        with_ = with_.with_changes(body=with_.body.with_changes(body=statements, footer=module.footer))
+        kept = f" kept in `{names[0]}`" if names else " kept out of the console, as in the notebook"
+        ctx.report.change(cell, f"`%%capture {line}`".replace(" `", "`") + f": the cell's output{kept}")
+        return mark + f": the cell's output{kept}\n" + cst.Module([with_]).code
 
     def _cell_magic(self, source: str, cell: int, ctx: Context) -> str:
         first, _, body = source.partition("\n")
@@ -224,10 +126,13 @@ class Magics(Transform):
         report = ctx.report
         if name == "script" and line.split()[:1] and line.split()[0] in {"bash", "sh"}:
             name, line = "bash", ""
+        if name == "capture":
+            return self._capture(line, body, cell, ctx)
         if name in BODY_MAGICS:
             report.change(cell, f"`%%{name}` removed; its Python is kept")
             # (never "# %%…" at a line start: editors read that as a new cell; the script marks cells "# %% cell N")
-            return MARK + f"%%{name} {line}".rstrip() + " dropped; the cell's code is kept\n" + self.convert(body, cell, ctx)
+            kept = self.convert(body, cell, ctx, offset=1)
+            return MARK + f"%%{name} {line}".rstrip() + " dropped; the cell's code is kept\n" + kept
         if name in FILE_MAGICS:
             try:
                 args = shlex.split(line)  # IPython reads `%%writefile "my file.py"` the same way
@@ -239,7 +144,11 @@ class Magics(Transform):
                 raise ConversionError(f"`%%{name}` without a file name", step=self.name, cell=cell, line=1)
             path = paths[0].strip("\"'")
             report.change(cell, f"`%%{name} {path}` → file written once per node, the others wait")
-            call = _stmt(f"nbddp_write_file({path!r}, {body!r}{', append=True' if append else ''})")
+            args = [cst.Arg(line_expression(path)), cst.Arg(cst.SimpleString(repr(body)))]
+            if append:
+                args.append(cst.Arg(cst.Name("True"), keyword=cst.Name("append"), equal=cst.AssignEqual(
+                    whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))))
+            call = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name("nbddp_write_file"), args=args))])
             return MARK + f"%%{name} {line}\n" + cst.Module([call]).code
         if name in SHELL_CELL_MAGICS:
             installs = install_lines(body)
@@ -254,9 +163,17 @@ class Magics(Transform):
                                 line=1)
                 return f"# nbddp: removed a %%{name} install cell; run it before launching (see the header)\n"
             report.change(cell, f"`%%{name}` cell runs once per node (local rank 0), the others wait")
-            return MARK + f"%%{name}\n" + cst.Module([_stmt(f"nbddp_shell({body!r}, shell='/bin/bash')")]).code
+            return MARK + f"%%{name}\n" + cst.Module([cst.parse_statement(f"nbddp_shell({body!r}, shell='/bin/bash')\n")]).code
         if name in DISPLAY_CELL_MAGICS:
             report.change(cell, f"removed the `%%{name}` display cell")
             return f"# nbddp: removed a %%{name} cell (display only)\n"
         report.warn(cell, f"unknown cell magic `%%{name}`: cell removed; check the script does not need it", line=1)
         return f"# nbddp: removed a cell with the unknown magic %%{name}\n"
+
+
+def _runs_something(stmt) -> bool:
+    """A statement that may show output: a line that calls something, or a block holding one (an `if` whose
+    branches only held installs, now removed, shows nothing)."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return not is_marker(stmt) and bool(live_calls(stmt))
+    return any(_runs_something(s) for block in statement_blocks(stmt) for s in block.body)

@@ -2,8 +2,9 @@
 
 Read from the converted cells: the helpers the other steps wrote (`nbddp_shell`, `nbddp_main_process_first`, …),
 what the notebook imports (Unsloth, a Trainer from transformers/trl/unsloth, xformers), and what it asks for
-(gradient checkpointing, a quantized load, Unsloth's TiledMLP, its own DDP settings). Where a value cannot be read
-(a variable, `**kwargs`), the module is carried.
+(gradient checkpointing, a quantized load, Unsloth's TiledMLP, its own DDP settings), and where it asks the user for a
+value (input(), getpass(), a library's login without a key: each is reported, with what the script does). Where a
+value cannot be read (a variable, `**kwargs`), the module is carried.
 """
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ import libcst as cst
 
 from ..cst import code_of, is_if_false, keyword
 from ..inline import Choice
+from ..names import IPYTHON_BUILTINS
 from ..tree import starts_cell
-from ..vocabulary import CONFIG, LOAD, is_unsloth_loader, kinds, parts
+from ..vocabulary import CONFIG, CREDENTIALS, LOAD, is_unsloth_loader, kinds, parts, prompt
 from .base import TreeStep
 from .placement import OURS
 
 TRAINER_HOMES = frozenset({"transformers", "trl", "unsloth"})
 FILE_HELPERS = frozenset({"nbddp_main_process_first", "nbddp_shell", "nbddp_getoutput", "nbddp_write_file"})
 LOOP_HELPERS = frozenset({"nbddp_ddp", "nbddp_distributed", "nbddp_unsynced_loop"})
+FORMS_HELPERS = frozenset({"nbddp_expand", "nbddp_time", "nbddp_capture", "nbddp_show"})
 CHECKPOINTING = frozenset({"gradient_checkpointing", "use_gradient_checkpointing", "activation_checkpointing"})
 QUANTIZED = frozenset({"load_in_4bit", "load_in_8bit", "quantization_config"})
 
@@ -32,6 +35,11 @@ def _off(value) -> bool:
         (isinstance(value, cst.Integer) and value.value == "0")
 
 
+def _rank_0_only(node) -> bool:
+    """`if NBDDP_IS_MAIN:` without else: the converter's block for what runs on rank 0 only."""
+    return isinstance(node.test, cst.Name) and node.test.value == "NBDDP_IS_MAIN" and node.orelse is None
+
+
 class _Facts(cst.CSTVisitor):
     def __init__(self, names):
         self.analysis = names  # nbddp.names.Names: what the notebook's calls are
@@ -43,8 +51,10 @@ class _Facts(cst.CSTVisitor):
         self.models = []  # (model id, bits, cell, the notebook's placement) of each load whose id is a literal
         self.unsized = []  # model loads whose id or size the converter cannot read
         self.saved = set()  # folders the notebook saves a model to (not there when the script starts)
-        self.asks = False  # the notebook calls input()
+        self.ipython = set()  # IPython's builtins the notebook reads (display, get_ipython)
+        self.prompts = {}  # (cell, what a call asks, on rank 0 only) -> how to give the value instead (vocabulary)
         self.cell = 0
+        self.main_only = 0  # how deep in `if NBDDP_IS_MAIN:` blocks (rank-0-only calls)
 
     def on_visit(self, node):
         if isinstance(node, cst.BaseStatement):
@@ -80,7 +90,11 @@ class _Facts(cst.CSTVisitor):
             self.unsized.append((self.cell, code_of(arg.value) if arg is not None else ""))
 
     def visit_If(self, node):
+        self.main_only += _rank_0_only(node)
         return not is_if_false(node)  # dead code asks for nothing
+
+    def leave_If(self, node):
+        self.main_only -= _rank_0_only(node)
 
     def visit_Import(self, node):
         for alias in node.names:
@@ -100,7 +114,12 @@ class _Facts(cst.CSTVisitor):
     def visit_Call(self, node):
         name = parts(code_of(node.func))[-1]
         what = kinds(self.analysis.meanings(node.func))
-        self.asks = self.asks or "builtins.input" in self.analysis.meanings(node.func)
+        credentials = any((arg.keyword is None and not arg.star) or (arg.keyword is not None and
+                                                                      arg.keyword.value in CREDENTIALS)
+                          for arg in node.args)
+        asks = prompt(self.analysis.meanings(node.func), credentials, self.modules)
+        if asks:
+            self.prompts.setdefault((self.cell, asks[0], self.main_only > 0), asks[1])
         if CONFIG in what:
             unused, static = keyword(node, "ddp_find_unused_parameters"), keyword(node, "ddp_static_graph")
             if any(arg.star == "**" for arg in node.args):
@@ -130,6 +149,8 @@ class _Facts(cst.CSTVisitor):
 
     def visit_Name(self, node):
         self.names.add(node.value)
+        if node.value in IPYTHON_BUILTINS and self.analysis.meanings(node) == {node.value}:
+            self.ipython.add(node.value)  # display(...) without an import: IPython's builtin
         if node.value == "BitsAndBytesConfig":
             self.quantized = True
 
@@ -160,10 +181,15 @@ def needs(facts: _Facts) -> dict[str, str]:
     why = {"group": "every script: ranks from torchrun's environment, this rank's device, the process group",
            "one_writer": "every script: saving and pushing on rank 0 only, also where the converter cannot see it",
            "agree": "every script: rank 0 says whether the ranks trained the same weights"}
-    if facts.asks:
-        why["ask"] = "the notebook calls input(): rank 0 asks, every rank gets the answer, or EOFError, never a hang"
+    if facts.prompts:
+        asked = ", ".join(dict.fromkeys(what.split(" ")[0] for _, what, _ in facts.prompts))
+        why["ask"] = f"the notebook asks for values ({asked}): rank 0 asks, every rank gets the answer, or EOFError, " \
+                     "never a hang"
     if sized_loads(facts):
         why["fit"] = "the notebook loads a model: DDP if it fits one GPU, else one process split over all of them"
+    forms = sorted(facts.names & FORMS_HELPERS) + sorted(facts.ipython)
+    if forms:
+        why["ipython_forms"] = f"the notebook uses what IPython gives it ({', '.join(forms)}): in the script too"
     used = sorted(facts.names & FILE_HELPERS)
     if used:
         why["files"] = f"the notebook calls {', '.join(used)}: once per machine, the other ranks wait"
@@ -210,5 +236,9 @@ class RuntimeNeeds(TreeStep):
         for cell, shown in facts.unsized:
             ctx.report.warn(cell, f"from_pretrained({shown}, ...): nbddp cannot read which model or how it loads, "
                                   "so the script cannot check that it fits one GPU (it runs one process per GPU)")
+        for (cell, what, main_only), instead in facts.prompts.items():
+            who = "in a rank-0-only block: only rank 0 asks and gets the answer" if main_only else \
+                "rank 0 asks, every rank gets the answer"
+            ctx.report.change(cell, f"{what}: {who}; with no answer the job stops: {instead}")
         ctx.runtime = Choice(needs(facts), frozenset(facts.names), models)
         return tree.module

@@ -27,6 +27,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- files: the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
+# -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
@@ -102,7 +103,7 @@ try:
     dataset = standardize_data_formats(dataset)
 
     # %% cell 17
-    dataset[100]
+    nbddp_show(dataset[100])
 
     # %% cell 19
     def formatting_prompts_func(examples):
@@ -114,7 +115,7 @@ try:
         dataset = dataset.map(formatting_prompts_func, batched = True)
 
     # %% cell 21
-    dataset[100]['text']
+    nbddp_show(dataset[100]['text'])
 
     # %% cell 23
     from trl import SFTTrainer, SFTConfig
@@ -146,10 +147,10 @@ try:
     trainer = train_on_responses_only(trainer)
 
     # %% cell 27
-    tokenizer.decode(trainer.train_dataset[100]["input_ids"])
+    nbddp_show(tokenizer.decode(trainer.train_dataset[100]["input_ids"]))
 
     # %% cell 29
-    tokenizer.decode([tokenizer.pad_token_id if x == -100 else x for x in trainer.train_dataset[100]["labels"]]).replace(tokenizer.pad_token, " ")
+    nbddp_show(tokenizer.decode([tokenizer.pad_token_id if x == -100 else x for x in trainer.train_dataset[100]["labels"]]).replace(tokenizer.pad_token, " "))
 
     # %% cell 30
     # @title Show current memory stats

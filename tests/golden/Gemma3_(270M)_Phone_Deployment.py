@@ -26,6 +26,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- files: the notebook calls nbddp_main_process_first, nbddp_shell, nbddp_write_file: once per machine, the other ranks wait
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
+# -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
@@ -94,7 +95,7 @@ try:
     dataset = standardize_data_formats(dataset)
 
     # %% cell 16
-    dataset[100]
+    nbddp_show(dataset[100])
 
     # %% cell 18
     def formatting_prompts_func(examples):
@@ -106,7 +107,7 @@ try:
         dataset = dataset.map(formatting_prompts_func, batched = True)
 
     # %% cell 20
-    dataset[100]["text"]
+    nbddp_show(dataset[100]["text"])
 
     # %% cell 22
     from trl import SFTTrainer, SFTConfig

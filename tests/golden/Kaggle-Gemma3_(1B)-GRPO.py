@@ -24,6 +24,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- files: the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
+# -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
@@ -101,19 +102,19 @@ try:
     from datasets import load_dataset
     with nbddp_main_process_first():
         dataset = load_dataset("openai/gsm8k", "main", split = "train")
-    dataset
+    nbddp_show(dataset)
 
     # %% cell 14
-    dataset[0]["question"]
+    nbddp_show(dataset[0]["question"])
 
     # %% cell 15
-    dataset[0]["answer"]
+    nbddp_show(dataset[0]["answer"])
 
     # %% cell 17
     def extract_hash_answer(text):
         if "####" not in text: return None
         return text.split("####")[1].strip()
-    extract_hash_answer(dataset[0]["answer"])
+    nbddp_show(extract_hash_answer(dataset[0]["answer"]))
 
     # %% cell 19
     reasoning_start = "<start_working_out>"
@@ -126,7 +127,7 @@ f"""You are given a problem.
 Think about the problem and provide your working out.
 Place it between {reasoning_start} and {reasoning_end}.
 Then, provide your solution between {solution_start}{solution_end}"""
-    system_prompt
+    nbddp_show(system_prompt)
 
     # %% cell 21
     with nbddp_main_process_first():
@@ -137,7 +138,7 @@ Then, provide your solution between {solution_start}{solution_end}"""
             ],
             "answer": extract_hash_answer(x["answer"]),
         })
-    dataset[0]
+    nbddp_show(dataset[0])
 
     # %% cell 23
     import re
@@ -151,10 +152,10 @@ Then, provide your solution between {solution_start}{solution_end}"""
     )
 
     # %% cell 25
-    match_format.search(
+    nbddp_show(match_format.search(
         "<start_working_out>Let me think!<end_working_out>"\
     "<SOLUTION>2</SOLUTION>",
-    )
+    ))
 
     # %% cell 27
     def match_format_exactly(completions, **kwargs):
@@ -223,7 +224,7 @@ Then, provide your solution between {solution_start}{solution_end}"""
         rf"{solution_start}.*?([\d\.]{{1,}})",
         flags = re.MULTILINE | re.DOTALL
     )
-    match_numbers.findall("<SOLUTION>  0.34  </SOLUTION>")
+    nbddp_show(match_numbers.findall("<SOLUTION>  0.34  </SOLUTION>"))
 
     # %% cell 34
     def check_numbers(prompts, completions, answer, **kwargs):
@@ -292,7 +293,7 @@ Then, provide your solution between {solution_start}{solution_end}"""
         args = training_args,
         train_dataset = dataset,
     )
-    trainer.train()
+    nbddp_show(trainer.train())
 
     # %% cell 40
     messages = [

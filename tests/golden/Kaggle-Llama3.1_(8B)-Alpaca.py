@@ -24,6 +24,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- files: the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
+# -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
@@ -191,7 +192,7 @@ try:
 
     if NBDDP_IS_MAIN:
         outputs = model.generate(**inputs, max_new_tokens = 64, use_cache = True)
-        tokenizer.batch_decode(outputs)
+        nbddp_show(tokenizer.batch_decode(outputs))
     nbddp_barrier("generate")
 
     # %% cell 20

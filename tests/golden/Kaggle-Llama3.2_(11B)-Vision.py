@@ -24,6 +24,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- files: the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
+# -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
@@ -95,13 +96,13 @@ try:
         dataset = load_dataset("unsloth/Radiology_mini", split = "train")
 
     # %% cell 13
-    dataset
+    nbddp_show(dataset)
 
     # %% cell 14
-    dataset[0]["image"]
+    nbddp_show(dataset[0]["image"])
 
     # %% cell 15
-    dataset[0]["caption"]
+    nbddp_show(dataset[0]["caption"])
 
     # %% cell 17
     instruction = "You are an expert radiographer. Describe accurately what you see in this image."
@@ -125,7 +126,7 @@ try:
     converted_dataset = [convert_to_conversation(sample) for sample in dataset]
 
     # %% cell 21
-    converted_dataset[0]
+    nbddp_show(converted_dataset[0])
 
     # %% cell 23
     if NBDDP_IS_MAIN:

@@ -24,6 +24,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- files: the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
+# -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
@@ -93,7 +94,7 @@ try:
         reasoning_dataset = load_dataset("unsloth/OpenMathReasoning-mini", split = "cot")
 
     # %% cell 13
-    reasoning_dataset
+    nbddp_show(reasoning_dataset)
 
     # %% cell 15
     def generate_conversation(example):
@@ -114,7 +115,7 @@ try:
     ]
 
     # %% cell 18
-    reasoning_conversations[0]
+    nbddp_show(reasoning_conversations[0])
 
     # %% cell 20
     if NBDDP_IS_MAIN:

@@ -24,6 +24,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- files: the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
+# -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
@@ -136,7 +137,7 @@ try:
     val_dataset = val_dataset.rename_column("label", "labels")
 
     # %% cell 15
-    class_weights
+    nbddp_show(class_weights)
 
     # %% cell 17
     from sklearn.metrics import accuracy_score
@@ -188,7 +189,7 @@ try:
 
     classifier = pipeline("sentiment-analysis", model = model,tokenizer = tokenizer)
 
-    classifier(sentence1)
+    nbddp_show(classifier(sentence1))
 
     # %% cell 25
     if NBDDP_IS_MAIN:

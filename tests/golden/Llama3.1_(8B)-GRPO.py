@@ -25,6 +25,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- files: the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
+# -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
@@ -230,7 +231,7 @@ Respond in the following format:
         args = training_args,
         train_dataset = dataset,
     )
-    trainer.train()
+    nbddp_show(trainer.train())
 
     # %% cell 17
     text = tokenizer.apply_chat_template([
@@ -250,7 +251,7 @@ Respond in the following format:
             lora_request = None,
         )[0].outputs[0].text
 
-        output
+        nbddp_show(output)
     nbddp_barrier("fast_generate")
 
     # %% cell 19
@@ -277,7 +278,7 @@ Respond in the following format:
             lora_request = model.load_lora("grpo_saved_lora"),
         )[0].outputs[0].text
 
-        output
+        nbddp_show(output)
     nbddp_barrier("fast_generate")
 
     # %% cell 24

@@ -24,6 +24,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- files: the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
+# -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
@@ -121,10 +122,10 @@ try:
         dataset = dataset.map(formatting_prompts_func, batched = True,)
 
     # %% cell 15
-    dataset[5]["conversations"]
+    nbddp_show(dataset[5]["conversations"])
 
     # %% cell 17
-    dataset[5]["text"]
+    nbddp_show(dataset[5]["text"])
 
     # %% cell 19
     from trl import SFTConfig, SFTTrainer
@@ -160,11 +161,11 @@ try:
     trainer = train_on_responses_only(trainer)
 
     # %% cell 23
-    tokenizer.decode(trainer.train_dataset[5]["input_ids"])
+    nbddp_show(tokenizer.decode(trainer.train_dataset[5]["input_ids"]))
 
     # %% cell 24
     space = tokenizer(" ", add_special_tokens = False).input_ids[0]
-    tokenizer.decode([space if x == -100 else x for x in trainer.train_dataset[5]["labels"]])
+    nbddp_show(tokenizer.decode([space if x == -100 else x for x in trainer.train_dataset[5]["labels"]]))
 
     # %% cell 26
     # @title Show current memory stats
@@ -220,7 +221,7 @@ try:
     if NBDDP_IS_MAIN:
         outputs = model.generate(input_ids = inputs, max_new_tokens = 64, use_cache = True,
                                  temperature = 1.5, min_p = 0.1)
-        tokenizer.batch_decode(outputs)
+        nbddp_show(tokenizer.batch_decode(outputs))
     nbddp_barrier("generate")
 
     # %% cell 32

@@ -1,0 +1,162 @@
+"""What IPython gives a notebook, given to a script: the same meaning for the same lines.
+
+- `nbddp_expand(line)`: IPython's expansion of a shell or magic line, from the names of the code that runs it:
+  `{expr}` is evaluated, `$name` and `$name.attr` (outside single quotes) are replaced, `$$` stands for `$`; where
+  any part cannot be evaluated (`!echo $HOME`: no Python name HOME), the line stays as written, as IPython leaves it.
+- `nbddp_time()`: `x = %time f()`: the code runs (on every rank, as the notebook ran it once), and rank 0 says how
+  long it took.
+- `nbddp_capture(...)`: `%%capture [name]`: the cell's output is kept out of the console; `name` holds it
+  (`.stdout`, `.stderr`, `.outputs`, `.show()`).
+- `nbddp_show(value)`: a cell's last expression, shown on rank 0 as Jupyter shows it (its text form), unless None.
+- `display` and `get_ipython`, which IPython provides as builtins: `display(...)` shows text on rank 0;
+  `get_ipython()` is None, as in any process without IPython (a notebook's `'google.colab' in str(get_ipython())`
+  reads False).
+"""
+import contextlib
+import io
+import string
+import sys
+import time
+import types
+
+from .group import NBDDP_IS_MAIN
+
+
+def _nbddp_dollars(text):
+    """(literal, name) pieces of `text` for each `$name` outside single quotes; `$$name` is the literal `$name`.
+    The last piece has no name."""
+    pieces, literal, i, quoted = [], "", 0, False
+    while i < len(text):
+        char = text[i]
+        if char == "$" and not quoted:
+            double = text[i + 1:i + 2] == "$"
+            end = i + 1 + double
+            while end < len(text) and (text[end].isalnum() or text[end] in "_."):
+                end += 1
+            if end > i + 1 + double:
+                if double:
+                    literal += text[i + 1:end]
+                else:
+                    pieces.append((literal, text[i + 1:end]))
+                    literal = ""
+                i = end
+                continue
+        quoted = quoted != (char == "'")
+        literal += char
+        i += 1
+    return pieces + [(literal, None)]
+
+
+def _nbddp_expanded(line, namespace):
+    out = []
+    for literal, field, spec, conversion in string.Formatter().parse(line):
+        for text, name in _nbddp_dollars(literal):
+            out.append(text)
+            if name is not None:
+                out.append(format(eval(name, namespace), ""))
+        if field is not None:
+            value = eval(field + (":" + spec if spec else ""), namespace)
+            value = repr(value) if conversion == "r" else ascii(value) if conversion == "a" else value
+            out.append(format(value, ""))
+    return "".join(out)
+
+
+def nbddp_expand(line):
+    """`line` as IPython expands a shell or magic line, from the caller's names; unchanged where that fails."""
+    frame = sys._getframe(1)
+    try:
+        return _nbddp_expanded(line, {**frame.f_globals, **frame.f_locals})
+    except Exception:
+        return line
+
+
+@contextlib.contextmanager
+def nbddp_time():
+    """`%time` of a value: the block runs, rank 0 says how long it took."""
+    start, cpu = time.perf_counter(), time.process_time()
+    try:
+        yield
+    finally:
+        if NBDDP_IS_MAIN:
+            print(f"CPU times: total: {time.process_time() - cpu:.3g} s\nWall time: {time.perf_counter() - start:.3g} s",
+                  flush=True)
+
+
+class NbddpCaptured:
+    """What `%%capture name` binds: the cell's output; `name.show()` (or `name()`) prints it."""
+
+    def __init__(self):
+        self.stdout = self.stderr = ""
+        self.outputs = []
+
+    def show(self):
+        """On rank 0, as the notebook's `name.show()` shows it once."""
+        if NBDDP_IS_MAIN:
+            sys.stdout.write(self.stdout)
+            sys.stderr.write(self.stderr)
+        for value in self.outputs:
+            nbddp_display(value)
+
+    __call__ = show
+
+
+_NBDDP_CAPTURES = []  # the %%capture blocks running now, innermost last (displays go to the innermost)
+
+
+@contextlib.contextmanager
+def nbddp_capture(stdout=True, stderr=True, display=True):
+    """`%%capture`: the block's prints (and, unless display=False, its displays) are kept, not shown."""
+    captured, streams = NbddpCaptured(), (sys.stdout, sys.stderr)
+    out, err = io.StringIO(), io.StringIO()
+    if stdout:
+        sys.stdout = out
+    if stderr:
+        sys.stderr = err
+    if display:
+        _NBDDP_CAPTURES.append(captured)
+    try:
+        yield captured
+    finally:
+        sys.stdout, sys.stderr = streams
+        if display:
+            _NBDDP_CAPTURES.remove(captured)
+        captured.stdout, captured.stderr = out.getvalue(), err.getvalue()
+
+
+def _nbddp_text(value):
+    """The text Jupyter shows for a value: IPython's pretty form (its repr where IPython is absent); for a rich
+    object with no text form of its own (IPython.display.Markdown, HTML, ...), its markdown, LaTeX or HTML source."""
+    try:
+        from IPython.lib.pretty import pretty
+    except ImportError:
+        pretty = repr
+    text = pretty(value)
+    rich = (getattr(value, name, lambda: None)() for name in ("_repr_markdown_", "_repr_latex_", "_repr_html_"))
+    return next((source for source in rich if isinstance(source, str)), text) if text.endswith("object>") else text
+
+
+def nbddp_show(value):
+    """A cell's last expression: its text on rank 0, unless None (the value itself is computed on every rank)."""
+    if value is not None:
+        nbddp_display(value)
+
+
+def nbddp_display(*values, **kwargs):
+    """IPython's display() in a script: each value's text on rank 0 (inside %%capture: kept in its outputs); with
+    display_id, a handle whose update() shows the new value."""
+    for value in values:
+        if _NBDDP_CAPTURES:
+            _NBDDP_CAPTURES[-1].outputs.append(value)
+        elif NBDDP_IS_MAIN:
+            print(_nbddp_text(value), flush=True)
+    return types.SimpleNamespace(update=nbddp_display, display=nbddp_display) if kwargs.get("display_id") else None
+
+
+def nbddp_no_ipython():
+    """get_ipython() in a process without IPython."""
+    return None
+
+
+# IPython's builtins, for a notebook that reads them without an import (the script keeps these lines only then)
+display = nbddp_display
+get_ipython = nbddp_no_ipython

@@ -1,0 +1,117 @@
+"""End to end on CPU: a notebook of IPython's own forms (issue 40), converted and run as one 2-process torchrun job
+(gloo, every rank's output on the console), and what the script does with each form.
+
+The notebook uses each form in several ways: at the top level, inside its own functions, in a loop, split over
+cells. Every rank records what it bound in rank<R>.json (a path made from the rank: each rank's own file); the
+console shows what the notebook showed, and the tests count it there: once for the whole job.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import nbddp
+from nbddp.pipeline import convert_notebook
+from e2e import SCRIPT, assert_clean_exit, run_job
+
+pytestmark = pytest.mark.ddp
+
+CELLS = [
+    "import json, os\nfolder = 'out dir'\nn = 3\nrecord = {}\n",
+    # shell lines expand $name and {expr} from the notebook's names; $HOME is no Python name: the shell's
+    "!mkdir -p \"$folder\" && echo made-{n * 2} > \"$folder/made.txt\"\n",
+    "for i in range(2):\n    !echo loop-$i >> \"$folder/loop.txt\"\n",
+    "home = !echo $HOME\nrecord['home'] = home.s\nrecord['made'] = open(os.path.join(folder, 'made.txt')).read()\n",
+    # x = !cmd inside the notebook's own function: its local names expand
+    "def listing(sub):\n    found = !ls \"{sub}\"\n    return found\n",
+    "record['listing'] = listing(folder).l\n",
+    # magics used as values, and magic lines that expand
+    "%env GREETING=hello-$n\nrecord['greeting'] = os.environ['GREETING']\n",
+    "total = %time sum(range(10))\nrecord['total'] = total\nwhere = %pwd\nrecord['pwd'] = os.path.basename(where)\n",
+    "%cd $folder\n",
+    "record['cd'] = os.path.basename(os.getcwd())\n%cd ..\n",
+    # %%capture keeps the cell's output in a name (not on the console)
+    "%%capture captured\nprint('captured-line')\n",
+    "record['captured'] = captured.stdout\n",
+    # IPython's builtins, without an import
+    "display('displayed-once')\nrecord['colab'] = 'google.colab' in str(get_ipython())\n",
+    # what a cell shows: its last value, unless `;`
+    "{'shown': 'value-once'}\n",
+    "hidden = ['not-shown']\nhidden;\n",
+    "with open(f\"rank{os.environ.get('RANK', '0')}.json\", 'w') as fh:\n    json.dump(record, fh)\n",
+]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    import nbformat
+
+    from conftest import make_notebook
+
+    cwd = tmp_path_factory.mktemp("forms")
+    conversion = convert_notebook(nbformat.writes(make_notebook(*CELLS)))
+    (cwd / SCRIPT).write_text(conversion.script, encoding="utf-8")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee=3", SCRIPT]
+    done = run_job(argv, cwd, env={"HOME": str(cwd / "home")})
+    ranks = [json.loads((cwd / f"rank{r}.json").read_text()) if (cwd / f"rank{r}.json").exists() else None
+             for r in range(2)]
+    return done, ranks, conversion
+
+
+def test_the_job_exits_cleanly_and_the_ranks_bound_the_same(job):
+    done, ranks, _ = job
+    assert_clean_exit(done)
+    assert ranks[0] is not None and ranks[0] == ranks[1], done.explain()
+
+
+def test_shell_lines_expand_as_ipython_expands_them(job):
+    done, (record, _), _ = job
+    assert record["made"] == "made-6\n"  # {n * 2} and $folder (a folder name with a space)
+    assert (done.cwd / "out dir" / "loop.txt").read_text() == "loop-0\nloop-1\n"  # once per node, $i of the loop
+    assert record["home"] == str(done.cwd / "home")  # $HOME left to the shell
+    assert record["listing"] == ["loop.txt", "made.txt"]  # {sub}: the function's own parameter
+
+
+def test_magics_bind_their_values_and_expand(job):
+    done, (record, _), _ = job
+    assert record["greeting"] == "hello-3"
+    assert record["total"] == 45 and done.count("Wall time: ") == 1  # run, bound, timed on rank 0
+    assert record["pwd"] == done.cwd.name
+    assert record["cd"] == "out dir"
+
+
+def test_capture_binds_the_output_instead_of_showing_it(job):
+    done, (record, _), _ = job
+    assert record["captured"] == "captured-line\n"
+    assert done.count("captured-line") == 0, done.explain()
+
+
+def test_what_the_notebook_showed_is_shown_once(job):
+    done, (record, _), conversion = job
+    assert record["colab"] is False  # get_ipython() is None in a script
+    assert done.count("'displayed-once'") == 1, done.explain()
+    assert done.count("{'shown': 'value-once'}") == 1, done.explain()
+    assert done.count("not-shown") == 0
+    shown = {note.cell for note in conversion.report.changes if "last value is shown" in note.text}
+    assert 14 in shown and 15 not in shown  # the report says so (`hidden;` shows nothing)
+
+
+@pytest.mark.parametrize("cell, says, line", [
+    ("x = %timeit -o sum(range(3))\n", "cannot give this magic's value", 1),
+    ("def f():\n    names = %who_ls\n    return names\n", "cannot give this magic's value", 2),
+    ("y = %time z = 1\n", "IPython gives None for a statement", 1),
+    ("%%capture out\nprint(1)\nprint(get_ipython().run_line_magic('pwd', ''))\n",
+     "inside an expression has no script equivalent", 3),
+])
+def test_a_form_the_script_cannot_honour_stops_the_conversion_at_its_line(cell, says, line):
+    import nbformat
+
+    from conftest import make_notebook
+    from nbddp.errors import ConversionError
+
+    with pytest.raises(ConversionError) as caught:
+        nbddp.convert(nbformat.writes(make_notebook("a = 1\n", cell)))
+    assert says in str(caught.value)
+    assert f"cell 2, line {line}:" in str(caught.value)
