@@ -1,0 +1,78 @@
+"""The runtime's IPython forms in one process (nbddp/runtime/ipython_forms.py), and the converter's expansion of shell
+and magic lines (nbddp/transforms/expansion.py): IPython's own expansion is the oracle."""
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from nbddp.runtime import files, ipython_forms
+from nbddp.transforms.expansion import line_expression
+
+LINES = [
+    "ls $folder", "ls {folder}/x", "echo $HOME", "cost $$5 and $$name", "{n * 2} items", "$obj.name",
+    "awk '{print $1}'", "grep '$name' file", "echo {{literal}} $n", "a {d['k']} b", "{missing} $n", "ls {a[1:2]}",
+    "echo $n$n", "no expansion at all", "unbalanced {", "{n!r} {folder!s}", "",
+]
+
+
+class _Obj:
+    name = "attr"
+
+
+@pytest.fixture
+def names():
+    return {"folder": "my dir", "n": 3, "d": {"k": "v"}, "a": [0, 1, 2], "obj": _Obj()}
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_expansion_is_ipythons(line, names, monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    monkeypatch.setattr(shell, "user_ns", dict(names))
+    wanted = shell.var_expand(line, depth=0)
+    assert eval(compile("nbddp_expand(line)", "<cell>", "eval"), {"nbddp_expand": ipython_forms.nbddp_expand,
+                                                                  "line": line, **names}) == wanted
+    # the converter: a plain string where nothing can expand, with IPython's escapes resolved
+    expression = line_expression(line)
+    if isinstance(expression, cst.SimpleString):
+        assert expression.evaluated_value == wanted
+
+
+def test_expansion_reads_the_callers_local_names():
+    def inner(sub):
+        return ipython_forms.nbddp_expand("ls {sub} $sub")
+
+    assert inner("x y") == "ls x y x y"
+
+
+def test_time_runs_the_block_and_says_how_long_on_rank_0(capsys):
+    with ipython_forms.nbddp_time():
+        value = sum(range(10))
+    assert value == 45 and "Wall time: " in capsys.readouterr().out
+
+
+def test_capture_keeps_prints_and_displays_and_shows_them_later(capsys):
+    with ipython_forms.nbddp_capture() as captured:
+        print("out")
+        ipython_forms.nbddp_display({"a": 1})
+    assert capsys.readouterr().out == ""
+    assert captured.stdout == "out\n" and captured.outputs == [{"a": 1}]
+    captured.show()
+    assert capsys.readouterr().out == "out\n{'a': 1}\n"
+    with ipython_forms.nbddp_capture(stdout=False) as kept:
+        print("shown")
+    assert kept.stdout == "" and capsys.readouterr().out == "shown\n"
+
+
+def test_show_prints_a_value_as_jupyter_shows_it(capsys):
+    from IPython.display import Markdown
+
+    for value in (None, [1, 2], "text", Markdown("# title")):
+        ipython_forms.nbddp_show(value)
+    assert capsys.readouterr().out == "[1, 2]\n'text'\n# title\n"
+
+
+def test_shell_output_lines_read_as_ipythons():
+    lines = files.nbddp_getoutput("printf 'a\\nb\\n'")
+    assert lines == ["a", "b"] and lines.s == "a b" and lines.n == "a\nb" and lines.l == ["a", "b"]
