@@ -27,7 +27,6 @@ from .transforms.runtime_needs import RuntimeNeeds
 from .transforms.scratch import Scratch
 from .transforms.show import Show
 from .transforms.trainer_args import TrainerArgs
-from .transforms.widgets import Widgets
 from .tree import Tree
 
 
@@ -59,8 +58,8 @@ def steps() -> list[Transform]:
 
 def tree_steps() -> list[TreeStep]:
     """The steps over the notebook's one tree, in order."""
-    return [Autocast(), Widgets(), Placement(), Devices(), Scratch(), TrainerArgs(), CustomLoop(), DataPrep(), GlobalBatch(),
-            Show(), RankGuards(), RuntimeNeeds()]
+    return [Autocast(), Placement(), Devices(), Scratch(), TrainerArgs(), CustomLoop(), DataPrep(),
+            GlobalBatch(), Show(), RankGuards(), RuntimeNeeds()]
 
 
 def _step_error(exc, step, tree=None):

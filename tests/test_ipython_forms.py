@@ -25,12 +25,9 @@ def names():
 
 
 @pytest.mark.parametrize("line", LINES)
-def test_expansion_is_ipythons(line, names, monkeypatch):
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
-    monkeypatch.setattr(shell, "user_ns", dict(names))
-    wanted = shell.var_expand(line, depth=0)
+def test_expansion_is_ipythons(line, names, ip, monkeypatch):
+    monkeypatch.setattr(ip, "user_ns", dict(names))  # the one test shell (conftest), its names for this line
+    wanted = ip.var_expand(line, depth=0)
     assert eval(compile("nbddp_expand(line)", "<cell>", "eval"), {"nbddp_expand": ipython_forms.nbddp_expand,
                                                                   "line": line, **names}) == wanted
     # the converter: a plain string where nothing can expand, with IPython's escapes resolved

@@ -43,6 +43,8 @@ AFTER_INTERRUPT = ("steps = torch.tensor([float(trainer.state.global_step)])\n"
                    "dist.all_reduce(steps)\n"
                    "print('steps agree:', steps.item() == 2 * trainer.state.global_step, trainer.state.global_step)\n")
 
+FORMS = ("total = %time sum(range(10))\nfolder = 'f'\nlisted = !echo $folder-{total}\ndisplay(listed.s)\n"
+         "'google.colab' in str(get_ipython())\n")
 DEATH = "import os, time\nif os.environ['RANK'] == '1':\n    os._exit(3)\ntime.sleep(60)\n"
 
 
@@ -109,7 +111,7 @@ def session(tmp_path_factory):
                 done["cells"].append(kernel.run(cell.source))
         kernel.kc.execute_interactive("silent_value = 1", silent=True, timeout=30)  # a front end's own request
         for name, code in (("counts", COUNTS), ("next", NEXT), ("fail everywhere", FAIL_EVERYWHERE),
-                           ("fail on one", FAIL_ON_ONE), ("after failure", NEXT), ("local", "%%local\nlocal_value + silent_value\n"),
+                           ("fail on one", FAIL_ON_ONE), ("after failure", NEXT), ("forms", FORMS), ("local", "%%local\nlocal_value + silent_value\n"),
                            ("where", "%ddp")):
             done[name] = kernel.run(code)
         done["interrupt"] = _interrupt_when(kernel, LONG_TRAINING, "'loss'")
@@ -193,6 +195,16 @@ def test_a_failing_cell_raises_rank_failed_error_and_the_next_cell_runs(session)
     assert "rank 0 waits at the barrier after this print" in streamed(messages)
     status, messages = session["after failure"]
     assert status == "ok" and "read in the next cell: [1.0, 1.0]" in streamed(messages), _shown(messages)
+
+
+def test_ipythons_forms_mean_in_the_session_what_they_mean_in_the_kernel(session):
+    """A magic used as a value, a shell line that expands, display() and get_ipython() without an import, and the
+    cell's last value: shown once, by rank 0, as the kernel's own displays."""
+    status, messages = session["forms"]
+    assert status == "ok", _shown(messages)
+    assert streamed(messages).count("Wall time: ") == 1, _shown(messages)
+    shown = [d.get("text/plain") for d in _displays(messages)]
+    assert shown == ["'f-45'", "False"], shown
 
 
 def test_local_where_and_silent_requests_stay_in_the_kernel(session):

@@ -133,7 +133,9 @@ class Worker:
         self.runtime.need(["group", "hooks"])
 
         self.display = Display(self.send, main=group.NBDDP_IS_MAIN)
-        self.runtime.own.update(nbddp_show=self.display.show, display=self.display.display)
+        from ..runtime.ipython_forms import nbddp_no_ipython  # the same on every rank, as in a script
+
+        self.runtime.own.update(nbddp_show=self.display.show, display=self.display.display, get_ipython=nbddp_no_ipython)
         self.runtime.main.__dict__.update(self.runtime.own)
         unsloth_first = "unsloth" not in sys.modules and importlib.util.find_spec("unsloth") is not None
         group.nbddp_start(group=not unsloth_first)
