@@ -27,6 +27,7 @@ from .transforms.runtime_needs import RuntimeNeeds
 from .transforms.scratch import Scratch
 from .transforms.show import Show
 from .transforms.trainer_args import TrainerArgs
+from .transforms.widgets import Widgets
 from .tree import Tree
 
 
@@ -59,7 +60,7 @@ def steps() -> list[Transform]:
 def tree_steps() -> list[TreeStep]:
     """The steps over the notebook's one tree, in order."""
     return [Autocast(), Placement(), Devices(), Scratch(), TrainerArgs(), CustomLoop(), DataPrep(),
-            GlobalBatch(), Show(), RankGuards(), RuntimeNeeds()]
+            GlobalBatch(), Widgets(), Show(), RankGuards(), RuntimeNeeds()]
 
 
 def _step_error(exc, step, tree=None):
