@@ -38,9 +38,9 @@ import run_notebooks as rn  # noqa: E402
 # configuration -> environment added to the launch (NCCL_NVLS_ENABLE stays 0 in every one), which script (the
 # converted one, or the notebook as a plain script) and how it starts (torchrun unless `launch` says otherwise)
 CONFIGS = {
-    "ddp": {"env": {}},
-    "ddp-pcie": {"env": {"NCCL_P2P_DISABLE": "1"}},  # no NVLink peer-to-peer: a stand-in for Kaggle's two T4s
-    "ddp-keep-batch": {"env": {"NBDDP_KEEP_GLOBAL_BATCH": "1"}},  # the notebook's global batch in half the steps
+    "ddp": {"env": {"NBDDP_BATCH": "scale"}},  # each rank the notebook's batch: N times the samples a step
+    "ddp-pcie": {"env": {"NBDDP_BATCH": "scale", "NCCL_P2P_DISABLE": "1"}},  # no NVLink peer-to-peer: Kaggle's T4s
+    "ddp-keep-batch": {"env": {}},  # the script's default: the notebook's global batch, its accumulation divided
     # the converted script alone on each GPU, all at once, no communication: what the machine gives independent
     # trainings side by side (rate: the sum); DDP against it is the cost of DDP itself
     "two-singles": {"env": {}, "launch": "concurrent"},

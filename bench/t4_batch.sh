@@ -5,7 +5,7 @@
 # Without SMS: bench/t4_class.py probes the share first (green contexts while the offline hub builds, then MPS)
 # and picks N and the mechanism. Then bench/kaggle_t4.py runs SLUG at 15 GiB per GPU, `one+whole,self` for ROUNDS
 # rounds (order rotated), each run 5 optimizer steps (the rate over steps 3-5), stopping before BUDGET_S seconds.
-# Then, in what is left of BUDGET_S: T4_KGB=KGB_SLUG (a script converted with --keep-global-batch) runs `one,self` on
+# Then, in what is left of BUDGET_S: T4_KGB=KGB_SLUG (a script run with the notebook's batch kept, the default) runs `one,self` on
 # the whole GPUs, 8 steps, the losses to compare step by step; T4_SPLIT=SLUG:GIB runs `self` at GIB free per GPU
 # (where the model must split over both) on the share.
 # $OUT gets: machine.txt, hub.log, t4-probe-*-TAG.json, t4-SLUG-TAG.json, [kgb-TAG.json, split-TAG.json,]

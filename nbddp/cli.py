@@ -18,7 +18,7 @@ def _convert(args) -> int:
     to_stdout = args.output == "-"
     script_name = DEFAULT_SCRIPT if to_stdout else args.output
     result = convert_notebook(args.notebook, script_name=script_name, nproc=args.nproc,
-                              options=Options(keep_global_batch=args.keep_global_batch))
+                              options=Options(scale_batch=args.scale_batch))
     if to_stdout:
         sys.stdout.write(result.script)
         _say(result.report.format(result.launch), sys.stderr)
@@ -68,8 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--force", action="store_true", help="replace an existing file that nbddp did not write")
     convert.add_argument("--nproc", type=_count, default=2,
                          help="processes (GPUs) in the printed commands (default: 2)")
-    convert.add_argument("--keep-global-batch", action="store_true",
-                         help="divide gradient_accumulation_steps by the number of processes when it divides evenly")
+    convert.add_argument("--scale-batch", action="store_true",
+                         help="train N times the notebook's samples per optimizer step on N processes (the default "
+                              "keeps the notebook's batch where N divides gradient_accumulation_steps)")
+    convert.add_argument("--keep-global-batch", action="store_true", help=argparse.SUPPRESS)  # the default now
     convert.set_defaults(func=_convert)
 
     run = sub.add_parser(

@@ -12,7 +12,8 @@ class DDPExporter(Exporter):
     output_mimetype = "text/x-python"
 
     nproc = Integer(2, help="processes (GPUs) in the launch commands the script's header prints").tag(config=True)
-    keep_global_batch = Bool(False, help="divide gradient_accumulation_steps by the number of processes").tag(config=True)
+    scale_batch = Bool(False, help="N times the notebook's samples per step on N processes (default: its batch kept "
+                                   "where N divides gradient_accumulation_steps)").tag(config=True)
 
     def _file_extension_default(self):
         return ".py"
@@ -25,7 +26,7 @@ class DDPExporter(Exporter):
         name = resources.get("metadata", {}).get("name") or "notebook"
         result = convert_notebook(
             nb_copy, source_name=f"{name}.ipynb", script_name=f"{name}{self.file_extension}", nproc=self.nproc,
-            options=Options(keep_global_batch=self.keep_global_batch),
+            options=Options(scale_batch=self.scale_batch),
         )
         resources["output_extension"] = self.file_extension
         resources["nbddp_report"] = result.report.format(result.launch)

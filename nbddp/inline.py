@@ -168,6 +168,7 @@ class Choice:
     reasons: dict
     uses: frozenset | None = frozenset()
     models: tuple = ()  # (model id, weight bits) of the notebook's model loads, for runtime/fit.py
+    scale_batch: bool = False  # converted with --scale-batch: N times the samples a step unless NBDDP_BATCH=keep
 
     @property
     def sizes_models(self) -> bool:
@@ -178,6 +179,7 @@ class Choice:
         process group now, or after the notebook's `import unsloth`."""
         args = [f"nbddp_fit({list(self.models)!r})"] if self.sizes_models else []
         args += ["group=False"] if "unsloth_group" in self.reasons else []
+        args += ['batch="scale"'] if self.scale_batch and "global_batch" in self.reasons else []
         return f"nbddp_start({', '.join(args)})"
 
 

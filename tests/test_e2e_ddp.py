@@ -51,7 +51,13 @@ def test_readme_command_writes_the_script_under_test(tmp_path, script):
 
 def test_torchrun_two_processes_exit_cleanly(ddp_job):
     assert_clean_exit(ddp_job)
-    assert ddp_job.count("nbddp: 2 processes") == 1, ddp_job.explain()
+    assert ddp_job.count("nbddp: 2 processes, this one is rank 0") == 1, ddp_job.explain()
+
+
+def test_an_accumulation_of_1_says_the_processes_scale_the_batch_and_what_to_change(ddp_job):
+    assert ddp_job.count("nbddp: 2 processes train 2 x 1 x 2 = 4 samples a step, 2 times the notebook's of 2: "
+                         "gradient_accumulation_steps 1 does not divide by 2; to keep the notebook's batch, make it a "
+                         "multiple of 2") == 1, ddp_job.explain()
 
 
 def test_torchrun_two_processes_train_as_one_ddp_job(ddp_job):

@@ -121,9 +121,11 @@ def trainer_runs(tmp_path_factory):
     runs = {}
     done, res = torchrun("trainer_case.py", "nolayer", str(tmp / "nolayer.pt"))
     runs["nolayer"] = (done, res)
-    done, res = torchrun("trainer_case.py", "layer", str(tmp / "layer.pt"), env={"NBDDP_KEEP_GLOBAL_BATCH": "1"})
+    done, res = torchrun("trainer_case.py", "layer", str(tmp / "layer.pt"))  # the notebook's batch kept: the default
     runs["layer"] = (done, res)
-    runs["accumulate"] = torchrun("trainer_case.py", "accumulate", str(tmp / "accumulate.pt"))
+    # each rank accumulates the case's 2 micro-batches (NBDDP_BATCH=scale: DDP's own semantics)
+    runs["accumulate"] = torchrun("trainer_case.py", "accumulate", str(tmp / "accumulate.pt"),
+                                  env={"NBDDP_BATCH": "scale"})
     done, res = _run([sys.executable, os.path.join(CASES, "trainer_case.py"), "single", str(tmp / "single.pt")],
                      _env(drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")))
     runs["single"] = (done, res)
@@ -142,7 +144,8 @@ def test_trainer_with_layer_matches_one_process_with_kept_global_batch(trainer_r
     assert res and res[0]["outcome"] == "trains", done.stderr[-3000:]
     assert res[0]["static_graph"] is False and res[0]["find_unused_parameters"] is False
     assert res[0]["gradient_accumulation_steps"] == 1  # 2 on one process -> 1 on each of 2
-    assert "nbddp: gradient_accumulation_steps 2 -> 1" in done.stdout
+    assert "nbddp: 2 processes keep the notebook's batch of 4: gradient_accumulation_steps 2 -> 1 per rank" in \
+        done.stdout
     single_done, single = runs["single"]
     assert single and single[0]["outcome"] == "trains", single_done.stderr[-3000:]
     assert single[0]["max_change"] > 1e-3  # the weights moved, so equality means something
@@ -179,7 +182,8 @@ def test_start_up_sync_gives_every_rank_rank0_state(mode):
 def balance_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("balance")
     runs = {}
-    for mode, env in (("balanced", {}), ("drawn", {"NBDDP_BALANCE_LENGTHS": "0"})):  # on by default
+    for mode, env in (("balanced", {"NBDDP_BATCH": "scale"}),  # balancing on by default; 2 micro-batches a rank
+                      ("drawn", {"NBDDP_BALANCE_LENGTHS": "0", "NBDDP_BATCH": "scale"})):
         done, _ = torchrun("balance_case.py", str(tmp / f"{mode}.pt"), env=env)
         seen = [json.loads((tmp / f"{mode}.pt.rank{r}.json").read_text()) if (tmp / f"{mode}.pt.rank{r}.json").exists()
                 else None for r in (0, 1)]

@@ -253,17 +253,30 @@ def test_xformers_bias_follows_query_device():
     assert seen[1] is None
 
 
-def test_accumulation_divides_only_evenly(monkeypatch, capsys):
-    assert global_batch.nbddp_accumulation(4) == 4  # one process
+def test_the_notebooks_batch_is_kept_where_the_process_count_divides_the_accumulation(monkeypatch, capsys):
+    assert global_batch.nbddp_accumulation(4, batch=2) == 4  # one process
     world(monkeypatch, 2, global_batch)
-    assert global_batch.nbddp_accumulation(4) == 2
+    assert global_batch.nbddp_accumulation(4, batch=2) == 2
+    assert "nbddp: 2 processes keep the notebook's batch of 8: gradient_accumulation_steps 4 -> 2 per rank" in \
+        capsys.readouterr().out
     assert global_batch.nbddp_accumulation(global_batch.nbddp_accumulation(4)) == 2  # never divided twice
     hooks._NBDDP_SAID.clear()
-    assert global_batch.nbddp_accumulation(3, batch=2) == 3
-    assert "effective global batch is 2 x 3 x 2" in capsys.readouterr().out
+    assert global_batch.nbddp_accumulation(1, batch=2) == 1
+    said = capsys.readouterr().out
+    assert "2 processes train 2 x 1 x 2 = 4 samples a step, 2 times the notebook's of 2" in said
+    assert "make it a multiple of 2" in said  # what to change
+    hooks._NBDDP_SAID.clear()
+    monkeypatch.setenv("NBDDP_BATCH", "scale")
+    assert global_batch.nbddp_accumulation(4, batch=2) == 4
+    assert "2 processes train 2 x 4 x 2 = 16 samples a step (NBDDP_BATCH=scale; the notebook of 8)" in \
+        capsys.readouterr().out
+    monkeypatch.setenv("NBDDP_BATCH", "half")
+    with pytest.raises(SystemExit):
+        global_batch.nbddp_accumulation(4)
+    assert "NBDDP_BATCH='half': use keep" in capsys.readouterr().err
 
 
-def test_training_args_patch_only_when_asked(monkeypatch):
+def test_every_training_args_keeps_the_notebooks_batch(monkeypatch):
     @dataclasses.dataclass
     class TrainingArguments:
         gradient_accumulation_steps: int = 4
@@ -272,12 +285,16 @@ def test_training_args_patch_only_when_asked(monkeypatch):
         def __post_init__(self):
             pass
 
+    class SFTConfig(TrainingArguments):  # TRL's and Unsloth's configs call the base __post_init__
+        def __post_init__(self):
+            super().__post_init__()
+
     world(monkeypatch, 2, global_batch)
     global_batch._nbddp_patch_training_args(types.SimpleNamespace(TrainingArguments=TrainingArguments))
-    assert TrainingArguments().gradient_accumulation_steps == 4  # NBDDP_KEEP_GLOBAL_BATCH unset: unchanged
-    monkeypatch.setenv("NBDDP_KEEP_GLOBAL_BATCH", "1")
-    global_batch._nbddp_patch_training_args(types.SimpleNamespace(TrainingArguments=TrainingArguments))
     assert TrainingArguments().gradient_accumulation_steps == 2
+    assert SFTConfig(gradient_accumulation_steps=8).gradient_accumulation_steps == 4
+    monkeypatch.setenv("NBDDP_BATCH", "scale")
+    assert TrainingArguments().gradient_accumulation_steps == 4
 
 
 def _trainer_class(calls):

@@ -72,9 +72,9 @@ UNSLOTH_SFT = (
      {}, {"xformers_shim"}, set()),
     # helpers the other steps wrote
     (("!nvidia-smi\n", "%%writefile a.txt\nhello\n"), {}, {"files"}, set()),
-    (UNSLOTH_SFT, {"keep_global_batch": True}, set(), {"global_batch"}),
-    ((UNSLOTH_SFT[0], UNSLOTH_SFT[1].replace("batch_size = 2", "batch_size = 2, gradient_accumulation_steps = 4")),
-     {"keep_global_batch": True}, {"global_batch"}, set()),
+    # a Trainer keeps the notebook's global batch (decided at run time); no Trainer, nothing to keep
+    (UNSLOTH_SFT, {}, {"global_batch"}, set()),
+    (UNSLOTH_SFT, {"scale_batch": True}, {"global_batch"}, set()),
     # dead code asks for nothing; a function named like a trainer is not one
     (("if False:\n    from unsloth import FastLanguageModel\n    from trl import SFTTrainer\n",), {}, {"group"},
      {"balance", "peft_shim", "lean_sync"}),
@@ -125,14 +125,14 @@ def test_each_carried_module_says_why_in_one_line():
     lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
     assert [line.split(":")[0][5:] for line in lines] == ["recipe", "launcher", "wait", "group", "hooks", "fit",
                                                           "one_writer", "agree", "ipython_forms", "unsloth_group",
-                                                          "lean_sync", "peft_shim", "balance"]
-    assert lines[4] == "# -- hooks: needed by fit, one_writer, agree, unsloth_group, lean_sync, peft_shim, balance"
+                                                          "lean_sync", "peft_shim", "global_batch", "balance"]
+    assert lines[4] == "# -- hooks: needed by fit, one_writer, agree, unsloth_group, lean_sync, peft_shim, global_batch, balance"
     assert "the notebook trains with a Trainer" in lines[-1]
 
 
 @pytest.mark.parametrize("notebook, most", [
-    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 583),
-    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 718),
+    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 632),
+    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 767),
 ])
 def test_lines_before_the_first_notebook_cell(notebook, most):
     lines = convert_notebook(str(notebook)).script.splitlines()
@@ -140,17 +140,21 @@ def test_lines_before_the_first_notebook_cell(notebook, most):
     assert first <= most, f"{notebook.name}: {first} lines before the first cell"
 
 
-def test_converter_keeps_global_batch():
+def test_the_report_gives_the_batch_in_numbers_and_scale_batch_is_the_scripts_default():
     code = "args = SFTConfig(per_device_train_batch_size = 2, gradient_accumulation_steps = 4)\n"
-    kept = convert_notebook(make_notebook(code), options=Options(keep_global_batch=True))
-    assert "gradient_accumulation_steps = nbddp_accumulation(4)" in kept.script
-    assert "def nbddp_accumulation(" in kept.script
-    assert any("effective global batch 2 x 4 = 8" in n.text for n in kept.report.changes)
-    plain = convert_notebook(make_notebook(code))
-    assert "nbddp_accumulation" not in plain.script
-    assert any("2 x 4 x N = 8N" in n.text for n in plain.report.changes)
+    kept = convert_notebook(make_notebook(code))
+    assert "nbddp_accumulation" not in kept.script.split("# %% cell 1")[1]  # the notebook's code as written
+    assert any("2 x 4 = 8 samples per optimizer step on 1 process; 8 on 2 (2 x 2 per rank), 8 on 4 (2 x 1 per rank)"
+               in n.text for n in kept.report.changes)
+    one = convert_notebook(make_notebook(code.replace("= 4", "= 1")))
+    assert any("2 x 1 = 2 samples per optimizer step on 1 process; 4 on 2 (gradient_accumulation_steps 1 does not "
+               "divide by 2), 8 on 4 (gradient_accumulation_steps 1 does not divide by 4); an accumulation that the "
+               "process count divides keeps the notebook's batch" in n.text for n in one.report.changes)
+    scaled = convert_notebook(make_notebook(code, "from trl import SFTTrainer\n"), options=Options(scale_batch=True))
+    assert any("16 on 2, 32 on 4 (--scale-batch)" in n.text for n in scaled.report.changes)
+    assert 'nbddp_start(batch="scale")' in scaled.script
     unknown = convert_notebook(make_notebook("args = SFTConfig(gradient_accumulation_steps = steps)\n"))
-    assert any("cannot tell" in n.text for n in unknown.report.changes)
+    assert any("decided at run time" in n.text for n in unknown.report.changes)
 
 
 # ---- the inliner ----

@@ -1,33 +1,58 @@
-"""Keep the one-process global batch: gradient accumulation divided by the number of processes, where it divides
-(`nbddp convert --keep-global-batch` writes `nbddp_accumulation(4)`; NBDDP_KEEP_GLOBAL_BATCH=1 does it for every
-TrainingArguments at run time)."""
+"""The notebook's global batch, kept by default: with N processes each rank accumulates
+`gradient_accumulation_steps / N` micro-batches, so an optimizer step sees the notebook's samples, as many steps
+train as the notebook asked for, and the results are one process's, in less time. Where N does not divide the
+accumulation (1, 3, ...), every rank accumulates the notebook's count: a step sees N times the samples (DDP's own
+semantics), and rank 0 says so with the numbers and what to change.
+
+Decided at run time, when N is known, for every TrainingArguments (and its subclasses: TRL's configs, Unsloth's):
+`NBDDP_BATCH=keep` (the default) or `scale` (N times the samples a step, the accumulation as written;
+`nbddp convert --scale-batch` makes that the script's default)."""
 import functools
+import os
 
 from .group import NBDDP_WORLD_SIZE
-from .hooks import NBDDP_IMPORTS, _nbddp_flag, nbddp_say
+from .hooks import NBDDP_IMPORTS, nbddp_say
+from .launcher import nbddp_usage_error
 
 
 class NbddpAccumulation(int):
-    """A gradient_accumulation_steps value nbddp already divided by the world size."""
+    """A gradient_accumulation_steps value nbddp already decided (never divided twice)."""
+
+
+def nbddp_batch_mode():
+    """`keep` or `scale`, from NBDDP_BATCH."""
+    mode = os.environ.get("NBDDP_BATCH", "keep").strip().lower() or "keep"
+    if mode not in ("keep", "scale"):
+        nbddp_usage_error(f"NBDDP_BATCH={mode!r}: use keep (the notebook's batch) or scale (N times its samples)")
+    return mode
 
 
 def nbddp_accumulation(steps, batch=None):
-    """`steps` / world size when it divides evenly (same global batch as one process), else `steps` and a warning."""
-    if isinstance(steps, NbddpAccumulation) or NBDDP_WORLD_SIZE == 1 or not isinstance(steps, int):
+    """The accumulation of each rank for the notebook's `steps` (and per-device `batch`), said once on rank 0."""
+    world = NBDDP_WORLD_SIZE
+    if isinstance(steps, NbddpAccumulation) or world == 1 or not isinstance(steps, int) or steps < 1:
         return steps
-    if steps % NBDDP_WORLD_SIZE == 0:
-        nbddp_say("global-batch", f"gradient_accumulation_steps {steps} -> {steps // NBDDP_WORLD_SIZE} "
-                                  f"({NBDDP_WORLD_SIZE} processes keep the one-process global batch)")
-        return NbddpAccumulation(steps // NBDDP_WORLD_SIZE)
-    per_device = f"{batch} x " if batch is not None else "per_device_train_batch_size x "
-    nbddp_say("global-batch", f"warning: gradient_accumulation_steps={steps} does not divide by {NBDDP_WORLD_SIZE} "
-                              f"processes; effective global batch is {per_device}{steps} x {NBDDP_WORLD_SIZE}")
+    size = f"{batch} x " if isinstance(batch, int) else "per_device_train_batch_size x "
+    notebook = f" of {batch * steps}" if isinstance(batch, int) else ""
+    if nbddp_batch_mode() == "keep" and steps % world == 0:
+        nbddp_say("global-batch", f"{world} processes keep the notebook's batch{notebook}: gradient_accumulation_steps "
+                                  f"{steps} -> {steps // world} per rank")
+        return NbddpAccumulation(steps // world)
+    trained = f"{size}{steps} x {world}" + (f" = {batch * steps * world}" if isinstance(batch, int) else "")
+    if nbddp_batch_mode() == "scale":
+        nbddp_say("global-batch", f"{world} processes train {trained} samples a step (NBDDP_BATCH=scale; the notebook"
+                                  f"{notebook or ': ' + size + str(steps)})")
+    else:
+        nbddp_say("global-batch", f"{world} processes train {trained} samples a step, {world} times the notebook's"
+                                  f"{notebook}: gradient_accumulation_steps {steps} does not divide by {world}; to keep "
+                                  f"the notebook's batch, make it a multiple of {world} (and per_device_train_batch_size "
+                                  "smaller to match)")
     return NbddpAccumulation(steps)
 
 
 def _nbddp_patch_training_args(module):
     args_class = getattr(module, "TrainingArguments", None)
-    if args_class is None or not _nbddp_flag("NBDDP_KEEP_GLOBAL_BATCH"):
+    if args_class is None:
         return
     post_init = args_class.__post_init__
 

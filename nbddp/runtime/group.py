@@ -24,11 +24,14 @@ NBDDP_AT_TEARDOWN = []  # checks every rank runs at the end of a script that did
 nbddp_no_context = contextlib.nullcontext  # on the other ranks, for a rank-0-only context (a tracker's run)
 
 
-def nbddp_start(mode="ddp", group=True):
+def nbddp_start(mode="ddp", group=True, batch=None):
     """Start the job: as one plain process on several GPUs, start the DDP processes; then make plain "cuda" mean
     this rank's GPU, say how the job runs, and start the process group, so that the notebook's first line can use
-    it (`group=False` where the notebook imports Unsloth: unsloth_group starts it right after that import)."""
+    it (`group=False` where the notebook imports Unsloth: unsloth_group starts it right after that import).
+    `batch`: the script's default for NBDDP_BATCH (global_batch.py)."""
     global NBDDP_MODE
+    if batch:
+        os.environ.setdefault("NBDDP_BATCH", batch)
     NBDDP_MODE, nproc = mode, nbddp_nproc()
     if mode == "ddp" and nproc > 1 and not any(name in os.environ for name in NBDDP_LAUNCHED):
         nbddp_self_launch(nproc)

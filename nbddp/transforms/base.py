@@ -13,7 +13,7 @@ from ..vocabulary import kinds
 
 @dataclass
 class Options:
-    keep_global_batch: bool = False
+    scale_batch: bool = False  # N times the samples per step by default (NBDDP_BATCH=scale), not the notebook's
     seed: int = 3407
     main_prints: bool = True  # top-level prints on rank 0 only (off for `%%torchrun --all-ranks`)
 

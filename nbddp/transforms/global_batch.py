@@ -1,19 +1,23 @@
-"""Step: state each trainer config's effective global batch; with --keep-global-batch, keep the one-process one.
+"""Step: say what each trainer config trains per optimizer step on 1, 2 and 4 processes; the script keeps it.
 
-`gradient_accumulation_steps=4` becomes `gradient_accumulation_steps=nbddp_accumulation(4)`; the script's runtime
-layer divides it by the number of processes when it divides evenly (otherwise it warns with the real batch).
+The script keeps the notebook's global batch at run time (nbddp/runtime/global_batch.py): each rank accumulates
+`gradient_accumulation_steps / N` where N divides it, else N times the samples train a step and rank 0 says so.
+`--scale-batch` makes N times the samples the script's default (NBDDP_BATCH=keep|scale decides at run time). The
+notebook's code is not changed.
 """
 from __future__ import annotations
 
 import libcst as cst
 
 from ..cst import has_star_kwargs, keyword
+from ..tree import TreeTransformer
 from ..vocabulary import CONFIG
-from .base import CallRewriter, TreeStep
+from .base import TreeStep, call_kinds
 from .trainer_args import config_name
 
 ACCUMULATION, PER_DEVICE = "gradient_accumulation_steps", "per_device_train_batch_size"
 DEFAULTS = {ACCUMULATION: 1, PER_DEVICE: 8}  # transformers' TrainingArguments defaults
+COUNTS = (2, 4)  # the process counts the report gives numbers for (Kaggle's and Colab's 2 GPUs, a 4-GPU box)
 
 
 def _literal(call: cst.Call, name: str):
@@ -26,35 +30,34 @@ def _literal(call: cst.Call, name: str):
     return None
 
 
-class _GlobalBatch(CallRewriter):
+def effective(batch, steps, scale: bool) -> str:
+    """What a config trains per optimizer step, in numbers, on 1 process and on each of COUNTS."""
+    if batch is None or steps is None:
+        return ("samples per optimizer step decided at run time (the batch size or accumulation is not a literal): "
+                "the notebook's batch where the process count divides gradient_accumulation_steps")
+    one = batch * steps
+    if scale:
+        ns = ", ".join(f"{one * n} on {n}" for n in COUNTS)
+        return f"{batch} x {steps} = {one} samples per optimizer step on 1 process; {ns} (--scale-batch)"
+    said = []
+    for n in COUNTS:
+        said.append(f"{one} on {n} ({batch} x {steps // n} per rank)" if steps % n == 0 else
+                    f"{one * n} on {n} (gradient_accumulation_steps {steps} does not divide by {n})")
+    hint = "" if all(steps % n == 0 for n in COUNTS) else \
+        "; an accumulation that the process count divides keeps the notebook's batch"
+    return f"{batch} x {steps} = {one} samples per optimizer step on 1 process; {', '.join(said)}{hint}"
+
+
+class _Report(TreeTransformer):
     def leave_Call(self, original, updated):
-        if CONFIG not in self.kinds(original):
-            return updated
-        name = config_name(updated)
-        batch, steps = _literal(updated, PER_DEVICE), _literal(updated, ACCUMULATION)
-        arg = keyword(updated, ACCUMULATION)
-        if batch is None or steps is None:
-            effective = "cannot tell (batch size or accumulation is not a literal)"
-        elif self.options.keep_global_batch:
-            effective = (f"{batch} x {steps} = {batch * steps} (as on one process) when N divides {steps}, "
-                         f"else {batch} x {steps} x N")
-        else:
-            effective = f"{batch} x {steps} x N = {batch * steps}N for N processes"
-        self.report.change(self.cell, f"{name}: effective global batch {effective}")
-        if not self.options.keep_global_batch or arg is None or _is_wrapped(arg.value):
-            if self.options.keep_global_batch and arg is None and steps == 1:
-                self.report.warn(self.cell, f"{name}: gradient_accumulation_steps is 1; the global batch grows "
-                                            f"with N (lower per_device_train_batch_size to keep it)")
-            return updated
-        wrapped = cst.Call(func=cst.Name("nbddp_accumulation"), args=[cst.Arg(arg.value)])
-        return updated.deep_replace(arg, arg.with_changes(value=wrapped))
-
-
-def _is_wrapped(value) -> bool:
-    return isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "nbddp_accumulation"
+        if CONFIG in call_kinds(self.names, original):
+            batch, steps = _literal(original, PER_DEVICE), _literal(original, ACCUMULATION)
+            self.report.change(self.cell, f"{config_name(original)}: "
+                                          f"{effective(batch, steps, self.options.scale_batch)}")
+        return updated
 
 
 class GlobalBatch(TreeStep):
     name = "global-batch"
-    rewriter = _GlobalBatch
+    rewriter = _Report
     wants = frozenset({CONFIG})

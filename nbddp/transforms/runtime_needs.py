@@ -209,8 +209,9 @@ def needs(facts: _Facts) -> dict[str, str]:
     if unsloth or facts.weight_tying:
         why["peft_shim"] = "LoraConfig(ensure_weight_tying=...) " + (
             "from Unsloth's get_peft_model" if unsloth else "in the notebook") + " on any peft version"
-    if "nbddp_accumulation" in facts.names:
-        why["global_batch"] = "converted with --keep-global-batch: gradient accumulation divided by the processes"
+    if facts.trainer:
+        why["global_batch"] = "the notebook trains with a Trainer: its global batch kept where the process count " \
+                              "divides gradient_accumulation_steps (NBDDP_BATCH=scale: N times its samples)"
     loop = sorted(facts.names & LOOP_HELPERS)
     if loop:
         why["loop"] = f"the notebook trains in a loop of its own ({', '.join(loop)}): one model over every rank"
@@ -240,5 +241,5 @@ class RuntimeNeeds(TreeStep):
             who = "in a rank-0-only block: only rank 0 asks and gets the answer" if main_only else \
                 "rank 0 asks, every rank gets the answer"
             ctx.report.change(cell, f"{what}: {who}; with no answer the job stops: {instead}")
-        ctx.runtime = Choice(needs(facts), frozenset(facts.names), models)
+        ctx.runtime = Choice(needs(facts), frozenset(facts.names), models, scale_batch=ctx.options.scale_batch)
         return tree.module

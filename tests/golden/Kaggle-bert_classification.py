@@ -16,10 +16,10 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 """
 # ---- nbddp runtime: the parts of nbddp/runtime/ this notebook needs (no notebook code above this line) ----
 # -- recipe: needed by launcher
-# -- launcher: needed by group, fit
+# -- launcher: needed by group, fit, global_batch
 # -- wait: needed by group, one_writer, agree
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group
-# -- hooks: needed by fit, one_writer, agree, unsloth_group, lean_sync, peft_shim, balance
+# -- hooks: needed by fit, one_writer, agree, unsloth_group, lean_sync, peft_shim, global_batch, balance
 # -- fit: the notebook loads a model: DDP if it fits one GPU, else one process split over all of them
 # -- files: the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
@@ -28,6 +28,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
+# -- global_batch: the notebook trains with a Trainer: its global batch kept where the process count divides gradient_accumulation_steps (NBDDP_BATCH=scale: N times its samples)
 # -- balance: the notebook trains with a Trainer: each step's samples dealt to the ranks by length
 # ---- end of nbddp runtime ----
 try:

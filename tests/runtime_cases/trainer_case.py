@@ -3,7 +3,7 @@ and ddp_find_unused_parameters left unset: transformers then passes find_unused_
 PeftModel is no PreTrainedModel and its checkpointing goes unseen.
 
     torchrun --nproc_per_node=2 trainer_case.py nolayer OUT   # expected: "marked as ready twice"
-    NBDDP_KEEP_GLOBAL_BATCH=1 torchrun --nproc_per_node=2 trainer_case.py layer OUT   # gradient_accumulation 2 -> 1
+    torchrun --nproc_per_node=2 trainer_case.py layer OUT   # the notebook's batch kept: gradient_accumulation 2 -> 1
     python trainer_case.py single OUT                        # one process, the same global batch of 4
     torchrun --nproc_per_node=2 trainer_case.py accumulate OUT   # the layer, accumulation 2 kept: DDP's reductions
 
