@@ -203,8 +203,8 @@ def test_the_loop_trains_one_model_as_one_process_does_at_the_same_global_batch(
     script = nbddp.convert(_notebook(alpaca_texts() * 2))
     assert "nbddp_ddp(net)" in script and "for batch in nbddp_distributed(data):" in script
     runs = {}
-    for name, argv, batch in (("ddp", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"], "2"),
-                              ("one", [], "4")):
+    for name, argv, batch in (("ddp", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"], "4"),
+                              ("one", [], "4")):  # the notebook's batch of 4: 2 samples of each on each rank
         cwd = tmp_path / name
         save_tiny_llama(cwd / "tiny-llama")
         (cwd / SCRIPT).write_text(script, encoding="utf-8")
@@ -212,6 +212,8 @@ def test_the_loop_trains_one_model_as_one_process_does_at_the_same_global_batch(
         assert_clean_exit(job)
         runs[name] = job
     assert runs["ddp"].count("nbddp: the notebook's training loop trains one PeftModel") == 1, runs["ddp"].explain()
+    assert runs["ddp"].count("nbddp: the training loop's DataLoader keeps the notebook's batch of 4: each of 2 "
+                             "processes takes 2 samples of every batch") == 1, runs["ddp"].explain()
     assert runs["ddp"].count("nbddp: ranks agree after") == 1, runs["ddp"].explain()  # the runtime's own check
 
     def weights(path):

@@ -661,3 +661,21 @@ def test_an_agreement_check_that_cannot_read_the_weights_warns_and_the_training_
     assert done.returncode == 0 and "same []" in lines and "broken None" in lines, done.stdout + done.stderr[-2000:]
     assert ("nbddp: warning: after train(), the ranks' weights were not compared (rank 0: RuntimeError: meta "
             "tensors hold no data)") in lines
+
+
+def test_a_loops_loader_keeps_the_notebooks_batch_or_scales_it(monkeypatch):
+    data = torch.utils.data
+    world(monkeypatch, 2, loop)
+    monkeypatch.setattr(loop, "NBDDP_RANK", 1)
+    plain = data.DataLoader(list(range(8)), batch_size=4)
+    assert [b.tolist() for b in loop._nbddp_deal(plain)] == [[1, 3], [5, 7]]  # its slice of the notebook's batches
+
+    def shuffled():
+        return data.DataLoader(list(range(8)), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(5))
+
+    batches = [b.tolist() for b in shuffled()]  # what one process draws; every rank draws the same
+    assert [b.tolist() for b in loop._nbddp_deal(shuffled())] == [b[1::2] for b in batches]
+    odd = data.DataLoader(list(range(9)), batch_size=3)  # 3 does not divide by 2: each rank its own 3 a step
+    assert [len(b) for b in loop._nbddp_deal(odd)] == [3, 2]
+    monkeypatch.setenv("NBDDP_BATCH", "scale")
+    assert [b.tolist() for b in loop._nbddp_deal(plain)] == [[1, 3, 5, 7]]

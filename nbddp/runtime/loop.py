@@ -1,6 +1,9 @@
 """A training loop of the notebook's own (`loss.backward()`, `optimizer.step()`, no Trainer) trains one model on every
 rank: the model's training forward goes through DistributedDataParallel, so each backward averages the gradients
-over the ranks, and the loop's DataLoader deals each rank its own share of every epoch (a DistributedSampler).
+over the ranks, and the loop's DataLoader deals each rank its share. By default (the notebook's global batch kept,
+global_batch.py) every rank draws the notebook's batches and takes its slice of each (batch_size / N where N divides
+it), so a step sees the notebook's samples; otherwise (or NBDDP_BATCH=scale) each rank reads its own share of every
+epoch in batches of the notebook's size (a DistributedSampler): N times the samples a step.
 
 The notebook's names keep their objects: `model` stays the notebook's model (its `generate`, `save_pretrained`,
 `state_dict` unchanged) and only its `forward` in training mode is routed through DDP, which also gives every rank
@@ -10,6 +13,7 @@ import weakref
 
 import torch
 
+from .global_batch import nbddp_batch_mode
 from .group import NBDDP_LOCAL_RANK, NBDDP_RANK, NBDDP_WORLD_SIZE, nbddp_dist
 from .hooks import _nbddp_choice, nbddp_say
 
@@ -64,21 +68,39 @@ def nbddp_distributed(loader):
     return _NBDDP_DEALT[loader]
 
 
+class _NbddpSlices:
+    """The notebook's batches (its own sampler, drawn alike on every rank), this rank's slice of each."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return (batch[NBDDP_RANK::NBDDP_WORLD_SIZE] for batch in self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+
 def _nbddp_deal(loader):
-    data = torch.utils.data
-    if isinstance(loader.dataset, data.IterableDataset) or loader.batch_size is None:
+    data, size, world = torch.utils.data, loader.batch_size, NBDDP_WORLD_SIZE
+    if isinstance(loader.dataset, data.IterableDataset) or size is None:
         nbddp_say("loop-data", "the training loop's DataLoader streams its data or batches it itself: every rank "
                                "reads all of it (one model still, but no speed-up)")
         return loader
-    sampler = _NbddpSampler(loader.dataset, num_replicas=NBDDP_WORLD_SIZE, rank=NBDDP_RANK,
+    how = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+               timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
+               prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
+    if nbddp_batch_mode() == "keep" and size % world == 0:
+        nbddp_say("loop-data", f"the training loop's DataLoader keeps the notebook's batch of {size}: each of {world} "
+                               f"processes takes {size // world} samples of every batch")
+        return data.DataLoader(loader.dataset, batch_sampler=_NbddpSlices(loader.batch_sampler), **how)
+    sampler = _NbddpSampler(loader.dataset, num_replicas=world, rank=NBDDP_RANK,
                             shuffle=isinstance(loader.sampler, data.RandomSampler), drop_last=loader.drop_last)
-    nbddp_say("loop-data", f"the training loop's DataLoader gives each of {NBDDP_WORLD_SIZE} processes its own "
-                           f"{loader.batch_size} samples a step (global batch {loader.batch_size * NBDDP_WORLD_SIZE})")
-    return data.DataLoader(
-        loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
+    why = "NBDDP_BATCH=scale" if nbddp_batch_mode() == "scale" else \
+        f"batch_size {size} does not divide by {world}; a multiple of {world} keeps the notebook's batch"
+    nbddp_say("loop-data", f"the training loop's DataLoader gives each of {world} processes its own {size} samples a "
+                           f"step: {size * world} a step, {world} times the notebook's ({why})")
+    return data.DataLoader(loader.dataset, batch_size=size, sampler=sampler, drop_last=loader.drop_last, **how)
 
 
 def nbddp_unsynced_loop(where):
