@@ -22,6 +22,7 @@ from .transforms.devices import Devices
 from .transforms.global_batch import GlobalBatch
 from .transforms.magics import Magics
 from .transforms.placement import Placement
+from .transforms.process_control import ProcessControl
 from .transforms.rank_guards import RankGuards
 from .transforms.runtime_needs import RuntimeNeeds
 from .transforms.scratch import Scratch
@@ -60,7 +61,7 @@ def steps() -> list[Transform]:
 def tree_steps() -> list[TreeStep]:
     """The steps over the notebook's one tree, in order."""
     return [Autocast(), Placement(), Devices(), Scratch(), TrainerArgs(), CustomLoop(), DataPrep(),
-            GlobalBatch(), Widgets(), Show(), RankGuards(), RuntimeNeeds()]
+            GlobalBatch(), Widgets(), ProcessControl(), Show(), RankGuards(), RuntimeNeeds()]
 
 
 def _step_error(exc, step, tree=None):

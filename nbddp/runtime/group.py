@@ -1,7 +1,10 @@
 """Rank facts from torchrun's environment, this rank's device, the process group, and how the job starts."""
 import contextlib
 import datetime
+import hashlib
+import importlib.util
 import os
+import random
 import sys
 
 import torch
@@ -42,8 +45,25 @@ def nbddp_start(mode="ddp", group=True, batch=None):
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     if NBDDP_IS_MAIN and NBDDP_WORLD_SIZE > 1:
         print(f"nbddp: {NBDDP_WORLD_SIZE} processes, this one is rank 0 on {NBDDP_DEVICE}", flush=True)
+    nbddp_same_random_state()
     if group:
         nbddp_dist()
+
+
+def nbddp_same_random_state():
+    """Every rank starts from one random state (Python's, NumPy's, torch's), the same for all ranks of a job and new
+    for each job: randomness the notebook leaves unseeded (a shuffle, a sample, a split) gives every rank the same
+    data. NBDDP_SAME_RANDOM=0 leaves each rank's own."""
+    if NBDDP_WORLD_SIZE == 1 or os.environ.get("NBDDP_SAME_RANDOM", "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    job = "|".join(os.environ.get(name, "") for name in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
+    seed = int(hashlib.sha256(job.encode()).hexdigest()[:8], 16)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if importlib.util.find_spec("numpy") is not None:
+        import numpy
+
+        numpy.random.seed(seed)
 
 
 def nbddp_device_map(split="balanced"):

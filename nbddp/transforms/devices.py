@@ -168,10 +168,10 @@ class Devices(TreeStep):
         uses.targets.discard(None)
         devices = _Devices(tree, ctx, uses.targets)
         module = tree.visit(devices, frozenset({DEVICE, ENV}))
-        return module.visit(_Tidied(tree.names, devices.removed)) if devices.removed else module
+        return module.visit(TidiedMarkers(tree.names, devices.removed)) if devices.removed else module
 
 
-class _Tidied(Recording, Tidy):
+class TidiedMarkers(Recording, Tidy):
     """The magics step's tidying of the markers this step left, recording what it rewrites."""
 
     def __init__(self, names, only):

@@ -62,6 +62,16 @@ def is_ipython_call(node) -> bool:
     return (isinstance(owner, cst.Call) and isinstance(owner.func, cst.Name) and owner.func.value == "get_ipython")
 
 
+def acts_on_ipython(node) -> bool:
+    """A call on something `get_ipython()` gives: `get_ipython().kernel.do_shutdown(True)`, `get_ipython().X(...)`."""
+    func = node.func if isinstance(node, cst.Call) else None
+    while isinstance(func, cst.Attribute):
+        func = func.value
+        if isinstance(func, cst.Call) and isinstance(func.func, cst.Name) and func.func.value == "get_ipython":
+            return True
+    return False
+
+
 def _assigned_call(line) -> cst.Call | None:
     """The IPython call of a line `target = get_ipython()...(...)` (also annotated), else None."""
     small = line.body[0] if len(line.body) == 1 else None
@@ -89,7 +99,7 @@ class IPythonCalls(cst.CSTTransformer):
 
     @staticmethod
     def _whole_line(node) -> bool:
-        return len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and is_ipython_call(node.body[0].value)
+        return len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and acts_on_ipython(node.body[0].value)
 
     def visit_SimpleStatementLine(self, node):
         # whole-line calls and assigned values are replaced below, not visited as expressions
@@ -117,6 +127,11 @@ class IPythonCalls(cst.CSTTransformer):
                                    "equivalent; give the value in Python in the notebook")
 
     def _line(self, call):
+        if not is_ipython_call(call):  # get_ipython().kernel.do_shutdown(True): Colab's restart after installs
+            shown = one_line(code_of(call), 60)
+            self.ctx.report.warn(self.cell, f"removed `{shown}`: it acts on the notebook's IPython kernel, which a "
+                                            "script does not have (a restart after installs: nothing to restart)")
+            return [marker(f"removed `{shown}`: a script has no IPython kernel")]
         kind = call.func.attr.value
         args = _literal_args(call)
         if args is None:

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import dotted, names_in
-from ..tree import TreeTransformer, starts_cell
+from ..cst import dotted
+from ..tree import Recording, TreeTransformer
 from .base import TreeStep
 
 AUTO = "tqdm.auto"
-MENTIONS = frozenset({"tqdm", "ipywidgets"})
 NOTEBOOK_MODULES = frozenset({"tqdm.notebook", "tqdm.autonotebook"})
 SUBMODULES = frozenset({"notebook", "autonotebook"})  # `from tqdm import notebook`, `tqdm.notebook`
 CLASSES = {"tqdm_notebook": "tqdm", "tnrange": "trange"}  # tqdm's notebook names -> tqdm.auto's
@@ -128,7 +127,7 @@ class _Widgets(TreeTransformer):
         return new
 
 
-class _AddAuto(cst.CSTTransformer):
+class _AddAuto(Recording, cst.CSTTransformer):
     """`import tqdm.auto` after each statement that imports the tqdm a rewritten `….auto` use reads."""
 
     def __init__(self, names, needs):
@@ -148,12 +147,7 @@ class Widgets(TreeStep):
 
     def run(self, tree, ctx) -> cst.Module:
         rewriter = _Widgets(tree, ctx)
-        body = []
-        for stmt in tree.module.body:  # only statements that name tqdm or ipywidgets: the others stay the same nodes
-            rewriter.cell = starts_cell(stmt) or rewriter.cell
-            new = stmt.visit(rewriter) if names_in(stmt) & MENTIONS else stmt
-            body += new.nodes if isinstance(new, cst.FlattenSentinel) else [new]
-        module = tree.module.with_changes(body=body)
+        module = tree.visit(rewriter)
         if rewriter.needs:
             module = module.visit(_AddAuto(tree.names, rewriter.needs))
         return module

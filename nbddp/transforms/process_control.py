@@ -1,0 +1,83 @@
+"""Step: a notebook that controls its own process, in a script that is one of a DDP job's processes.
+
+- Colab's restart after installs (`os.kill(os.getpid(), 9)`, `os._exit(0)`) ends the notebook's kernel so that the
+  next cells import what was installed; a script has nothing to restart (its installs ran before it started), and
+  killing one rank would end the whole job: the line is removed, with a report line.
+- `torch.nn.DataParallel(model)` (a notebook that sees several GPUs spreads each batch over them in one process)
+  would split each rank's batch again over GPUs that other ranks use: the model stays itself, with a report line;
+  where the notebook reads `.module` of it, a warning says to use the model itself.
+
+Calls are told by what they are (nbddp.names), not by how the notebook spells them.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from ..cst import code_of
+from ..tree import TreeTransformer
+from .base import TreeStep
+from .devices import TidiedMarkers
+from .markers import marker
+from .shell import one_line
+
+DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                           "torch.nn.parallel.data_parallel.DataParallel"})
+
+
+class _ProcessControl(TreeTransformer):
+    def __init__(self, tree, ctx):
+        super().__init__(tree, ctx)
+        self.dropped = []  # cells where DataParallel was dropped
+        self.removed = set()  # the markers left for removed lines
+
+    def _restarts(self, call) -> bool:
+        meanings = self.names.meanings(call.func)
+        if "os._exit" in meanings:
+            return True
+        first = call.args[0].value if call.args else None
+        return "os.kill" in meanings and isinstance(first, cst.Call) and "os.getpid" in self.names.meanings(first.func)
+
+    def leave_SimpleStatementLine(self, original, updated):
+        body = updated.body
+        if len(body) == 1 and isinstance(body[0], cst.Expr) and isinstance(body[0].value, cst.Call) and \
+                self._restarts(original.body[0].value):
+            shown = one_line(code_of(body[0].value), 60)
+            self.report.change(self.cell, f"removed `{shown}` (the notebook restarts its kernel after installs; a "
+                                          "script has nothing to restart, and it would end every rank)")
+            removed = marker(f"removed `{shown}`: a script has nothing to restart").with_changes(
+                leading_lines=updated.leading_lines)
+            self.removed.add(removed)
+            return removed
+        return updated
+
+    def leave_Call(self, original, updated):
+        if not DATA_PARALLEL & self.names.meanings(original.func) or not updated.args:
+            return updated
+        model = updated.args[0].value
+        self.report.change(self.cell, f"`{one_line(code_of(updated), 60)}` → `{code_of(model)}`: under DDP each process "
+                                      "trains on its own GPU, DataParallel would spread it over the others' GPUs")
+        self.dropped.append(self.cell)
+        return model
+
+
+class ProcessControl(TreeStep):
+    name = "process-control"
+
+    def run(self, tree, ctx) -> cst.Module:
+        rewriter = _ProcessControl(tree, ctx)
+        module = tree.visit(rewriter)
+        if rewriter.dropped and "module" in _attributes(module):
+            ctx.report.warn(rewriter.dropped[0], "the notebook reads `.module` of a model it wrapped in DataParallel; "
+                                                 "nbddp dropped the wrapper: read the model itself instead")
+        return module.visit(TidiedMarkers(tree.names, rewriter.removed)) if rewriter.removed else module
+
+
+def _attributes(module) -> set[str]:
+    found: set[str] = set()
+
+    class _Attributes(cst.CSTVisitor):
+        def visit_Attribute(self, node):
+            found.add(node.attr.value)
+
+    module.visit(_Attributes())
+    return found

@@ -1,0 +1,42 @@
+"""End to end on CPU: randomness that decides the data, unseeded and outside `datasets` (Python's `random`, NumPy,
+torch; at the top level, inside the notebook's own function, over split cells), is the same on every rank: each
+rank starts from the same random state, so the ranks train and validate on the same split."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import nbddp
+from e2e import SCRIPT, assert_clean_exit, run_job
+
+pytestmark = pytest.mark.ddp
+
+CELLS = [
+    "import os, json, random\nimport numpy as np\nimport torch\nrows = list(range(40))\n",
+    "random.shuffle(rows)\ntrain_rows, val_rows = rows[:30], rows[30:]\n",
+    "def holdout(data, k):\n    order = np.random.permutation(len(data))\n    return [int(data[i]) for i in order[:k]]\n",
+    "picked = holdout(train_rows, 5)\nnoise = torch.rand(3).tolist()\nsample = random.sample(val_rows, 3)\n",
+    "with open(f\"rank{os.environ.get('RANK', '0')}.json\", 'w') as fh:\n"
+    "    json.dump({'val': val_rows, 'picked': picked, 'noise': noise, 'sample': sample}, fh)\n",
+]
+
+
+def _run(tmp_path, name):
+    import nbformat
+
+    from conftest import make_notebook
+
+    cwd = tmp_path / name
+    cwd.mkdir()
+    (cwd / SCRIPT).write_text(nbddp.convert(nbformat.writes(make_notebook(*CELLS))), encoding="utf-8")
+    done = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", SCRIPT], cwd)
+    assert_clean_exit(done)
+    return [json.loads((cwd / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_unseeded_randomness_is_the_same_on_every_rank_and_differs_between_jobs(tmp_path):
+    first, second = _run(tmp_path, "a"), _run(tmp_path, "b")
+    assert first[0] == first[1] and second[0] == second[1]
+    assert first[0] != second[0]  # the same within a job, not a fixed seed of nbddp's
