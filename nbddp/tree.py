@@ -14,8 +14,8 @@ from functools import cached_property
 import libcst as cst
 
 from .cells import MARKER, cell_at
-from .cst import is_if_false, parse
-from .names import Names
+from .cst import is_if_false, names_in, parse
+from .names import Names, reads_writes
 from .vocabulary import AMP, DEVICE, ENV, kinds
 
 
@@ -101,9 +101,12 @@ class _Facts(cst.CSTVisitor):
     def __init__(self):
         self.calls: dict = {}  # statement -> its calls
         self.raw: dict = {}  # statement -> facts read from literals and keywords
+        self.names: dict = {}  # statement -> the names it holds
 
     def watch(self, statement, node):
-        if isinstance(node, cst.Call):
+        if isinstance(node, cst.Name):
+            self.names.setdefault(statement, set()).add(node.value)
+        elif isinstance(node, cst.Call):
             self.calls.setdefault(statement, []).append(node)
             if any(a.keyword is not None and a.keyword.value == "device" for a in node.args):
                 self.raw.setdefault(statement, set()).add(DEVICE)
@@ -160,14 +163,24 @@ class Tree:
                 self._facts[stmt] = found.of(names, None)
         return self._facts[stmt]
 
-    def visit(self, transformer, wants=None) -> cst.Module:
-        """The tree through a transformer; with `wants`, only the top-level statements whose facts meet it."""
-        if wants is None:
+    def names_in(self, stmt) -> set:
+        """The names a top-level statement holds (read in the analysis' one pass over the first tree)."""
+        names = self.names  # the analysis' pass fills the statement facts
+        stmt = names.orig(stmt)
+        return self._seen.names.get(stmt, set()) if stmt in self._top else names_in(stmt)
+
+    def visit(self, transformer, wants=None, mentions=None) -> cst.Module:
+        """The tree through a transformer; with `wants`, only the top-level statements whose facts meet it; with
+        `mentions` (names), only those that name one of them or a name an earlier such statement bound (an alias)."""
+        if wants is None and mentions is None:
             return self.module.visit(transformer)
-        body = []
+        body, named = [], set(mentions or ())
         for stmt in self.module.body:
             transformer.cell = starts_cell(stmt) or transformer.cell
-            new = stmt.visit(transformer) if self.facts(stmt) & wants else stmt
+            hit = self.facts(stmt) & wants if wants is not None else bool(self.names_in(stmt) & named)
+            if hit and mentions is not None:
+                named |= reads_writes(stmt)[1]
+            new = stmt.visit(transformer) if hit else stmt
             body += new.nodes if isinstance(new, cst.FlattenSentinel) else [] if isinstance(
                 new, cst.RemovalSentinel) else [new]
         return self.module.with_changes(body=body)

@@ -32,6 +32,8 @@ CASES = [
           "an alias, inside a function"),
     # what must not change: another process's kill, a DataParallel of another library, exit codes of the notebook
     cells(["import os\nos.kill(pid, 15)\nx = 1\n"], ["import os\nos.kill(pid, 15)\nx = 1\n"], "another process"),
+    cells(["import os\nif os.environ['RANK'] == '1':\n    os._exit(3)\n"],
+          ["import os\nif os.environ['RANK'] == '1':\n    os._exit(3)\n"], "a rank that ends itself on purpose"),
     cells(["from mylib import DataParallel\nm = DataParallel(m)\n"], ["from mylib import DataParallel\nm = DataParallel(m)\n"],
           "not torch's"),
 ]

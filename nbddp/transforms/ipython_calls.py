@@ -83,18 +83,19 @@ def _assigned_call(line) -> cst.Call | None:
 class IPythonCalls(cst.CSTTransformer):
     """Rewrites the `get_ipython().system/run_line_magic/getoutput(...)` calls of one cell (`rewrite(module)`)."""
 
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
     def __init__(self, cell: int, ctx: Context, step: str, offset: int = 0):
         super().__init__()
         self.cell, self.ctx, self.step, self.offset = cell, ctx, step, offset
         self.installs = 0
 
     def rewrite(self, module: cst.Module) -> cst.Module:
-        return MetadataWrapper(module, unsafe_skip_copy=True).visit(self)
+        self.module = module
+        return module.visit(self)
 
     def _stop(self, node, message: str) -> ConversionError:
-        line = self.get_metadata(PositionProvider, node).start.line + self.offset
+        """The error at `node`'s line of the cell (positions are read only here: a rare path)."""
+        positions = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+        line = positions[node].start.line + self.offset
         return ConversionError(message, step=self.step, cell=self.cell, line=line)
 
     @staticmethod

@@ -2,7 +2,8 @@
 
 - Colab's restart after installs (`os.kill(os.getpid(), 9)`, `os._exit(0)`) ends the notebook's kernel so that the
   next cells import what was installed; a script has nothing to restart (its installs ran before it started), and
-  killing one rank would end the whole job: the line is removed, with a report line.
+  killing one rank would end the whole job: the line is removed, with a report line (not under a rank test: a rank
+  that ends itself there does it on purpose).
 - `torch.nn.DataParallel(model)` (a notebook that sees several GPUs spreads each batch over them in one process)
   would split each rank's batch again over GPUs that other ranks use: the model stays itself, with a report line;
   where the notebook reads `.module` of it, a warning says to use the model itself.
@@ -13,13 +14,14 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import code_of
+from ..cst import code_of, is_rank_test
 from ..tree import TreeTransformer
 from .base import TreeStep
 from .devices import TidiedMarkers
 from .markers import marker
 from .shell import one_line
 
+MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel"})  # and names bound from them (tree.visit)
 DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                            "torch.nn.parallel.data_parallel.DataParallel"})
 
@@ -29,6 +31,10 @@ class _ProcessControl(TreeTransformer):
         super().__init__(tree, ctx)
         self.dropped = []  # cells where DataParallel was dropped
         self.removed = set()  # the markers left for removed lines
+
+    def visit_If(self, node):
+        # code under a rank test is the notebook's own per-rank choice (a rank that ends itself on purpose)
+        return not is_rank_test(node, self.names) and super().visit_If(node) is not False
 
     def _restarts(self, call) -> bool:
         meanings = self.names.meanings(call.func)
@@ -65,7 +71,7 @@ class ProcessControl(TreeStep):
 
     def run(self, tree, ctx) -> cst.Module:
         rewriter = _ProcessControl(tree, ctx)
-        module = tree.visit(rewriter)
+        module = tree.visit(rewriter, mentions=MENTIONS)
         if rewriter.dropped and "module" in _attributes(module):
             ctx.report.warn(rewriter.dropped[0], "the notebook reads `.module` of a model it wrapped in DataParallel; "
                                                  "nbddp dropped the wrapper: read the model itself instead")

@@ -13,6 +13,7 @@ from ..tree import Recording, TreeTransformer
 from .base import TreeStep
 
 AUTO = "tqdm.auto"
+MENTIONS = frozenset({"tqdm", "ipywidgets"})  # and the names bound from them (tree.visit follows those)
 NOTEBOOK_MODULES = frozenset({"tqdm.notebook", "tqdm.autonotebook"})
 SUBMODULES = frozenset({"notebook", "autonotebook"})  # `from tqdm import notebook`, `tqdm.notebook`
 CLASSES = {"tqdm_notebook": "tqdm", "tnrange": "trange"}  # tqdm's notebook names -> tqdm.auto's
@@ -147,7 +148,7 @@ class Widgets(TreeStep):
 
     def run(self, tree, ctx) -> cst.Module:
         rewriter = _Widgets(tree, ctx)
-        module = tree.visit(rewriter)
+        module = tree.visit(rewriter, mentions=MENTIONS)
         if rewriter.needs:
             module = module.visit(_AddAuto(tree.names, rewriter.needs))
         return module
