@@ -53,6 +53,39 @@ def test_a_top_level_loop_trains_through_ddp_on_each_ranks_share():
     assert any("model trains through DDP" in n.text and n.cell == 2 for n in report.changes)
 
 
+def test_a_loop_that_trains_then_validates_each_epoch_with_a_criterion_trains_through_ddp():
+    """model.train()/model.eval(), a loss from a criterion object, the validation inside the epoch; the loop's cell
+    is named where the notebook has cells after it."""
+    (loop, _), report = _converted("""\
+        criterion = torch.nn.CrossEntropyLoss()
+        for epoch in range(2):
+            model.train()
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            model.eval()
+            correct = 0
+            with torch.no_grad():
+                for x, y in val_loader:
+                    correct += (model(x).argmax(1) == y).sum().item()
+    """, "print('done')\n")
+    assert "nbddp_ddp(model)\nfor epoch in range(2):\n" in loop
+    assert "    for x, y in nbddp_distributed(loader):\n" in loop and "for x, y in val_loader:" in loop
+    assert any("model trains through DDP" in n.text and n.cell == 2 for n in report.changes)
+
+
+def test_a_loop_whose_model_cannot_be_told_is_named_by_its_own_cell():
+    (loop, _), report = _converted("""\
+        for step in range(3):
+            compute().backward()
+            make_optimizer().step()
+    """, "print('after')\n")
+    assert loop.startswith("nbddp_unsynced_loop('the training loop of cell 2')\n")
+    assert any("cannot tell" in n.text and n.cell == 2 for n in report.warnings)
+
+
 def test_a_loop_in_the_notebooks_function_follows_the_call_and_a_grad_scaler():
     (loop,), _ = _converted("""\
         def fit(net, opt, data, scaler):

@@ -19,6 +19,7 @@ import libcst.matchers as m
 from ..cst import LiveVisitor, arguments, call_stmt, code_of, dotted, is_rank_test, live_calls
 from ..effects import Effects
 from ..vocabulary import BACKWARD, OWN_DDP, STEP, is_optimizer, kinds, parts
+from ..tree import starts_cell
 from .base import TreeStep, TreeTransformer
 
 WRAP, DEAL, STOP = "nbddp_ddp", "nbddp_distributed", "nbddp_unsynced_loop"
@@ -105,6 +106,7 @@ class _Rewrite(TreeTransformer):
     def _body(self, body):
         out = []
         for stmt in body:
+            self.cell = starts_cell(stmt) or self.cell  # the cell the loop is in (the module's body comes last)
             if self._trains(stmt) and not (out and _called(out[-1]) in (WRAP, STOP)):  # not converted already
                 out += self._plan(stmt)
             else:
@@ -140,7 +142,8 @@ class _Rewrite(TreeTransformer):
         for call in live_calls(optimizer):
             if isinstance(call.func, cst.Attribute) and call.func.attr.value in PARAMETERS:
                 return dotted(call.func.value)
-        reads = [n for n in m.findall(optimizer, m.Name()) if n in self.names.referents]  # not `x.attr`'s attr
+        reads = [n for n in m.findall(optimizer, m.Name())
+                 if self.names.orig(n) in self.names.referents]  # not `x.attr`'s attr; a node a step rewrote, too
         for name in reads if depth < FOLLOW else ():
             value = self.names.value(name)
             model = self._model_of(value, depth + 1) if value is not None else None
