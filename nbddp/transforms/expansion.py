@@ -41,6 +41,3 @@ def _is_expression(text: str) -> bool:
         return False
     return True
 
-
-def expands(text: str) -> bool:
-    return not isinstance(line_expression(text), cst.SimpleString)
