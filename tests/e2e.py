@@ -81,6 +81,26 @@ def run_job(argv, cwd: Path, timeout: int = 300, env=None) -> Job:
     return Job(argv, cwd, done.returncode, done.stdout, done.stderr, time.monotonic() - start)
 
 
+def run_notebook(cells, cwd: Path, *, options=None, timeout: int = 300, env=None):
+    """A notebook of these code cells converted by nbddp into cwd/train_ddp.py and run as one 2-process torchrun job,
+    every rank's output on the console (--tee=3): (the job, the conversion)."""
+    import nbformat
+
+    from conftest import make_notebook
+    from nbddp.pipeline import convert_notebook
+
+    conversion = convert_notebook(nbformat.writes(make_notebook(*cells)), options=options)
+    (cwd / SCRIPT).write_text(conversion.script, encoding="utf-8")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee=3", SCRIPT]
+    return run_job(argv, cwd, timeout=timeout, env=env), conversion
+
+
+def rank_records(cwd: Path, ranks: int = 2) -> list:
+    """What each rank of a test's notebook recorded in rank<R>.json (None where it wrote nothing)."""
+    return [json.loads((cwd / f"rank{r}.json").read_text()) if (cwd / f"rank{r}.json").exists() else None
+            for r in range(ranks)]
+
+
 def assert_clean_exit(job: Job):
     assert job.returncode == 0, job.explain()
     assert "Traceback" not in job.stderr, job.explain()

@@ -3,12 +3,9 @@ or in a block) ends every rank of a 2-process job: nothing after it runs, the jo
 status (0, or a failure for a non-zero one; torchrun reports a failed rank as status 1)."""
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-import nbddp
-from e2e import SCRIPT, run_job
+from e2e import run_notebook
 
 pytestmark = pytest.mark.ddp
 
@@ -19,15 +16,8 @@ pytestmark = pytest.mark.ddp
     ("raise SystemExit(3)\n", False),
 ])
 def test_an_early_exit_ends_every_rank_with_its_status(tmp_path, cell, ok):
-    import nbformat
-
-    from conftest import make_notebook
-
-    script = nbddp.convert(nbformat.writes(make_notebook("import torch\nt = torch.ones(1)\n", cell,
-                                                         "print('AFTER THE EXIT', flush=True)\n")))
-    (tmp_path / SCRIPT).write_text(script, encoding="utf-8")
-    done = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee=3",
-                    SCRIPT], tmp_path, timeout=120)
+    done, _ = run_notebook(["import torch\nt = torch.ones(1)\n", cell, "print('AFTER THE EXIT', flush=True)\n"],
+                           tmp_path, timeout=120)
     assert (done.returncode == 0) == ok, done.explain()
     assert "AFTER THE EXIT" not in done.stdout, done.explain()
     assert done.seconds < 60, done.explain()

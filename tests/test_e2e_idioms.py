@@ -11,12 +11,9 @@ What it checks, from files the job's own modules write (nothing of nbddp's logic
 """
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-import nbddp
-from e2e import SCRIPT, assert_clean_exit, run_job
+from e2e import assert_clean_exit, run_notebook
 from tinymodels import save_tiny_llama
 
 pytestmark = pytest.mark.ddp
@@ -96,18 +93,12 @@ CELLS = [
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    import nbformat
-
-    from conftest import make_notebook
-
     cwd = tmp_path_factory.mktemp("idioms")
     save_tiny_llama(cwd / "tiny-llama")
     (cwd / "probe.py").write_text(PROBE, encoding="utf-8")
     (cwd / "wandb.py").write_text(FAKE_WANDB, encoding="utf-8")
-    script = nbddp.convert(nbformat.writes(make_notebook(*CELLS)))
-    (cwd / SCRIPT).write_text(script, encoding="utf-8")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee=3", SCRIPT]
-    return run_job(argv, cwd), script
+    done, conversion = run_notebook(CELLS, cwd)
+    return done, conversion.script
 
 
 def test_the_job_exits_cleanly(job):

@@ -7,14 +7,10 @@ console shows what the notebook showed, and the tests count it there: once for t
 """
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
 
 import nbddp
-from nbddp.pipeline import convert_notebook
-from e2e import SCRIPT, assert_clean_exit, run_job
+from e2e import assert_clean_exit, rank_records, run_notebook
 
 pytestmark = pytest.mark.ddp
 
@@ -46,18 +42,9 @@ CELLS = [
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    import nbformat
-
-    from conftest import make_notebook
-
     cwd = tmp_path_factory.mktemp("forms")
-    conversion = convert_notebook(nbformat.writes(make_notebook(*CELLS)))
-    (cwd / SCRIPT).write_text(conversion.script, encoding="utf-8")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee=3", SCRIPT]
-    done = run_job(argv, cwd, env={"HOME": str(cwd / "home")})
-    ranks = [json.loads((cwd / f"rank{r}.json").read_text()) if (cwd / f"rank{r}.json").exists() else None
-             for r in range(2)]
-    return done, ranks, conversion
+    done, conversion = run_notebook(CELLS, cwd, env={"HOME": str(cwd / "home")})
+    return done, rank_records(cwd), conversion
 
 
 def test_the_job_exits_cleanly_and_the_ranks_bound_the_same(job):

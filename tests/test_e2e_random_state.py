@@ -3,13 +3,9 @@ torch; at the top level, inside the notebook's own function, over split cells), 
 rank starts from the same random state, so the ranks train and validate on the same split."""
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
 
-import nbddp
-from e2e import SCRIPT, assert_clean_exit, run_job
+from e2e import assert_clean_exit, rank_records, run_notebook
 
 pytestmark = pytest.mark.ddp
 
@@ -24,16 +20,11 @@ CELLS = [
 
 
 def _run(tmp_path, name):
-    import nbformat
-
-    from conftest import make_notebook
-
     cwd = tmp_path / name
     cwd.mkdir()
-    (cwd / SCRIPT).write_text(nbddp.convert(nbformat.writes(make_notebook(*CELLS))), encoding="utf-8")
-    done = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", SCRIPT], cwd)
+    done, _ = run_notebook(CELLS, cwd)
     assert_clean_exit(done)
-    return [json.loads((cwd / f"rank{r}.json").read_text()) for r in range(2)]
+    return rank_records(cwd)
 
 
 def test_unseeded_randomness_is_the_same_on_every_rank_and_differs_between_jobs(tmp_path):

@@ -34,7 +34,7 @@ class _ProcessControl(TreeTransformer):
 
     def visit_If(self, node):
         # code under a rank test is the notebook's own per-rank choice (a rank that ends itself on purpose)
-        return not is_rank_test(node, self.names) and super().visit_If(node) is not False
+        return not is_rank_test(node, self.names)
 
     def _restarts(self, call) -> bool:
         meanings = self.names.meanings(call.func)
