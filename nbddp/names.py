@@ -277,6 +277,14 @@ class _ReadsWrites(cst.CSTVisitor):
     def visit_Name(self, node):
         self.reads.add(node.value)
 
+    def visit_Attribute(self, node):
+        node.value.visit(self)  # `x.attr` reads x, not a name `attr`
+        return False
+
+    def visit_Arg(self, node):
+        node.value.visit(self)  # `f(key=v)` reads v, not a name `key`
+        return False
+
     def _own_scope(self, node, local, outer):
         """A comprehension or lambda: the names it binds are its own (`[0 for _ in x]` reads x, not `_`); `outer`
         (the first iterable, the defaults) runs in the enclosing scope."""

@@ -78,6 +78,14 @@ def notebook_body(tree: ast.Module) -> ast.Try:
     return tries[0]
 
 
+def split_at_rest(statements):
+    """(the statements every rank runs, those after `nbddp_rest_on_rank0()` that rank 0 runs alone)."""
+    for i, stmt in enumerate(statements):
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and _tail(stmt.value) == "nbddp_rest_on_rank0":
+            return statements[:i], statements[i + 1:]
+    return statements, []
+
+
 def imports_in_order(node):
     """Top-level module names imported, in the order the script runs them (def bodies skipped)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
@@ -142,7 +150,10 @@ def ddp_rule_problems(script: str, code_cells: list[int], loader_warnings: bool 
         problems.append("get_ipython is left in the script")
 
     body = notebook_body(tree)
-    for call, guarded, ours in (c for stmt in body.body for c in live_calls(stmt)):
+    before, alone = split_at_rest(body.body)  # after training's end rank 0 runs the rest alone: as if guarded
+    calls = [c for stmt in before for c in live_calls(stmt)] + [
+        (call, True, True) for stmt in alone for call, _, _ in live_calls(stmt)]
+    for call, guarded, ours in calls:
         tail = _tail(call)
         if ours and (tail in COLLECTIVE or tail.endswith("Trainer")):
             problems.append(f"line {call.lineno}: {ast.unparse(call.func)}(...) every rank must run is under "
@@ -155,7 +166,7 @@ def ddp_rule_problems(script: str, code_cells: list[int], loader_warnings: bool 
             if not ours and not loader_warnings:
                 problems.append(f"line {call.lineno}: {ast.unparse(call.func)} without device_map=nbddp_device_map()")
 
-    rank0_only_reads(body.body, set(), problems)
+    rank0_only_reads(before, set(), problems)
     for node in ast.walk(body):  # rank 0 runs a main-process-first block alone: no collective work inside
         if isinstance(node, ast.With) and any(isinstance(i.context_expr, ast.Call)
                                               and _tail(i.context_expr) == "nbddp_main_process_first" for i in node.items):

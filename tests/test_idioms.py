@@ -11,11 +11,15 @@ import pytest
 
 from conftest import make_notebook
 from nbddp.errors import ConversionError
+from nbddp.transforms.base import Options
 from test_transforms import convert_cells
 
 
 def convert(*sources):
-    return convert_cells(*(s if isinstance(s, tuple) else textwrap.dedent(s) for s in sources))
+    """Cell by cell, as `%ddp` converts (Options.whole off): the vocabulary's following alone. What the whole
+    notebook adds on top (nbddp.needs: the once default, training's end) is in test_needs.py."""
+    return convert_cells(*(s if isinstance(s, tuple) else textwrap.dedent(s) for s in sources),
+                         options=Options(whole=False))
 
 
 def cells(befores, afters, name):

@@ -32,7 +32,7 @@ NODES, PER_NODE = 2, 2
 WORLD = NODES * PER_NODE
 CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime_cases")
 
-# Appended to the example notebook before conversion: each rank records who it is, as the generated script's
+# Put into the example notebook before its training cell: each rank records who it is, as the generated script's
 # helpers, torchrun's environment and the Trainer see it. A file per rank (prints would be rank-0-only).
 PROBE_CELL = textwrap.dedent("""\
     import json, os
@@ -79,11 +79,12 @@ def run_two_nodes(cwd, script: str = SCRIPT, timeout: int = 300) -> list[Job]:
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    """(node 0, node 1, both combined): the example notebook plus PROBE_CELL, one job of 2 nodes x 2 processes."""
+    """(node 0, node 1, both combined): the example notebook with PROBE_CELL, one job of 2 nodes x 2 processes."""
     import nbddp
 
     nb = nbformat.read(str(EXAMPLE_NOTEBOOK), as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(PROBE_CELL))
+    train = next(i for i, cell in enumerate(nb.cells) if "trainer.train()" in cell.source)
+    nb.cells.insert(train, nbformat.v4.new_code_cell(PROBE_CELL))  # before training's end: every rank runs it
     cwd = tmp_path_factory.mktemp("two-nodes")
     (cwd / SCRIPT).write_text(nbddp.convert(nb), encoding="utf-8")
     node0, node1 = run_two_nodes(cwd)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nbddp.errors import ConversionError
 from test_idioms import cells, convert
 
 CASES = [
@@ -36,6 +37,19 @@ CASES = [
           ["import os\nif os.environ['RANK'] == '1':\n    os._exit(3)\n"], "a rank that ends itself on purpose"),
     cells(["from mylib import DataParallel\nm = DataParallel(m)\n"], ["from mylib import DataParallel\nm = DataParallel(m)\n"],
           "not torch's"),
+    # a launcher inside the notebook: each rank of this job runs the function once
+    cells(["from accelerate import notebook_launcher\n", "def train(a, b):\n    pass\n",
+           "notebook_launcher(train, (1, 2), num_processes=2)\n"],
+          ["from accelerate import notebook_launcher\n", "def train(a, b):\n    pass\n", "train(1, 2)\n"],
+          "notebook_launcher over cells"),
+    cells(["import accelerate as acc\nargs = (1,)\nfor fn in (first, second):\n"
+           "    acc.notebook_launcher(function=fn, args=args, num_processes=2)\n"],
+          ["import accelerate as acc\nargs = (1,)\nfor fn in (first, second):\n    fn(*args)\n"],
+          "an alias, keywords, in a loop"),
+    cells(["from accelerate import notebook_launcher as launch\ndef go():\n    launch(train)\n"],
+          ["from accelerate import notebook_launcher as launch\ndef go():\n    train()\n"], "inside a function"),
+    cells(["from mylib import notebook_launcher\nnotebook_launcher(train)\nx = 1\n"],
+          ["from mylib import notebook_launcher\nnotebook_launcher(train)\nx = 1\n"], "not accelerate's"),
 ]
 
 
@@ -51,3 +65,23 @@ def test_reading_module_of_the_dropped_wrapper_is_warned():
     _, report = convert("import torch\nmodel = torch.nn.DataParallel(net)\n", "model.module.save_pretrained('x')\n")
     assert any("reads `.module`" in note.text for note in report.warnings)
     assert any("DataParallel" in note.text and "own GPU" in note.text for note in report.changes)
+
+
+@pytest.mark.parametrize("cell, line", [
+    ("import torch.multiprocessing as mp\n\ndef main():\n    mp.spawn(worker, args=(2,), nprocs=2)\n", 4),
+    ("from torch.multiprocessing import start_processes\nstart_processes(worker, nprocs=2)\n", 2),
+    ("x = 1\n!torchrun --nproc_per_node=2 train.py\n", 2),
+    ("!{sys.executable} -m torch.distributed.run train.py\n", 1),
+    ("!accelerate launch --num_processes 2 train.py\n", 1),
+    ("%%bash\ncd work\ndeepspeed train.py\n", 3),
+])
+def test_a_launcher_that_starts_its_own_processes_stops_the_conversion_naming_its_line(cell, line):
+    with pytest.raises(ConversionError) as stop:
+        convert(cell)
+    assert (stop.value.cell, stop.value.line) == (1, line)
+    assert "of its own" in str(stop.value)
+
+
+def test_commands_that_do_not_launch_are_left_to_run():
+    converted, _ = convert("!python train.py\n!echo torchrun\n")
+    assert converted == ["nbddp_shell('python train.py')\nnbddp_shell('echo torchrun')\n"]

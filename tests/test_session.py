@@ -322,9 +322,12 @@ def test_a_ranks_traceback_names_the_users_cell_lines():
                                  "KeyError: 'key'"]
 
 
-def test_cells_converted_one_by_one_are_the_script_cells(converted):
-    """Each cell converted with the cells run before it is what `nbddp convert` makes of it in the whole notebook."""
+def test_cells_converted_one_by_one_are_the_script_cells():
+    """Each cell converted with the cells run before it is what `nbddp convert` makes of it in the whole notebook,
+    but for what only the whole notebook tells (Options.whole: what training needs, where it ends)."""
     from nbddp.cellwise.history import History
+    from nbddp.pipeline import convert_notebook
+    from nbddp.transforms.base import Options
 
     for path in (EXAMPLE_NOTEBOOK,):  # (all 31 corpus notebooks agree too: minutes, so not in the suite)
         nb = nbformat.read(str(path), as_version=4)
@@ -334,7 +337,8 @@ def test_cells_converted_one_by_one_are_the_script_cells(converted):
                 done = history.convert(cell.source)
                 history.accept(cell.source, done)
                 one_by_one.append(done.code)
-        assert one_by_one == [cell.source for cell in converted(path).cells], path.name
+        whole = convert_notebook(str(path), options=Options(whole=False))
+        assert one_by_one == [cell.source for cell in whole.cells], path.name
 
 
 def test_the_example_session_notebook_is_valid_and_its_cells_convert_one_by_one():

@@ -13,12 +13,14 @@ from conftest import make_notebook
 from nbddp.errors import ConversionError
 from nbddp.pipeline import run_pipeline
 from nbddp.report import Report
-from nbddp.transforms.base import Context
+from nbddp.transforms.base import Context, Options
+
+REST = "# nbddp: training ends here; rank 0 runs the rest alone, the other ranks wait for it\nnbddp_rest_on_rank0()\n"
 
 
-def convert_cells(*sources):
+def convert_cells(*sources, options=None):
     """The converted source of each code cell, and the report."""
-    ctx = Context(report=Report(source="test.ipynb"))
+    ctx = Context(report=Report(source="test.ipynb"), options=options or Options())
     nb = run_pipeline(make_notebook(*sources), ctx)
     return [cell.source for cell in nb.cells], ctx.report
 
@@ -135,7 +137,7 @@ RANK_GUARDS = [
          'if NBDDP_IS_MAIN:\n    stats = torch.cuda.max_memory_reserved()\nnbddp_barrier("max_memory_reserved")\n'),
     case('print("start")\nprint(trainer.train())\n',
          'if NBDDP_IS_MAIN:\n    print("start")\nnbddp_barrier("print")\nnbddp_train = trainer.train()\n'
-         'if NBDDP_IS_MAIN:\n    print(nbddp_train)\nnbddp_barrier("print")\n'),
+         f'{REST}print(nbddp_train)\n'),
 ]
 
 AUTOCAST = [
@@ -166,7 +168,7 @@ UNCHANGED = [
     'model = PeftModel.from_pretrained(base, "a")\ntok = AutoTokenizer.from_pretrained("m")\n',
     'with torch.amp.autocast("cuda"):\n    y = m(x)\n',
     'x = batch.to("cuda")\nprint_later = "cuda:0"\n',
-    'trainer.train()\nx = [1, 2]\n',
+    'x = [1, 2]\nstats = trainer.train()\n',
     'model = FastLanguageModel.get_peft_model(model, r=16, target_modules=["q_proj", "v_proj"])\n',  # no shared file
     'model = FastLanguageModel.get_peft_model(model, target_modules=["lm_head"], temporary_location="/tmp/x")\n',
     'import os\nos.environ["A"] = "1"  # a comment\n',

@@ -49,7 +49,7 @@ class History:
 
         cells = [*self.cells, source]
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(text) for text in cells])
-        ctx = Context(report=Report(source="%ddp session"), options=Options(main_prints=not self.all_ranks))
+        ctx = Context(report=Report(source="%ddp session"), options=Options(main_prints=not self.all_ranks, whole=False))
         nb = run_pipeline(nb, ctx)
         number = len(cells)
         code = next((cell.source for cell in nb.cells if cell.metadata["nbddp"]["cell"] == number), "")

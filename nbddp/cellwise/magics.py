@@ -25,9 +25,11 @@ LOCAL = "%%local"
 
 WHERE = """\
 What runs where, while the session is on:
-  every cell runs on every rank, converted as `nbddp convert` converts a notebook:
+  every cell runs on every rank, converted as `nbddp convert` converts a notebook, but one cell at a time:
     every rank: the model (each on its own device), LoRA, the data, the Trainer and training, one DDP job
     once, on rank 0: saving, pushing, generation, display(), top-level prints, GPU memory prints (others wait)
+    the rest of a cell runs on every rank: a session cannot know what later cells will need (a converted
+    script runs what training does not need once, and everything after training on rank 0 alone)
     once per machine, local rank 0 first: !shell lines, %%writefile, dataset loading and .map()
   in this kernel: %%local cells, %ddp itself; the kernel's own variables are not the ranks'
   output: rank 0's{all_ranks}; rich output from rank 0 comes as rich output

@@ -3,15 +3,17 @@ import contextlib
 import datetime
 import hashlib
 import importlib.util
+import logging
 import os
 import random
 import sys
+import time
 
 import torch
 import torch.distributed
 
 from .launcher import NBDDP_LAUNCHED, nbddp_nproc, nbddp_self_launch
-from .wait import nbddp_store_barrier
+from .wait import NBDDP_ALONE, nbddp_store, nbddp_store_barrier, nbddp_wait_until
 
 NBDDP_RANK = int(os.environ.get("RANK", "0"))
 NBDDP_LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
@@ -24,6 +26,7 @@ NBDDP_MODE = "ddp"  # or "split": one process, the model over every GPU (nbddp_f
 # 1800 s is the Trainer's own ddp_timeout default (torch's NCCL default is 600 s).
 NBDDP_GROUP_TIMEOUT = float(os.environ.get("NBDDP_GROUP_TIMEOUT", "1800"))
 NBDDP_AT_TEARDOWN = []  # checks every rank runs at the end of a script that did not fail, in this order
+NBDDP_REST_KEY = "nbddp/rest"  # how rank 0 ended the rest of the notebook: "ok" or "stopped"
 nbddp_no_context = contextlib.nullcontext  # on the other ranks, for a rank-0-only context (a tracker's run)
 
 
@@ -46,6 +49,7 @@ def nbddp_start(mode="ddp", group=True, batch=None):
     if NBDDP_IS_MAIN and NBDDP_WORLD_SIZE > 1:
         print(f"nbddp: {NBDDP_WORLD_SIZE} processes, this one is rank 0 on {NBDDP_DEVICE}", flush=True)
     nbddp_same_random_state()
+    nbddp_quiet_others()
     if group:
         nbddp_dist()
 
@@ -64,6 +68,15 @@ def nbddp_same_random_state():
         import numpy
 
         numpy.random.seed(seed)
+
+
+def nbddp_quiet_others():
+    """On ranks other than 0, progress bars (tqdm's, and every library's built on it) and logging below WARNING stay
+    quiet: rank 0 shows them once. NBDDP_ALL_RANKS=1 (`--all-ranks`) leaves every rank's."""
+    if NBDDP_IS_MAIN or os.environ.get("NBDDP_ALL_RANKS", "0").strip().lower() not in ("0", "", "false", "no", "off"):
+        return
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    logging.disable(logging.INFO)
 
 
 def nbddp_device_map(split="balanced"):
@@ -95,12 +108,50 @@ def nbddp_barrier(what=None):
         nbddp_collective_barrier()
 
 
+class NbddpRest(SystemExit):
+    """Raised on the ranks other than 0 where training ends: they leave the notebook, wait in nbddp_teardown, and end
+    with status 0."""
+
+
+def nbddp_rest_on_rank0():
+    """Training ends here: rank 0 runs the rest of the notebook alone (it waits for no one at nbddp's barriers), the
+    other ranks go to the script's end, wait there for rank 0 however long it takes, and end with it."""
+    if NBDDP_WORLD_SIZE > 1 and nbddp_dist():
+        if not NBDDP_IS_MAIN:
+            raise NbddpRest(0)
+        NBDDP_ALONE[0] = True
+
+
+def _nbddp_rest_ended(ok):
+    """At the end: how the rest went on rank 0 ("ok", or stopped by an error or exit), told to the ranks waiting for
+    it; True where the end-of-script checks run."""
+    store, rank = nbddp_store(), torch.distributed.get_rank()
+    if store is None:
+        return ok
+    if NBDDP_ALONE[0]:  # rank 0 after the rest
+        NBDDP_ALONE[0] = False
+        store.set(NBDDP_REST_KEY, "ok" if ok else "stopped")
+        if not ok:  # the others read the outcome before rank 0's store goes
+            deadline = time.monotonic() + 60
+            nbddp_wait_until(lambda: int(store.add(f"{NBDDP_REST_KEY}/read", 0)) >= NBDDP_WORLD_SIZE - 1
+                             or time.monotonic() > deadline, lambda: None)
+        return ok
+    nbddp_wait_until(lambda: store.check([NBDDP_REST_KEY]), lambda: "rank 0: the rest of the notebook")
+    ok = store.get(NBDDP_REST_KEY).decode() == "ok"
+    store.add(f"{NBDDP_REST_KEY}/read", 1)
+    return ok
+
+
 def nbddp_teardown():
     """Run the end-of-script checks, wait for every rank, then close the process group; a rank that failed skips
     the checks and the wait. The last, collective barrier keeps a store that rank 0 hosts up until every rank has
-    left it."""
+    left it. After training's end the other ranks wait here for rank 0 (nbddp_rest_on_rank0)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        if sys.exc_info()[0] is None:
+        failure = sys.exc_info()[1]
+        ok = failure is None or isinstance(failure, NbddpRest)
+        if NBDDP_ALONE[0] or isinstance(failure, NbddpRest):
+            ok = _nbddp_rest_ended(failure is None or isinstance(failure, NbddpRest))
+        if ok:
             for check in NBDDP_AT_TEARDOWN:
                 check()
             nbddp_barrier("the end of the script")

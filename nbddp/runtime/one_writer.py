@@ -7,9 +7,14 @@ barrier). Where every rank makes the call, the other ranks skip it and wait, thr
 finished the same call (the same line, the same time), so a later load of the folder finds it whole; they stop
 waiting if rank 0 reaches the next barrier without making it. The Trainer's checkpoints call save_pretrained on its
 main process only, so they are unchanged (with `save_on_each_node`, other machines skip theirs); its save_model
-itself is not wrapped, as it must run on every rank under FSDP or DeepSpeed."""
+itself is not wrapped, as it must run on every rank under FSDP or DeepSpeed. The notebook's own Trainer callbacks
+write files and print on rank 0 only (their hooks still run everywhere)."""
+import builtins
+import contextlib
 import functools
+import io
 import operator
+import os
 import sys
 import types
 
@@ -141,6 +146,42 @@ def _nbddp_patch_wandb(module):
         module.init = disabled_init
 
 
+@contextlib.contextmanager
+def nbddp_writes_nowhere():
+    """Files opened for writing (any mode with w, a, x or +) are the null device, and prints go nowhere."""
+    real_open = builtins.open
+
+    def nowhere(file, mode="r", *args, **kwargs):
+        if isinstance(file, int) or not any(c in mode for c in "wax+"):
+            return real_open(file, mode, *args, **kwargs)
+        return real_open(os.devnull, mode.replace("x", "w").replace("r+", "w"), *args, **kwargs)
+
+    builtins.open = io.open = nowhere
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        builtins.open = io.open = real_open
+
+
+def _nbddp_patch_callbacks(module):
+    """The notebook's own Trainer callbacks run their hooks on every rank (the Trainer calls them everywhere, and
+    what they decide must agree); on ranks other than 0, what they write to files and print goes nowhere."""
+    call_event = module.CallbackHandler.call_event
+    if NBDDP_IS_MAIN or not NBDDP_ONE_WRITER or getattr(call_event, "_nbddp_one_writer", False):
+        return
+
+    @functools.wraps(call_event)
+    def quiet_call_event(self, *args, **kwargs):
+        if not any(type(callback).__module__ == "__main__" for callback in self.callbacks):
+            return call_event(self, *args, **kwargs)
+        with nbddp_writes_nowhere():
+            return call_event(self, *args, **kwargs)
+
+    quiet_call_event._nbddp_one_writer = True
+    module.CallbackHandler.call_event = quiet_call_event
+
+
 def _nbddp_report_skips():
     """Rank 0 says which saves the other ranks skipped (their own output is rarely shown)."""
     store = nbddp_store()
@@ -162,6 +203,7 @@ def _nbddp_watch_writers():
         NBDDP_IMPORTS.watch(module, _nbddp_patch_writers)
     NBDDP_IMPORTS.watch("unsloth.save", _nbddp_patch_unsloth_save)
     NBDDP_IMPORTS.watch("wandb", _nbddp_patch_wandb)
+    NBDDP_IMPORTS.watch("transformers.trainer_callback", _nbddp_patch_callbacks)
     NBDDP_AT_TEARDOWN.append(_nbddp_report_skips)
 
 

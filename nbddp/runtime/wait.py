@@ -11,6 +11,7 @@ NBDDP_WAIT_NOTICE = float(os.environ.get("NBDDP_WAIT_NOTICE", "60"))  # seconds 
 NBDDP_STORE_WAIT = os.environ.get("NBDDP_STORE_WAIT", "1").strip().lower() not in ("0", "false", "no", "off")
 NBDDP_WAITS = [0]  # barriers this rank has passed; every rank counts the same ones
 NBDDP_BARRIER_KEY = "nbddp/barrier/{}/{}"  # (barrier number, rank): that rank has reached it
+NBDDP_ALONE = [False]  # rank 0 after training's end (group.nbddp_rest_on_rank0): no one to wait for
 
 
 def nbddp_store():
@@ -38,7 +39,10 @@ def nbddp_wait_until(ready, waiting_for):
 
 def nbddp_store_barrier(what=None):
     """Every rank gets here, however long rank 0's work (`what`) takes; the lowest rank that waits says so once.
-    False (the caller uses the group's own barrier) without a store or with NBDDP_STORE_WAIT=0."""
+    False (the caller uses the group's own barrier) without a store or with NBDDP_STORE_WAIT=0. Rank 0 alone (after
+    training's end) passes at once."""
+    if NBDDP_ALONE[0]:
+        return True
     store = nbddp_store()
     if store is None or not NBDDP_STORE_WAIT:
         return False

@@ -16,6 +16,7 @@ class Options:
     scale_batch: bool = False  # N times the samples per step by default (NBDDP_BATCH=scale), not the notebook's
     seed: int = 3407
     main_prints: bool = True  # top-level prints on rank 0 only (off for `%%torchrun --all-ranks`)
+    whole: bool = True  # the whole job (not one cell of `%ddp`): what training does not need runs once (nbddp.needs)
 
 
 @dataclass

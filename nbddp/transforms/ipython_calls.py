@@ -19,7 +19,7 @@ from ..errors import ConversionError
 from .base import Context
 from .expansion import UNEXPANDED, line_expression
 from .markers import marker
-from .shell import is_install, one_line
+from .shell import is_install, is_launch, one_line
 
 DROP_QUIETLY = frozenset({
     "matplotlib", "load_ext", "reload_ext", "unload_ext", "autoreload", "aimport", "config", "pinfo", "pinfo2",
@@ -87,6 +87,7 @@ class IPythonCalls(cst.CSTTransformer):
         super().__init__()
         self.cell, self.ctx, self.step, self.offset = cell, ctx, step, offset
         self.installs = 0
+        self.at = None  # the line being rewritten (an error names it)
 
     def rewrite(self, module: cst.Module) -> cst.Module:
         self.module = module
@@ -108,6 +109,7 @@ class IPythonCalls(cst.CSTTransformer):
 
     def leave_SimpleStatementLine(self, original, updated):
         if self._whole_line(updated):
+            self.at = original
             new = self._line(updated.body[0].value)
         elif _assigned_call(updated) is not None:
             new = self._value(original, updated)
@@ -161,6 +163,7 @@ class IPythonCalls(cst.CSTTransformer):
         if kind == "getoutput" or name in {"sx", "system"}:
             return bind(self._getoutput(line if name else args[0]))
         if kind == "system":
+            self.at = original
             return bind(cst.Name("None"), self._shell(args[0]))
         if name == "time":
             return self._timed(original, line, bind)
@@ -192,6 +195,10 @@ class IPythonCalls(cst.CSTTransformer):
         return _call("nbddp_getoutput", line_expression(command))
 
     def _shell(self, command: str):
+        if is_launch(command):  # a DDP job inside the DDP job: every node's local rank 0 would start one
+            raise self._stop(self.at, f"`!{one_line(command, 60)}` starts a distributed job of its own inside this "
+                                      "one; drop the line and convert the notebook that trains (or run that script "
+                                      "by itself: nbddp launches it)")
         if is_install(command):
             self.ctx.report.install(command)
             self.installs += 1

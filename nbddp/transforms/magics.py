@@ -17,7 +17,7 @@ from .base import Context, Transform, cell_number
 from .expansion import line_expression
 from .ipython_calls import IPythonCalls
 from .markers import MARK, Tidy, is_marker
-from .shell import install_lines, script_lines
+from .shell import install_lines, is_launch, script_lines
 
 BODY_MAGICS = frozenset({"time", "timeit", "prun", "debug", "memit", "ipytest"})
 CAPTURE_FLAGS = {"--no-stdout": "stdout", "--no-stderr": "stderr", "--no-display": "display"}
@@ -162,6 +162,11 @@ class Magics(Transform):
                                 "may need (variables, checks); run the whole cell before launching, not just the header's list",
                                 line=1)
                 return f"# nbddp: removed a %%{name} install cell; run it before launching (see the header)\n"
+            launch = next((n for n, line in enumerate(body.splitlines(), start=2) if is_launch(line)), None)
+            if launch is not None:
+                raise ConversionError(f"`%%{name}` starts a distributed job of its own inside this one; drop the line "
+                                      "and convert the notebook that trains (or run that script by itself: nbddp "
+                                      "launches it)", step=self.name, cell=cell, line=launch)
             report.change(cell, f"`%%{name}` cell runs once per node (local rank 0), the others wait")
             return MARK + f"%%{name}\n" + cst.Module([cst.parse_statement(f"nbddp_shell({body!r}, shell='/bin/bash')\n")]).code
         if name in DISPLAY_CELL_MAGICS:

@@ -8,20 +8,32 @@
   would split each rank's batch again over GPUs that other ranks use: the model stays itself, with a report line;
   where the notebook reads `.module` of it, a warning says to use the model itself.
 
+- A launcher inside the notebook starts processes of its own, a job inside this job: accelerate's
+  `notebook_launcher(fn, args)` becomes `fn(*args)` (each rank of this job runs the function once, as one of the
+  launcher's processes would; accelerate reads torchrun's environment), with a report line;
+  `torch.multiprocessing.spawn`/`start_processes` stop the conversion, naming the cell and line (the function sets up
+  a process group of its own). A shell line that launches (`!torchrun`, `!accelerate launch`) stops it in the magics
+  step.
+
 Calls are told by what they are (nbddp.names), not by how the notebook spells them.
 """
 from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import code_of, is_rank_test
+from ..cst import arguments, code_of, is_rank_test
+from ..errors import ConversionError
 from ..tree import TreeTransformer
 from .base import TreeStep
 from .devices import TidiedMarkers
 from .markers import marker
 from .shell import one_line
 
-MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel"})  # and names bound from them (tree.visit)
+MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel", "notebook_launcher", "spawn", "mp",
+                      "start_processes", "multiprocessing", "torch", "accelerate"})  # and names bound from them
+NOTEBOOK_LAUNCHERS = frozenset({"accelerate.notebook_launcher", "accelerate.launchers.notebook_launcher"})
+SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
+                    "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.spawn.start_processes"})
 DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                            "torch.nn.parallel.data_parallel.DataParallel"})
 
@@ -57,13 +69,36 @@ class _ProcessControl(TreeTransformer):
         return updated
 
     def leave_Call(self, original, updated):
-        if not DATA_PARALLEL & self.names.meanings(original.func) or not updated.args:
+        meanings = self.names.meanings(original.func)
+        if meanings & NOTEBOOK_LAUNCHERS:
+            return self._launched(original, updated)
+        if meanings & SPAWNS:
+            cell, line = self.tree.where(original)
+            raise ConversionError(f"`{one_line(code_of(updated), 60)}` starts processes of its own, each with its own "
+                                  "process group; under nbddp every rank is already one of the job's processes: call "
+                                  "the function once instead (torch.distributed is set up for it)", step="process-control",
+                                  cell=cell, line=line)
+        if not DATA_PARALLEL & meanings or not updated.args:
             return updated
         model = updated.args[0].value
         self.report.change(self.cell, f"`{one_line(code_of(updated), 60)}` → `{code_of(model)}`: under DDP each process "
                                       "trains on its own GPU, DataParallel would spread it over the others' GPUs")
         self.dropped.append(self.cell)
         return model
+
+
+    def _launched(self, original, updated):
+        """`notebook_launcher(train, (a, b), num_processes=2)` -> `train(a, b)`."""
+        function, given = arguments(updated, "function", "args")
+        if function is None:
+            return updated
+        if isinstance(given, cst.Tuple):
+            args = [cst.Arg(element.value) for element in given.elements]
+        else:
+            args = [cst.Arg(given, star="*")] if given is not None else []
+        self.report.change(self.cell, f"`{one_line(code_of(updated), 60)}` → `{code_of(function)}(...)`: every rank of "
+                                      "this job runs the function once, as each of the launcher's processes would")
+        return cst.Call(func=function, args=args)
 
 
 class ProcessControl(TreeStep):

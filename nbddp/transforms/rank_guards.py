@@ -20,12 +20,14 @@ from ..cst import (DESCEND, LEAVE, TAKE, LiveVisitor, arguments, code_of, is_if_
                    regroup, statement_blocks)
 from ..effects import Effects
 from ..names import header_of, reads_writes
+from ..needs import REST, training_needs
 from ..tree import starts_cell
 from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_generation_pipeline, parts
 from .base import TreeStep
 from .hoist import hoist
 
 USES = "uses"
+ONCE = "once"  # training does not need it (nbddp.needs)
 VERBS = {SAVE: "saves", PUSH: "pushes", GENERATE: "generates", DISPLAY: "displays", MEMORY: "reads GPU memory",
          TRACK: "logs"}
 
@@ -100,6 +102,9 @@ class _Guards:
         self.used: dict = {}  # cell -> rank-0-only names read under its guards
         self.waits: set = set()  # cells with a barrier after a guard
         self.hoisted: set = set()  # ids of the bodies of statements that show a collective's result (hoist.py)
+        self.once: set = set()  # ids of top-level statements training does not need (nbddp.needs)
+        self.rest: set = set()  # ids of the statements after training's end: rank 0 runs them alone
+        self.unneeded: set = set()  # cells with statements training does not need
 
     def reason(self, call):
         """(kinds, what the report says, the barrier's word) of a call that is rank-0 work, else None."""
@@ -129,7 +134,11 @@ class _Guards:
     def select(self, stmt, nested):
         self.cell = starts_cell(stmt) or self.cell
         self.tree.at = stmt
+        if not nested and id(stmt) in self.rest:
+            return LEAVE
         reads, writes = reads_writes(stmt)
+        if not nested and id(stmt) in self.once and not _exits(stmt):
+            return self.unneeded_work(stmt, writes)
         if isinstance(stmt, cst.FunctionDef):
             self.tainted -= writes
             return self.function(stmt) if self.effects.mixed(stmt, self.options.main_prints) else LEAVE
@@ -183,6 +192,19 @@ class _Guards:
         self.tainted -= writes
         return LEAVE
 
+    def unneeded_work(self, stmt, writes):
+        """A statement training does not need: rank 0 runs it, whatever it calls."""
+        calls = live_calls(stmt)
+        why = [r for r in map(self.reason, calls) if r]
+        kinds = frozenset().union(*(k for k, _, _ in why)) | {ONCE}
+        named = [text for _, text, _ in why] or [parts(code_of(c.func))[-1] for c in calls if not any(
+            m.startswith(("builtins.", "nbddp_")) and m != "builtins.print" for m in self.names.meanings(c.func))][:1]
+        self.taken[id(stmt.body)] = (kinds, why[0][2] if why else named[0] if named else "rank 0")
+        self.reasons.setdefault(self.cell, []).extend(named)
+        self.unneeded.add(self.cell)
+        self.tainted |= writes
+        return TAKE
+
     def tracked(self, stmt: cst.With):
         """`with mlflow.start_run():` around training: the tracker's context on rank 0 (`nbddp_no_context()` on the
         others, so `as run` is None there and what reads it is guarded), the block itself on every rank."""
@@ -228,7 +250,8 @@ class _Guards:
     def say(self):
         for cell in sorted(set(self.reasons) | set(self.used), key=lambda c: c or 0):
             shown = ", ".join(dict.fromkeys(self.reasons.get(cell, ())))
-            text = "rank 0 only" + (f": {shown}" if shown else "")
+            text = "rank 0 only" + (" (training does not need it)" if cell in self.unneeded else "") + (
+                f": {shown}" if shown else "")
             if self.used.get(cell):
                 text += f"; also what reads {', '.join(sorted(self.used[cell]))} (exists on rank 0 only)"
             self.report.change(cell, text + ("; the other ranks wait at a barrier" if cell in self.waits else ""))
@@ -240,6 +263,32 @@ class RankGuards(TreeStep):
     def run(self, tree, ctx):
         guards = _Guards(tree, ctx)
         module = hoist(tree, ctx, guards.effects, guards.hoisted)
-        module = module.with_changes(body=regroup(module.body, guards.select, guards.wrap))
+        body = list(module.body)
+        if ctx.options.whole:
+            body = _plan(body, guards, tree, ctx)
+        module = module.with_changes(body=regroup(body, guards.select, guards.wrap))
         guards.say()
         return module
+
+
+def _plan(body, guards, tree, ctx) -> list:
+    """What training needs (nbddp.needs): the statements it does not need are rank-0 work; after its end, rank 0 goes
+    on alone (`nbddp_rest_on_rank0()`, unless the notebook has that line already)."""
+    plan = training_needs(body, tree.names, guards.effects)
+    if plan.end is None:
+        return body
+    guards.once = plan.once
+    rest = body[plan.end + 1:]
+    guards.rest = {id(stmt) for stmt in rest}
+    if plan.marked or not rest:
+        return body
+    cells = [starts_cell(stmt) for stmt in body[:plan.end + 1] if starts_cell(stmt) is not None]
+    later = sorted({c for c in map(starts_cell, rest) if c is not None})
+    ctx.report.change(cells[-1] if cells else None,
+                      "training ends here: the rest of the notebook" + (f" (cells {later[0]}-{later[-1]})" if later
+                                                                        else "") +
+                      " runs on rank 0 alone; the other ranks wait for it, then end")
+    comment = cst.EmptyLine(comment=cst.Comment("# nbddp: training ends here; rank 0 runs the rest alone, the other "
+                                                "ranks wait for it"))
+    line = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(REST)))], leading_lines=[comment])
+    return body[:plan.end + 1] + [line] + rest

@@ -34,6 +34,19 @@ def is_install(command: str) -> bool:
     return False
 
 
+LAUNCH_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch"})
+
+
+def is_launch(command: str) -> bool:
+    """A command that starts a distributed job: torchrun, `python -m torch.distributed.run`, `accelerate launch`,
+    deepspeed."""
+    words = _words(command)
+    tool = words[0].rsplit("/", 1)[-1] if words else ""
+    python = tool in PYTHONS or tool.startswith("python3.") or tool.strip("{}").endswith("executable")
+    return tool in ("torchrun", "deepspeed") or (tool == "accelerate" and words[1:2] == ["launch"]) or (
+        python and len(words) > 2 and words[1] == "-m" and words[2] in LAUNCH_MODULES)
+
+
 def script_lines(script: str) -> list[str]:
     """The logical lines of a shell script: backslash continuations joined, blanks dropped."""
     lines, pending = [], ""

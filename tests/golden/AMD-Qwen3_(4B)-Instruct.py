@@ -151,7 +151,9 @@ try:
     nbddp_show(tokenizer.decode(trainer.train_dataset[100]["input_ids"]))
 
     # %% cell 29
-    nbddp_show(tokenizer.decode([tokenizer.pad_token_id if x == -100 else x for x in trainer.train_dataset[100]["labels"]]).replace(tokenizer.pad_token, " "))
+    if NBDDP_IS_MAIN:
+        nbddp_show(tokenizer.decode([tokenizer.pad_token_id if x == -100 else x for x in trainer.train_dataset[100]["labels"]]).replace(tokenizer.pad_token, " "))
+    nbddp_barrier("replace")
 
     # %% cell 30
     # @title Show current memory stats
@@ -165,23 +167,23 @@ try:
 
     # %% cell 32
     trainer_stats = trainer.train()
+    # nbddp: training ends here; rank 0 runs the rest alone, the other ranks wait for it
+    nbddp_rest_on_rank0()
 
     # %% cell 33
     # @title Show final memory and time stats
-    if NBDDP_IS_MAIN:
-        used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
-        used_memory_for_lora = round(used_memory - start_gpu_memory, 3)
-        used_percentage = round(used_memory / max_memory * 100, 3)
-        lora_percentage = round(used_memory_for_lora / max_memory * 100, 3)
-        print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
-        print(
-            f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
-        )
-        print(f"Peak reserved memory = {used_memory} GB.")
-        print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
-        print(f"Peak reserved memory % of max memory = {used_percentage} %.")
-        print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
-    nbddp_barrier("max_memory_reserved")
+    used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
+    used_memory_for_lora = round(used_memory - start_gpu_memory, 3)
+    used_percentage = round(used_memory / max_memory * 100, 3)
+    lora_percentage = round(used_memory_for_lora / max_memory * 100, 3)
+    print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
+    print(
+        f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
+    )
+    print(f"Peak reserved memory = {used_memory} GB.")
+    print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
+    print(f"Peak reserved memory % of max memory = {used_percentage} %.")
+    print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
 
     # %% cell 35
     messages = [
@@ -194,20 +196,16 @@ try:
     )
 
     from transformers import TextStreamer
-    if NBDDP_IS_MAIN:
-        _ = model.generate(
-            **tokenizer(text, return_tensors = "pt").to("cuda"),
-            max_new_tokens = 1000, # Increase for longer outputs!
-            temperature = 0.7, top_p = 0.8, top_k = 20, # For non thinking
-            streamer = TextStreamer(tokenizer, skip_prompt = True),
-        )
-    nbddp_barrier("generate")
+    _ = model.generate(
+        **tokenizer(text, return_tensors = "pt").to("cuda"),
+        max_new_tokens = 1000, # Increase for longer outputs!
+        temperature = 0.7, top_p = 0.8, top_k = 20, # For non thinking
+        streamer = TextStreamer(tokenizer, skip_prompt = True),
+    )
 
     # %% cell 37
-    if NBDDP_IS_MAIN:
-        model.save_pretrained("qwen_lora")  # Local saving
-        tokenizer.save_pretrained("qwen_lora")
-    nbddp_barrier("save_pretrained")
+    model.save_pretrained("qwen_lora")  # Local saving
+    tokenizer.save_pretrained("qwen_lora")
     # model.push_to_hub("your_name/qwen_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/qwen_lora", token = "YOUR_HF_TOKEN") # Online saving
 

@@ -148,30 +148,28 @@ try:
 
     # %% cell 25
     trainer_stats = trainer.train()
+    # nbddp: training ends here; rank 0 runs the rest alone, the other ranks wait for it
+    nbddp_rest_on_rank0()
 
     # %% cell 26
     # @title Show final memory and time stats
-    if NBDDP_IS_MAIN:
-        used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
-        used_memory_for_training = round(used_memory - start_gpu_memory, 3)
-        used_percentage = round(used_memory / max_memory * 100, 3)
-        training_percentage = round(used_memory_for_training / max_memory * 100, 3)
-        print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
-        print(
-            f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
-        )
-        print(f"Peak reserved memory = {used_memory} GB.")
-        print(f"Peak reserved memory for training = {used_memory_for_training} GB.")
-        print(f"Peak reserved memory % of max memory = {used_percentage} %.")
-        print(f"Peak reserved memory for training % of max memory = {training_percentage} %.")
-    nbddp_barrier("max_memory_reserved")
+    used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
+    used_memory_for_training = round(used_memory - start_gpu_memory, 3)
+    used_percentage = round(used_memory / max_memory * 100, 3)
+    training_percentage = round(used_memory_for_training / max_memory * 100, 3)
+    print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
+    print(
+        f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
+    )
+    print(f"Peak reserved memory = {used_memory} GB.")
+    print(f"Peak reserved memory for training = {used_memory_for_training} GB.")
+    print(f"Peak reserved memory % of max memory = {used_percentage} %.")
+    print(f"Peak reserved memory for training % of max memory = {training_percentage} %.")
 
     # %% cell 28
     # Save the model and tokenizer directly
-    if NBDDP_IS_MAIN:
-        model.save_pretrained("gemma_phone_model")
-        tokenizer.save_pretrained("gemma_phone_model")
-    nbddp_barrier("save_pretrained")
+    model.save_pretrained("gemma_phone_model")
+    tokenizer.save_pretrained("gemma_phone_model")
 
     # %% cell 30
     # nbddp: %%file export_gemma_model.py

@@ -128,7 +128,9 @@ f"""You are given a problem.
 Think about the problem and provide your working out.
 Place it between {reasoning_start} and {reasoning_end}.
 Then, provide your solution between {solution_start}{solution_end}"""
-    nbddp_show(system_prompt)
+    if NBDDP_IS_MAIN:
+        nbddp_show(system_prompt)
+    nbddp_barrier("rank 0")
 
     # %% cell 21
     with nbddp_main_process_first():
@@ -295,6 +297,8 @@ Then, provide your solution between {solution_start}{solution_end}"""
         train_dataset = dataset,
     )
     nbddp_show(trainer.train())
+    # nbddp: training ends here; rank 0 runs the rest alone, the other ranks wait for it
+    nbddp_rest_on_rank0()
 
     # %% cell 40
     messages = [
@@ -308,21 +312,17 @@ Then, provide your solution between {solution_start}{solution_end}"""
         tokenize = False,
     )
     from transformers import TextStreamer
-    if NBDDP_IS_MAIN:
-        _ = model.generate(
-            **tokenizer(text, return_tensors = "pt").to("cuda"),
-            max_new_tokens = 64, # Increase for longer outputs!
-            # Recommended Gemma-3 settings!
-            temperature = 1.0, top_p = 0.95, top_k = 64,
-            streamer = TextStreamer(tokenizer, skip_prompt = True),
-        )
-    nbddp_barrier("generate")
+    _ = model.generate(
+        **tokenizer(text, return_tensors = "pt").to("cuda"),
+        max_new_tokens = 64, # Increase for longer outputs!
+        # Recommended Gemma-3 settings!
+        temperature = 1.0, top_p = 0.95, top_k = 64,
+        streamer = TextStreamer(tokenizer, skip_prompt = True),
+    )
 
     # %% cell 42
-    if NBDDP_IS_MAIN:
-        model.save_pretrained("gemma_3_lora")  # Local saving
-        tokenizer.save_pretrained("gemma_3_lora")
-    nbddp_barrier("save_pretrained")
+    model.save_pretrained("gemma_3_lora")  # Local saving
+    tokenizer.save_pretrained("gemma_3_lora")
     # model.push_to_hub("HF_ACCOUNT/gemma_3_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("HF_ACCOUNT/gemma_3_lora", token = "YOUR_HF_TOKEN") # Online saving
 

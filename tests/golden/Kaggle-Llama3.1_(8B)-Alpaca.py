@@ -159,29 +159,27 @@ try:
 
     # %% cell 15
     trainer_stats = trainer.train()
+    # nbddp: training ends here; rank 0 runs the rest alone, the other ranks wait for it
+    nbddp_rest_on_rank0()
 
     # %% cell 16
     # @title Show final memory and time stats
-    if NBDDP_IS_MAIN:
-        used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
-        used_memory_for_lora = round(used_memory - start_gpu_memory, 3)
-        used_percentage = round(used_memory / max_memory * 100, 3)
-        lora_percentage = round(used_memory_for_lora / max_memory * 100, 3)
-        print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
-        print(
-            f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
-        )
-        print(f"Peak reserved memory = {used_memory} GB.")
-        print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
-        print(f"Peak reserved memory % of max memory = {used_percentage} %.")
-        print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
-    nbddp_barrier("max_memory_reserved")
+    used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
+    used_memory_for_lora = round(used_memory - start_gpu_memory, 3)
+    used_percentage = round(used_memory / max_memory * 100, 3)
+    lora_percentage = round(used_memory_for_lora / max_memory * 100, 3)
+    print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
+    print(
+        f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
+    )
+    print(f"Peak reserved memory = {used_memory} GB.")
+    print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
+    print(f"Peak reserved memory % of max memory = {used_percentage} %.")
+    print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
 
     # %% cell 18
     # alpaca_prompt = Copied from above
-    if NBDDP_IS_MAIN:
-        FastLanguageModel.for_inference(model) # Enable native 2x faster inference
-    nbddp_barrier("for_inference")
+    FastLanguageModel.for_inference(model) # Enable native 2x faster inference
     inputs = tokenizer(
     [
         alpaca_prompt.format(
@@ -191,16 +189,12 @@ try:
         )
     ], return_tensors = "pt").to("cuda")
 
-    if NBDDP_IS_MAIN:
-        outputs = model.generate(**inputs, max_new_tokens = 64, use_cache = True)
-        nbddp_show(tokenizer.batch_decode(outputs))
-    nbddp_barrier("generate")
+    outputs = model.generate(**inputs, max_new_tokens = 64, use_cache = True)
+    nbddp_show(tokenizer.batch_decode(outputs))
 
     # %% cell 20
     # alpaca_prompt = Copied from above
-    if NBDDP_IS_MAIN:
-        FastLanguageModel.for_inference(model) # Enable native 2x faster inference
-    nbddp_barrier("for_inference")
+    FastLanguageModel.for_inference(model) # Enable native 2x faster inference
     inputs = tokenizer(
     [
         alpaca_prompt.format(
@@ -211,16 +205,12 @@ try:
     ], return_tensors = "pt").to("cuda")
 
     from transformers import TextStreamer
-    if NBDDP_IS_MAIN:
-        text_streamer = TextStreamer(tokenizer)
-        _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128)
-    nbddp_barrier("TextStreamer")
+    text_streamer = TextStreamer(tokenizer)
+    _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128)
 
     # %% cell 22
-    if NBDDP_IS_MAIN:
-        model.save_pretrained("llama_lora")  # Local saving
-        tokenizer.save_pretrained("llama_lora")
-    nbddp_barrier("save_pretrained")
+    model.save_pretrained("llama_lora")  # Local saving
+    tokenizer.save_pretrained("llama_lora")
     # model.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
 
@@ -247,10 +237,8 @@ try:
     ], return_tensors = "pt").to("cuda")
 
     from transformers import TextStreamer
-    if NBDDP_IS_MAIN:
-        text_streamer = TextStreamer(tokenizer)
-        _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128)
-    nbddp_barrier("TextStreamer")
+    text_streamer = TextStreamer(tokenizer)
+    _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128)
 
     # %% cell 26
     if False:

@@ -144,12 +144,14 @@ try:
         ]}
     ]
     input_text = tokenizer.apply_chat_template(messages, add_generation_prompt = True)
-    inputs = tokenizer(
-        image,
-        input_text,
-        add_special_tokens = False,
-        return_tensors = "pt",
-    ).to("cuda")
+    if NBDDP_IS_MAIN:
+        inputs = tokenizer(
+            image,
+            input_text,
+            add_special_tokens = False,
+            return_tensors = "pt",
+        ).to("cuda")
+    nbddp_barrier("to")
 
     from transformers import TextStreamer
     if NBDDP_IS_MAIN:
@@ -205,28 +207,26 @@ try:
 
     # %% cell 27
     trainer_stats = trainer.train()
+    # nbddp: training ends here; rank 0 runs the rest alone, the other ranks wait for it
+    nbddp_rest_on_rank0()
 
     # %% cell 28
     # @title Show final memory and time stats
-    if NBDDP_IS_MAIN:
-        used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
-        used_memory_for_lora = round(used_memory - start_gpu_memory, 3)
-        used_percentage = round(used_memory / max_memory * 100, 3)
-        lora_percentage = round(used_memory_for_lora / max_memory * 100, 3)
-        print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
-        print(
-            f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
-        )
-        print(f"Peak reserved memory = {used_memory} GB.")
-        print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
-        print(f"Peak reserved memory % of max memory = {used_percentage} %.")
-        print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
-    nbddp_barrier("max_memory_reserved")
+    used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
+    used_memory_for_lora = round(used_memory - start_gpu_memory, 3)
+    used_percentage = round(used_memory / max_memory * 100, 3)
+    lora_percentage = round(used_memory_for_lora / max_memory * 100, 3)
+    print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
+    print(
+        f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
+    )
+    print(f"Peak reserved memory = {used_memory} GB.")
+    print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
+    print(f"Peak reserved memory % of max memory = {used_percentage} %.")
+    print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
 
     # %% cell 30
-    if NBDDP_IS_MAIN:
-        FastVisionModel.for_inference(model) # Enable for inference!
-    nbddp_barrier("for_inference")
+    FastVisionModel.for_inference(model) # Enable for inference!
 
     image = dataset[0]["image"]
     instruction = "You are an expert radiographer. Describe accurately what you see in this image."
@@ -246,17 +246,13 @@ try:
     ).to("cuda")
 
     from transformers import TextStreamer
-    if NBDDP_IS_MAIN:
-        text_streamer = TextStreamer(tokenizer, skip_prompt = True)
-        _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128,
-                           use_cache = True, temperature = 1.5, min_p = 0.1)
-    nbddp_barrier("TextStreamer")
+    text_streamer = TextStreamer(tokenizer, skip_prompt = True)
+    _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128,
+                       use_cache = True, temperature = 1.5, min_p = 0.1)
 
     # %% cell 32
-    if NBDDP_IS_MAIN:
-        model.save_pretrained("llama_lora")  # Local saving
-        tokenizer.save_pretrained("llama_lora")
-    nbddp_barrier("save_pretrained")
+    model.save_pretrained("llama_lora")  # Local saving
+    tokenizer.save_pretrained("llama_lora")
     # model.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
 
@@ -287,11 +283,9 @@ try:
     ).to("cuda")
 
     from transformers import TextStreamer
-    if NBDDP_IS_MAIN:
-        text_streamer = TextStreamer(tokenizer, skip_prompt = True)
-        _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128,
-                           use_cache = True, temperature = 1.5, min_p = 0.1)
-    nbddp_barrier("TextStreamer")
+    text_streamer = TextStreamer(tokenizer, skip_prompt = True)
+    _ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128,
+                       use_cache = True, temperature = 1.5, min_p = 0.1)
 
     # %% cell 36
     # Select ONLY 1 to save! (Both not needed!)

@@ -171,23 +171,23 @@ try:
 
     # %% cell 26
     trainer_stats = trainer.train()
+    # nbddp: training ends here; rank 0 runs the rest alone, the other ranks wait for it
+    nbddp_rest_on_rank0()
 
     # %% cell 27
     # @title Show final memory and time stats
-    if NBDDP_IS_MAIN:
-        used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
-        used_memory_for_lora = round(used_memory - start_gpu_memory, 3)
-        used_percentage = round(used_memory / max_memory * 100, 3)
-        lora_percentage = round(used_memory_for_lora / max_memory * 100, 3)
-        print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
-        print(
-            f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
-        )
-        print(f"Peak reserved memory = {used_memory} GB.")
-        print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
-        print(f"Peak reserved memory % of max memory = {used_percentage} %.")
-        print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
-    nbddp_barrier("max_memory_reserved")
+    used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
+    used_memory_for_lora = round(used_memory - start_gpu_memory, 3)
+    used_percentage = round(used_memory / max_memory * 100, 3)
+    lora_percentage = round(used_memory_for_lora / max_memory * 100, 3)
+    print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
+    print(
+        f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
+    )
+    print(f"Peak reserved memory = {used_memory} GB.")
+    print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
+    print(f"Peak reserved memory % of max memory = {used_percentage} %.")
+    print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
 
     # %% cell 29
     messages = [
@@ -202,20 +202,16 @@ try:
     ).to("cuda")
 
     from transformers import TextStreamer
-    if NBDDP_IS_MAIN:
-        _ = model.generate(
-            **inputs,
-            max_new_tokens = 1024, # Increase for longer outputs!
-            temperature = 0.7, top_p = 0.95,
-            streamer = TextStreamer(tokenizer, skip_prompt = True),
-        )
-    nbddp_barrier("generate")
+    _ = model.generate(
+        **inputs,
+        max_new_tokens = 1024, # Increase for longer outputs!
+        temperature = 0.7, top_p = 0.95,
+        streamer = TextStreamer(tokenizer, skip_prompt = True),
+    )
 
     # %% cell 31
-    if NBDDP_IS_MAIN:
-        model.save_pretrained("magistral_lora")  # Local saving
-        tokenizer.save_pretrained("magistral_lora")
-    nbddp_barrier("save_pretrained")
+    model.save_pretrained("magistral_lora")  # Local saving
+    tokenizer.save_pretrained("magistral_lora")
     # model.push_to_hub("your_name/magistral_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/magistral_lora", token = "YOUR_HF_TOKEN") # Online saving
 

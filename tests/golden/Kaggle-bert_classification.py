@@ -130,7 +130,9 @@ try:
     import numpy as np
 
     labels = train_dataset["label"]
-    class_weights = compute_class_weight("balanced", classes = np.unique(labels), y = labels)
+    if NBDDP_IS_MAIN:
+        class_weights = compute_class_weight("balanced", classes = np.unique(labels), y = labels)
+    nbddp_barrier("compute_class_weight")
 
     # %% cell 14
     # We rename the dataset column from **`label`** to **`labels`**, since this is the expected field name for Hugging Face `Trainer`.
@@ -138,7 +140,9 @@ try:
     val_dataset = val_dataset.rename_column("label", "labels")
 
     # %% cell 15
-    nbddp_show(class_weights)
+    if NBDDP_IS_MAIN:
+        nbddp_show(class_weights)
+    nbddp_barrier("rank 0")
 
     # %% cell 17
     from sklearn.metrics import accuracy_score
@@ -182,6 +186,8 @@ try:
 
     # %% cell 21
     trainer_stats = trainer.train()
+    # nbddp: training ends here; rank 0 runs the rest alone, the other ranks wait for it
+    nbddp_rest_on_rank0()
 
     # %% cell 23
     from transformers import pipeline
@@ -193,10 +199,8 @@ try:
     nbddp_show(classifier(sentence1))
 
     # %% cell 25
-    if NBDDP_IS_MAIN:
-        model.save_pretrained("bert_classification_lora")  # Local saving
-        tokenizer.save_pretrained("bert_classification_lora")
-    nbddp_barrier("save_pretrained")
+    model.save_pretrained("bert_classification_lora")  # Local saving
+    tokenizer.save_pretrained("bert_classification_lora")
     # model.push_to_hub("your_name/bert_classification_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/bert_classification_lora", token = "YOUR_HF_TOKEN") # Online saving
 

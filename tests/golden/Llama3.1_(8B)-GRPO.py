@@ -233,6 +233,8 @@ Respond in the following format:
         train_dataset = dataset,
     )
     nbddp_show(trainer.train())
+    # nbddp: training ends here; rank 0 runs the rest alone, the other ranks wait for it
+    nbddp_rest_on_rank0()
 
     # %% cell 17
     text = tokenizer.apply_chat_template([
@@ -245,20 +247,16 @@ Respond in the following format:
         top_p = 0.95,
         max_tokens = 1024,
     )
-    if NBDDP_IS_MAIN:
-        output = model.fast_generate(
-            [text],
-            sampling_params = sampling_params,
-            lora_request = None,
-        )[0].outputs[0].text
+    output = model.fast_generate(
+        [text],
+        sampling_params = sampling_params,
+        lora_request = None,
+    )[0].outputs[0].text
 
-        nbddp_show(output)
-    nbddp_barrier("fast_generate")
+    nbddp_show(output)
 
     # %% cell 19
-    if NBDDP_IS_MAIN:
-        model.save_lora("grpo_saved_lora")
-    nbddp_barrier("save_lora")
+    model.save_lora("grpo_saved_lora")
 
     # %% cell 21
     text = tokenizer.apply_chat_template([
@@ -272,15 +270,13 @@ Respond in the following format:
         top_p = 0.95,
         max_tokens = 1024,
     )
-    if NBDDP_IS_MAIN:
-        output = model.fast_generate(
-            text,
-            sampling_params = sampling_params,
-            lora_request = model.load_lora("grpo_saved_lora"),
-        )[0].outputs[0].text
+    output = model.fast_generate(
+        text,
+        sampling_params = sampling_params,
+        lora_request = model.load_lora("grpo_saved_lora"),
+    )[0].outputs[0].text
 
-        nbddp_show(output)
-    nbddp_barrier("fast_generate")
+    nbddp_show(output)
 
     # %% cell 24
     # Merge to 16bit

@@ -165,8 +165,10 @@ try:
     nbddp_show(tokenizer.decode(trainer.train_dataset[5]["input_ids"]))
 
     # %% cell 24
-    space = tokenizer(" ", add_special_tokens = False).input_ids[0]
-    nbddp_show(tokenizer.decode([space if x == -100 else x for x in trainer.train_dataset[5]["labels"]]))
+    if NBDDP_IS_MAIN:
+        space = tokenizer(" ", add_special_tokens = False).input_ids[0]
+        nbddp_show(tokenizer.decode([space if x == -100 else x for x in trainer.train_dataset[5]["labels"]]))
+    nbddp_barrier("tokenizer")
 
     # %% cell 26
     # @title Show current memory stats
@@ -180,23 +182,23 @@ try:
 
     # %% cell 27
     trainer_stats = trainer.train()
+    # nbddp: training ends here; rank 0 runs the rest alone, the other ranks wait for it
+    nbddp_rest_on_rank0()
 
     # %% cell 28
     # @title Show final memory and time stats
-    if NBDDP_IS_MAIN:
-        used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
-        used_memory_for_lora = round(used_memory - start_gpu_memory, 3)
-        used_percentage = round(used_memory / max_memory * 100, 3)
-        lora_percentage = round(used_memory_for_lora / max_memory * 100, 3)
-        print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
-        print(
-            f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
-        )
-        print(f"Peak reserved memory = {used_memory} GB.")
-        print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
-        print(f"Peak reserved memory % of max memory = {used_percentage} %.")
-        print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
-    nbddp_barrier("max_memory_reserved")
+    used_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
+    used_memory_for_lora = round(used_memory - start_gpu_memory, 3)
+    used_percentage = round(used_memory / max_memory * 100, 3)
+    lora_percentage = round(used_memory_for_lora / max_memory * 100, 3)
+    print(f"{trainer_stats.metrics['train_runtime']} seconds used for training.")
+    print(
+        f"{round(trainer_stats.metrics['train_runtime']/60, 2)} minutes used for training."
+    )
+    print(f"Peak reserved memory = {used_memory} GB.")
+    print(f"Peak reserved memory for training = {used_memory_for_lora} GB.")
+    print(f"Peak reserved memory % of max memory = {used_percentage} %.")
+    print(f"Peak reserved memory for training % of max memory = {lora_percentage} %.")
 
     # %% cell 30
     from unsloth.chat_templates import get_chat_template
@@ -205,9 +207,7 @@ try:
         tokenizer,
         chat_template = "llama-3.1",
     )
-    if NBDDP_IS_MAIN:
-        FastLanguageModel.for_inference(model) # Enable native 2x faster inference
-    nbddp_barrier("for_inference")
+    FastLanguageModel.for_inference(model) # Enable native 2x faster inference
 
     messages = [
         {"role": "user", "content": "Continue the fibonacci sequence: 1, 1, 2, 3, 5, 8,"},
@@ -219,16 +219,12 @@ try:
         return_tensors = "pt",
     ).to("cuda")
 
-    if NBDDP_IS_MAIN:
-        outputs = model.generate(input_ids = inputs, max_new_tokens = 64, use_cache = True,
-                                 temperature = 1.5, min_p = 0.1)
-        nbddp_show(tokenizer.batch_decode(outputs))
-    nbddp_barrier("generate")
+    outputs = model.generate(input_ids = inputs, max_new_tokens = 64, use_cache = True,
+                             temperature = 1.5, min_p = 0.1)
+    nbddp_show(tokenizer.batch_decode(outputs))
 
     # %% cell 32
-    if NBDDP_IS_MAIN:
-        FastLanguageModel.for_inference(model) # Enable native 2x faster inference
-    nbddp_barrier("for_inference")
+    FastLanguageModel.for_inference(model) # Enable native 2x faster inference
 
     messages = [
         {"role": "user", "content": "Continue the fibonacci sequence: 1, 1, 2, 3, 5, 8,"},
@@ -241,17 +237,13 @@ try:
     ).to("cuda")
 
     from transformers import TextStreamer
-    if NBDDP_IS_MAIN:
-        text_streamer = TextStreamer(tokenizer, skip_prompt = True)
-        _ = model.generate(input_ids = inputs, streamer = text_streamer, max_new_tokens = 128,
-                           use_cache = True, temperature = 1.5, min_p = 0.1)
-    nbddp_barrier("TextStreamer")
+    text_streamer = TextStreamer(tokenizer, skip_prompt = True)
+    _ = model.generate(input_ids = inputs, streamer = text_streamer, max_new_tokens = 128,
+                       use_cache = True, temperature = 1.5, min_p = 0.1)
 
     # %% cell 34
-    if NBDDP_IS_MAIN:
-        model.save_pretrained("llama_lora")  # Local saving
-        tokenizer.save_pretrained("llama_lora")
-    nbddp_barrier("save_pretrained")
+    model.save_pretrained("llama_lora")  # Local saving
+    tokenizer.save_pretrained("llama_lora")
     # model.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
     # tokenizer.push_to_hub("your_name/llama_lora", token = "YOUR_HF_TOKEN") # Online saving
 
@@ -277,11 +269,9 @@ try:
     ).to("cuda")
 
     from transformers import TextStreamer
-    if NBDDP_IS_MAIN:
-        text_streamer = TextStreamer(tokenizer, skip_prompt = True)
-        _ = model.generate(input_ids = inputs, streamer = text_streamer, max_new_tokens = 128,
-                           use_cache = True, temperature = 1.5, min_p = 0.1)
-    nbddp_barrier("TextStreamer")
+    text_streamer = TextStreamer(tokenizer, skip_prompt = True)
+    _ = model.generate(input_ids = inputs, streamer = text_streamer, max_new_tokens = 128,
+                       use_cache = True, temperature = 1.5, min_p = 0.1)
 
     # %% cell 38
     if False:

@@ -1,0 +1,237 @@
+"""What training needs: of the notebook's top-level statements, which every rank runs and where training ends.
+
+    plan = training_needs(body, names, effects)
+    plan.end   -> the index in `body` of the last statement every rank must run together (training, evaluation, a
+                  custom loop's steps, torch.distributed, a model load; nbddp.vocabulary's SYNC, through the
+                  notebook's own functions), or None where there is none; what follows it runs on rank 0 alone
+    plan.once  -> the statements before it that training does not need (by identity): they run on rank 0
+
+The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
+collectives, nbddp's own helpers, what names the rank: `open(f"log-{rank}.txt", "w")`), the process's set-up
+(imports, definitions, the environment, seeds, warnings, logging, torch's flags, a library's patches:
+`is_process_config`), and, transitively, every earlier statement that binds or may change a value those read. A
+statement may change a value it assigns an attribute or item of (`tok.pad_token = ...`), calls a method of
+(`rows.append(x)`, unless the method is one of the vocabulary's rank-0 kinds: a save, a push, generation, a print, a
+tracker's log), or passes to a call whose value it drops (`random.shuffle(rows)`, `PatchFastRL("GRPO",
+FastLanguageModel)`; not to a call that writes its arguments out, `np.save(path, arr)`, and not a string, number or
+path: `os.makedirs(out_dir)`). A function or class is needed where what training needs reads its name; then so is
+what its body reads. Everything else runs once, whatever it calls: a file written by a library nbddp has no name
+for, a folder made, a download, an upload. Where a guarded statement and a needed one share a name the scan cannot
+see (`globals()`, a value read through a string), the names say nothing: the runtime's nets hold (one writer, the
+same random state on every rank)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from .cst import LiveVisitor, is_if_false, is_rank_expr, is_rank_test, live_calls, names_in
+from .names import reads_writes
+from .vocabulary import COLLECTIVE, EMITS, MAIN_ONLY, SYNC, is_process_config, parts
+
+REST = "nbddp_rest_on_rank0"  # the runtime's line where training ends (nbddp/runtime/group.py)
+# nbddp's helpers that every rank calls as the notebook would (the others may wait for every rank, or say something
+# of the job): all but those that show, expand or time what the notebook's own line does
+SHOWS = frozenset({"nbddp_show", "nbddp_display"})
+NEUTRAL_HELPERS = frozenset({"nbddp_show", "nbddp_display", "nbddp_expand", "nbddp_getoutput", "nbddp_time",
+                             "nbddp_capture", "nbddp_device_map"})
+PATHS = frozenset({"pathlib.Path", "pathlib.PurePath", "os.path.join", "os.path.abspath", "os.path.expanduser",
+                   "os.path.dirname", "os.path.basename", "os.getcwd", "builtins.str", "builtins.int"})
+WRITES_OUT = ("save", "dump", "write", "to_", "export", "upload", "download", "log", "print", "show", "display")
+
+
+@dataclass
+class Plan:
+    end: int | None = None
+    marked: bool = False  # the notebook already has the runtime's line (converting converted code)
+    once: set = field(default_factory=set)  # ids of the statements that run on rank 0 only
+
+
+def _base(expr) -> str | None:
+    """`a` of `a`, `a.b.c`, `a[0].b`."""
+    while isinstance(expr, (cst.Attribute, cst.Subscript)):
+        expr = expr.value
+    return expr.value if isinstance(expr, cst.Name) else None
+
+
+class _Changes(LiveVisitor):
+    """Names whose values a statement may change in place, and whether it sets up the process."""
+
+    def __init__(self, scan):
+        self.scan, self.names = scan, scan.names
+        self.changed: set[str] = set()
+        self.config = self.together = False
+        self.drops: set = set()  # calls whose value the statement drops
+
+    def _target(self, target):
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._target(element.value)
+        elif isinstance(target, (cst.Attribute, cst.Subscript)):
+            base = _base(target)
+            if base is not None:
+                self.changed.add(base)
+                self.config = self.config or self.scan.imported(base)
+
+    def visit_Assign(self, node):
+        for target in node.targets:
+            self._target(target.target)
+
+    def visit_AugAssign(self, node):
+        self._target(node.target)
+
+    def visit_AnnAssign(self, node):
+        self._target(node.target)
+
+    def visit_Expr(self, node):
+        value = node.value
+        if isinstance(value, cst.Call):
+            self.drops.add(value)
+            shown = value.args[0].value if isinstance(value.func, cst.Name) and value.func.value in SHOWS and \
+                value.args else None
+            if isinstance(shown, cst.Call):  # `nbddp_show(random.shuffle(rows))`: the cell's last line, its value
+                self.drops.add(shown)         # dropped in the notebook (None) and shown in the script
+
+    def visit_Call(self, node):
+        func = node.func
+        if isinstance(func, cst.Name) and func.value.startswith("nbddp_") and func.value not in NEUTRAL_HELPERS:
+            self.together = True
+        meanings = self.names.meanings(func)
+        if any(is_process_config(m) for m in meanings):
+            self.config = True
+        if self.scan.effects.of_call(node) & MAIN_ONLY:
+            return
+        receiver = _base(func.value) if isinstance(func, cst.Attribute) else None
+        if receiver is not None and not self.scan.imported(receiver) and func.attr.value not in EMITS:
+            self.changed.add(receiver)
+        tail = parts(next(iter(meanings)))[-1].lower() if meanings else ""
+        if node in self.drops and not tail.startswith(WRITES_OUT):
+            for arg in node.args:
+                base = _base(arg.value)
+                if base is not None and not self.scan.immutable(arg.value):
+                    self.changed.add(base)
+
+
+class _Scan:
+    def __init__(self, names, effects, body):
+        self.names, self.effects = names, effects
+        self.modules = _modules(body)
+
+    def imported(self, name: str) -> bool:
+        """A name the notebook binds by an import (a module or a library's class), not a value it made."""
+        return name in self.modules
+
+    def immutable(self, expr, depth: int = 0) -> bool:
+        """A value no call can change: a string, a number, a path (`Path('a') / name`, `os.path.join(...)`, an
+        f-string), through the names last assigned one."""
+        if depth > 4:
+            return False
+        if isinstance(expr, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.Integer, cst.Float)):
+            return True
+        if isinstance(expr, cst.BinaryOperation):
+            return self.immutable(expr.left, depth + 1) and self.immutable(expr.right, depth + 1)
+        if isinstance(expr, cst.Call):
+            return bool(self.names.meanings(expr.func) & PATHS)
+        if isinstance(expr, cst.Name):
+            value = self.names.value(expr)
+            return value is not None and self.immutable(value, depth + 1)
+        return False
+
+    def facts(self, stmt):
+        """(reads, may-change, every rank runs it whatever it binds, it binds whole names only)."""
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            return _free_reads(stmt), {stmt.name.value}, False, True
+        reads, writes = reads_writes(stmt)
+        if isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom))
+                                                             for s in stmt.body):
+            return reads, writes, True, True
+        changes = _Changes(self)
+        stmt.visit(changes)
+        calls = live_calls(stmt)
+        seed = changes.config or changes.together or any(COLLECTIVE in self.effects.of_call(c) for c in calls) \
+            or _imports(stmt) or is_rank_expr(stmt, self.names)  # what names the rank is each rank's own
+        whole = isinstance(stmt, cst.SimpleStatementLine) and all(
+            isinstance(s, (cst.Assign, cst.AnnAssign)) for s in stmt.body)
+        return reads, writes | changes.changed, seed, whole and not changes.changed
+
+    def sync(self, stmt) -> bool:
+        return any(SYNC in self.effects.of_call(c) for c in live_calls(stmt))
+
+
+def _free_reads(node) -> set[str]:
+    """The names a def or class body reads from outside it (its parameters and local names are its own), and what
+    its decorators, defaults and bases read."""
+    reads, local = set(), set()
+    if isinstance(node, cst.FunctionDef):
+        params = node.params
+        every = [*params.posonly_params, *params.params, *params.kwonly_params,
+                 *(p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param))]
+        local = {p.name.value for p in every}
+        reads = set().union(*(names_in(p.default) for p in every if p.default is not None))
+    else:
+        reads = set().union(*(names_in(b.value) for b in node.bases))
+    reads |= set().union(*(names_in(d.decorator) for d in node.decorators))
+    for stmt in node.body.body if isinstance(node.body, cst.IndentedBlock) else [node.body]:
+        inner = _free_reads(stmt) if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else None
+        body_reads, body_writes = reads_writes(stmt)
+        reads |= body_reads | (inner or set())
+        local |= body_writes
+    return reads - local
+
+
+class _Imports(LiveVisitor):
+    found = False
+
+    def visit_Import(self, node):
+        self.found = True
+
+    visit_ImportFrom = visit_Import
+
+
+def _imports(stmt) -> bool:
+    """`try: import x / except ImportError: ...`: a statement that imports is set-up."""
+    found = _Imports()
+    stmt.visit(found)
+    return found.found
+
+
+def _modules(body) -> set[str]:
+    found: set[str] = set()
+    for stmt in body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
+                    found |= reads_writes(small)[1]
+    return found
+
+
+def _is_rest(stmt) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and isinstance(s.value.func, cst.Name)
+        and s.value.func.value == REST for s in stmt.body)
+
+
+def training_needs(body, names, effects) -> Plan:
+    scan = _Scan(names, effects, body)
+    plan = Plan()
+    for i, stmt in enumerate(body):
+        if _is_rest(stmt):
+            plan.end, plan.marked = i, True
+            break
+        if not is_if_false(stmt) and scan.sync(stmt):
+            plan.end = i
+    if plan.end is None:
+        return plan
+    needed: set[str] = set()
+    for stmt in reversed(body[:plan.end + 1]):
+        if is_if_false(stmt) or is_rank_test(stmt, names) or isinstance(stmt, cst.SimpleStatementLine) and \
+                any(isinstance(s, cst.Del) for s in stmt.body):
+            continue  # left as the notebook has it; a `del` follows what it deletes (rank_guards' taint)
+        reads, changes, seed, whole = scan.facts(stmt)
+        if seed or changes & needed:
+            if whole:
+                needed -= changes
+            needed |= reads
+        elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and live_calls(stmt):
+            plan.once.add(id(stmt))  # a statement that calls nothing (`x = 5`, `pass`) follows what it reads
+    return plan

@@ -1,0 +1,104 @@
+"""Before/after tests for the whole notebook's rule (nbddp/needs.py, issue 37): every rank runs what training needs
+and the process's set-up; everything else before training's end runs once on rank 0, whatever it calls; after
+training's end rank 0 runs the rest alone. Each case beside what must not change; calls of libraries nbddp has no
+name for, inside functions, through aliases, in loops and over cells.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from nbddp.transforms.base import Options
+from test_transforms import REST, convert_cells
+
+TRAIN = "trainer = Trainer(model=model, train_dataset=ds)\nstats = trainer.train()\n"
+DONE = "done = True\n"  # a cell's last line that shows nothing (a call's value would be shown: nbddp_show)
+
+
+def convert(*sources, **options):
+    out, report = convert_cells(*(textwrap.dedent(s) for s in sources), options=Options(**options))
+    again, _ = convert_cells(*out, options=Options(**options))  # converting converted code changes nothing more
+    assert again == out
+    return out, report
+
+
+def once(code, word):
+    body = textwrap.indent(textwrap.dedent(code), "    ")
+    return f"if NBDDP_IS_MAIN:\n{body}nbddp_barrier(\"{word}\")\n"
+
+
+@pytest.mark.parametrize("before, word", [
+    ("import shutil\nshutil.rmtree('old_runs')\n", "rmtree"),                    # a file operation of the stdlib
+    ("import requests\nrequests.post('https://x/hook', json={'start': 1})\n", "post"),  # a web call
+    ("import os\nos.makedirs('out')\n", "makedirs"),                             # a folder, no exist_ok
+    ("import os\nfor name in names:\n    os.makedirs(os.path.join(root, name))\n", "makedirs"),  # at computed paths
+    ("import mylib\nreport = mylib.summarise(rows)\nmylib.send(report)\n", "summarise"),  # a library of its own
+    ("for i in range(3):\n    print('row', i)\n", "print"),                    # a print in a loop
+    ("if len(rows) > 3:\n    notify(rows[:3])\n", "notify"),                     # in an `if`
+])
+def test_what_training_does_not_need_runs_once(before, word):
+    *lines, = textwrap.dedent(before).splitlines(keepends=True)
+    imports = "".join(line for line in lines if line.startswith("import "))
+    rest = "".join(line for line in lines if not line.startswith("import "))
+    (cell, train), report = convert(before + DONE, TRAIN)
+    assert cell == imports + once(rest, word) + DONE
+    assert train == TRAIN
+    assert any("training does not need it" in n.text for n in report.changes)
+
+
+@pytest.mark.parametrize("setup", [
+    "import os\nos.environ['WANDB_DISABLED'] = 'true'\n",
+    "import random\nrandom.seed(3)\n" + DONE,
+    "import warnings\nwarnings.filterwarnings('ignore')\n" + DONE,
+    "import logging\nlogging.basicConfig(level=logging.INFO)\n" + DONE,
+    "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\ntorch.set_float32_matmul_precision('high')\n" + DONE,
+    "from unsloth import PatchFastRL, FastLanguageModel\nPatchFastRL('GRPO', FastLanguageModel)\n" + DONE,
+    "import os\nwith open(f\"log-{os.environ['RANK']}.txt\", 'w') as fh:\n    fh.write('mine')\n",  # the rank's own
+])
+def test_set_up_and_what_names_the_rank_run_on_every_rank(setup):
+    assert convert(setup, TRAIN)[0] == [setup, TRAIN]
+
+
+@pytest.mark.parametrize("cells", [
+    # a list filled in a loop, then shuffled in place, read by training
+    ["import random\nrows = []\nfor i in range(8):\n    rows.append(f'text {i}')\nrandom.shuffle(rows)\n",
+     "ds = Dataset.from_dict({'text': rows})\n" + TRAIN],
+    # an attribute set on what training reads, over two cells
+    ["tok = AutoTokenizer.from_pretrained('m')\n", "tok.pad_token = tok.eos_token\n",
+     "trainer = Trainer(model=model, processing_class=tok)\nstats = trainer.train()\n"],
+    # a value made by a call of the notebook's own function, read by a function the training's map calls
+    ["def load_prompt():\n    return open('prompt.txt').read()\n", "PROMPT = load_prompt()\n",
+     "def fmt(x):\n    return {'text': PROMPT.format(x['q'])}\n", "ds = ds.map(fmt)\n" + TRAIN],
+])
+def test_what_training_reads_runs_on_every_rank(cells):
+    out, _ = convert(*cells)
+    assert "NBDDP_IS_MAIN" not in "".join(out)
+    assert out[-1].endswith("stats = trainer.train()\n")
+
+
+def test_a_value_made_for_once_work_is_made_once():
+    out, _ = convert("import mylib\npreview = mylib.render(rows[:3])\n", "mylib.upload(preview)\n" + DONE, TRAIN)
+    assert out[:2] == ["import mylib\n" + once("preview = mylib.render(rows[:3])\n", "render"),
+                       once("mylib.upload(preview)\n", "upload") + DONE]
+
+
+@pytest.mark.parametrize("cells, end", [
+    ([TRAIN, "import mylib\nmylib.serve(model)\nprint('done')\n"], 0),                   # a server after training
+    (["go = trainer.train\n", "stats = go()\n", "model.save_pretrained('out')\nanswers = []\n"], 1),  # through an alias
+    (["def run(lr):\n    trainer.args.learning_rate = lr\n    trainer.train()\n",
+      "for lr in (1e-4, 2e-4):\n    run(lr)\n", "archive('out');\n"], 1),              # in a function, in a loop
+])
+def test_after_training_rank_0_runs_the_rest_alone(cells, end):
+    out, report = convert(*cells)
+    assert out[end].endswith(REST)
+    assert out[end] == cells[end] + REST
+    assert out[end + 1:] == cells[end + 1:]  # as the notebook wrote them: no guards, no barriers
+    assert any("training ends here" in n.text for n in report.changes)
+
+
+def test_a_notebook_that_trains_nothing_and_a_ddp_session_keep_the_vocabulary_alone():
+    untrained = ["import mylib\nmylib.download('data')\n" + DONE, "out = model.generate(x)\n"]
+    assert convert(*untrained)[0] == [untrained[0], once("out = model.generate(x)\n", "generate")]
+    cells = ["import mylib\nmylib.download('data')\n" + DONE, TRAIN, "mylib.upload('out')\n" + DONE]
+    assert convert(*cells, whole=False)[0] == cells  # %ddp: cell by cell, it cannot know what later cells need
