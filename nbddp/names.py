@@ -251,10 +251,16 @@ class _ReadsWrites(cst.CSTVisitor):
 
     def visit_For(self, node):
         self._bind(node.target)
+        for part in (node.iter, node.body, node.orelse):
+            if part is not None:
+                part.visit(self)
+        return False
 
     def visit_WithItem(self, node):
+        node.item.visit(self)
         if node.asname is not None:
             self._bind(node.asname.name)
+        return False
 
     def visit_ImportAlias(self, node):
         if node.asname is not None:

@@ -258,3 +258,40 @@ def test_the_loop_trains_one_model_as_one_process_does_at_the_same_global_batch(
     for name in one:
         assert torch.equal(rank0[name], rank1[name]), name
         assert torch.allclose(rank0[name], one[name], atol=2e-5, rtol=1e-4), (name, (rank0[name] - one[name]).abs().max())
+
+
+EPOCHS = [
+    "import json, os, torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n",
+    "g = torch.Generator().manual_seed(0)\nX = torch.randn(64, 4, generator = g)\ny = (X.sum(1) > 0).long()\n"
+    "train_dl = DataLoader(TensorDataset(X[:48], y[:48]), batch_size = 8, shuffle = True)\n"
+    "val_dl = DataLoader(TensorDataset(X[48:], y[48:]), batch_size = 8)\n",
+    "torch.manual_seed(0)\nmodel = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))\n"
+    "criterion = nn.CrossEntropyLoss()\nopt = torch.optim.SGD(model.parameters(), lr = 0.1)\n",
+    "def run_epoch(model, loader, opt, criterion):\n    model.train()\n    total = 0.0\n    for xb, yb in loader:\n"
+    "        opt.zero_grad()\n        loss = criterion(model(xb), yb)\n        loss.backward()\n        opt.step()\n"
+    "        total += loss.item()\n    return total / len(loader)\n",
+    "def evaluate(model, loader):\n    model.eval()\n    correct = n = 0\n    with torch.no_grad():\n"
+    "        for xb, yb in loader:\n            correct += (model(xb).argmax(1) == yb).sum().item()\n"
+    "            n += len(yb)\n    return correct / n\n",
+    "for epoch in range(3):\n    train_loss = run_epoch(model, train_dl, opt, criterion)\n"
+    "    acc = evaluate(model, val_dl)\n    print(f'EPOCH {epoch} acc {acc:.4f}')\n"
+    "    with open(f\"val-{os.environ['RANK']}.json\", 'w') as fh:\n"
+    "        json.dump({'acc': acc, 'seen': len(val_dl.dataset),\n"
+    "                   'weight': model[0].weight.sum().item()}, fh)\n",
+    "torch.save(model.state_dict(), 'model.pt')\nprint('SAVED')\n",
+]
+
+
+@pytest.mark.ddp
+def test_a_loop_that_trains_then_validates_each_epoch_trains_one_model(tmp_path):
+    """The usual shape: the epoch loop calls the notebook's train function (its own loop is the one converted) and
+    an evaluation function; every rank validates on the whole validation set, so the accuracy printed once is the
+    whole set's, and every rank holds the same weights."""
+    from e2e import assert_clean_exit, run_notebook
+
+    done, conversion = run_notebook(EPOCHS, tmp_path, timeout=120)
+    assert_clean_exit(done)
+    assert "nbddp_unsynced_loop" not in conversion.script and "nbddp_ddp(model)" in conversion.script
+    records = [json.loads((tmp_path / f"val-{rank}.json").read_text()) for rank in range(2)]
+    assert records[0] == records[1] and records[0]["seen"] == 16, records
+    assert done.count("EPOCH 2 acc") == 1 and done.count("SAVED") == 1, done.explain()

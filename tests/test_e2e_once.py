@@ -6,7 +6,7 @@ nbddp has never heard of (it logs each call with the calling rank to effects.log
 made without exist_ok, a CSV appended to at a path computed from the notebook's own variables and read back for
 training, a text file written by the notebook's own function, prints in a loop and an `if`, an upload, an archive, a
 server started after training, a submission built from a list filled after training, a print inside the
-notebook's function after training. Training itself (a Trainer on a tiny Llama) runs on both ranks and records what
+notebook's function after training; a print and a `tqdm.notebook` bar inside the training function every rank runs. Training itself (a Trainer on a tiny Llama) runs on both ranks and records what
 data each rank trained on (rank<R>.json). A log file the notebook configures gets each line once, and a callback
 the notebook gives the Trainer writes its file once.
 """
@@ -49,6 +49,7 @@ def serve(model):
 
 CELLS = [
     "import os, csv, json, random, logging, pathlib\nimport sidefx\nfrom datasets import Dataset\n"
+    "from tqdm.notebook import tqdm\n"
     "from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, TrainerCallback\n"
     "from transformers import DataCollatorForLanguageModeling\n"
     "logging.basicConfig(filename = 'run.log', level = logging.INFO, format = '%(message)s', force = True)\n"
@@ -72,7 +73,8 @@ CELLS = [
     "trainer = Trainer(model = model, args = args, train_dataset = ds, callbacks = [Notes()],\n"
     "                  data_collator = DataCollatorForLanguageModeling(tokenizer, mlm = False))\n",
     "def fit():\n    with open(f\"rank{os.environ['RANK']}.json\", 'w') as fh:\n"
-    "        json.dump({'texts': texts}, fh)\n    log.info('fitting')\n    return trainer.train()\n",
+    "        json.dump({'texts': texts}, fh)\n    log.info('fitting')\n    print('FITTING', flush = True)\n"
+    "    for _ in tqdm(range(3), desc = 'warm-up'):\n        pass\n    return trainer.train()\n",
     "stats = fit()\n",
     "answers = []\nfor i in range(3):\n    answers.append(f'{i},{stats.training_loss > 0}')\n",
     "with open('submission.csv', 'a') as fh:\n    fh.write('\\n'.join(answers) + '\\n')\n"
@@ -117,10 +119,13 @@ def test_calls_of_an_unknown_library_run_once_on_rank_0(job):
         "0 serve"], done.explain()
 
 
-def test_prints_outside_training_come_once(job):
+def test_prints_and_progress_bars_come_once(job):
     done, _ = job
     assert done.count("ROW sample") == 2 and done.count("MANY ROWS") == 1, done.explain()
     assert done.count("REPORT 3") == 1, done.explain()
+    assert done.count("FITTING") == 1, done.explain()  # a print in what every rank runs: rank 1's stdout is quiet
+    bars = [line for line in done.stderr.splitlines() if "warm-up" in line]  # tqdm.notebook -> a text bar
+    assert bars and all(line.startswith("[default0]") for line in bars), done.explain()
 
 
 def test_every_rank_trains_on_the_same_data_read_back_from_the_file(job):

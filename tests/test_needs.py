@@ -102,3 +102,14 @@ def test_a_notebook_that_trains_nothing_and_a_ddp_session_keep_the_vocabulary_al
     assert convert(*untrained)[0] == [untrained[0], once("out = model.generate(x)\n", "generate")]
     cells = ["import mylib\nmylib.download('data')\n" + DONE, TRAIN, "mylib.upload('out')\n" + DONE]
     assert convert(*cells, whole=False)[0] == cells  # %ddp: cell by cell, it cannot know what later cells need
+
+
+def test_a_name_a_block_binds_anew_is_every_ranks_there():
+    """`fh` was made on rank 0 only by a once block; the training function's own `with ... as fh` makes it anew."""
+    out, _ = convert("with open('notes.txt', 'w') as fh:\n    fh.write('x')\n",
+                     "def fit():\n    with open(f'r{rank}.json', 'w') as fh:\n        json.dump(rows, fh)\n"
+                     "    for fh in files:\n        fh.flush()\n    print('fit')\n    return trainer.train()\n",
+                     "stats = fit()\n")
+    assert out[1] == ("def fit():\n    with open(f'r{rank}.json', 'w') as fh:\n        json.dump(rows, fh)\n"
+                      "    for fh in files:\n        fh.flush()\n    if NBDDP_IS_MAIN:\n        print('fit')\n"
+                      "    return trainer.train()\n")

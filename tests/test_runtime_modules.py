@@ -621,7 +621,7 @@ def test_waits_without_a_group_and_the_waiting_line(monkeypatch, capsys):
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
     polls = iter([False, False, True])
     wait.nbddp_wait_until(lambda: next(polls), lambda: "rank 0: save_pretrained_gguf")
-    assert capsys.readouterr().out == "nbddp: rank 1 waiting for rank 0: save_pretrained_gguf\n"
+    assert capsys.readouterr().err == "nbddp: rank 1 waiting for rank 0: save_pretrained_gguf\n"
 
 
 def test_a_loop_nbddp_could_not_wrap_stops_every_rank_with_one_line(monkeypatch, capsys):

@@ -131,8 +131,8 @@ def test_each_carried_module_says_why_in_one_line():
 
 
 @pytest.mark.parametrize("notebook, most", [
-    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 725),
-    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 860),
+    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 735),
+    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 870),
 ])
 def test_lines_before_the_first_notebook_cell(notebook, most):
     lines = convert_notebook(str(notebook)).script.splitlines()

@@ -1,6 +1,7 @@
 """Rank facts from torchrun's environment, this rank's device, the process group, and how the job starts."""
 import contextlib
 import datetime
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -71,12 +72,23 @@ def nbddp_same_random_state():
 
 
 def nbddp_quiet_others():
-    """On ranks other than 0, progress bars (tqdm's, and every library's built on it) and logging below WARNING stay
-    quiet: rank 0 shows them once. NBDDP_ALL_RANKS=1 (`--all-ranks`) leaves every rank's."""
+    """On ranks other than 0, what goes to stdout, progress bars (tqdm's, and every library's built on it) and logging
+    below WARNING stay quiet: rank 0 shows them once (warnings, errors and nbddp's own notes go to stderr).
+    NBDDP_ALL_RANKS=1 (`--all-ranks`) leaves every rank's."""
     if NBDDP_IS_MAIN or os.environ.get("NBDDP_ALL_RANKS", "0").strip().lower() not in ("0", "", "false", "no", "off"):
         return
-    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # tqdm imported later, and child processes
+    if importlib.util.find_spec("tqdm") is not None:  # torch has imported it already: its defaults are read
+        import tqdm.std
+
+        init = tqdm.std.tqdm.__init__
+
+        def quiet_init(self, *args, **kwargs):
+            init(self, *args, **{**kwargs, "disable": True})
+
+        tqdm.std.tqdm.__init__ = functools.update_wrapper(quiet_init, init)
     logging.disable(logging.INFO)
+    sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for the life of the process
 
 
 def nbddp_device_map(split="balanced"):

@@ -3,6 +3,7 @@ never in a collective of the group. A collective waits only as long as the group
 kills the rank); a rank polling the store can wait for hours, says once what it waits for, and still dies at once
 when torchrun stops the job because rank 0 failed."""
 import os
+import sys
 import time
 
 import torch.distributed
@@ -32,7 +33,7 @@ def nbddp_wait_until(ready, waiting_for):
         if not said and time.monotonic() - start >= NBDDP_WAIT_NOTICE:
             said, line = True, waiting_for()
             if line:
-                print(f"nbddp: rank {torch.distributed.get_rank()} waiting for {line}", flush=True)
+                print(f"nbddp: rank {torch.distributed.get_rank()} waiting for {line}", file=sys.stderr, flush=True)
         time.sleep(step)
         step = min(step * 2, 0.5)
 

@@ -34,12 +34,29 @@ class _Rewrite(TreeTransformer):
         self.effects = Effects(self.names)
         self.functions: list[cst.FunctionDef] = []
         self.calls: dict[cst.FunctionDef, list] = {}  # a function -> its calls (_calls_of)
+        self.holds: dict = {}  # a function -> whether it holds a training loop (_holds_loop)
 
     def _trains(self, node) -> bool:
+        """A loop that trains: a backward pass and an optimizer step in its body, also through the notebook's
+        functions it calls, but not those that hold a training loop of their own (`for epoch in range(n):
+        run_epoch(...)`: the loop inside run_epoch is the one converted)."""
         if not isinstance(node, (cst.For, cst.While)):
             return False
-        done = self.effects.of_node(node.body)
+        done = set()
+        for call in live_calls(node.body):
+            definitions = self.names.definitions(call.func)
+            if not (definitions and all(map(self._holds_loop, definitions))):
+                done |= self.effects.of_call(call)
         return BACKWARD in done and (STEP in done or bool(self._stepped_parameters(node)))
+
+    def _holds_loop(self, definition) -> bool:
+        """The notebook's function has a training loop of its own in its body."""
+        definition = self.names.orig(definition)
+        if definition not in self.holds:
+            self.holds[definition] = False  # a recursive function: not known yet
+            self.holds[definition] = isinstance(definition, cst.FunctionDef) and any(
+                self._trains(loop) for loop in _loops(definition.body))
+        return self.holds[definition]
 
     def _stepped_parameters(self, loop) -> list[cst.Name]:
         """In the notebook's function, `p.step()` / `scaler.step(p)` on a parameter `p` that a call of the function
@@ -214,6 +231,23 @@ class _Rewrite(TreeTransformer):
         self.report.change(self.cell, text)
         return [call_stmt(WRAP, cst.parse_expression(model)).with_changes(leading_lines=loop.leading_lines),
                 loop.with_changes(leading_lines=())]
+
+
+def _loops(node) -> list:
+    """The `for` and `while` loops in a block, not inside a nested def."""
+    found = []
+
+    class _Loops(cst.CSTVisitor):
+        def visit_For(self, loop):
+            found.append(loop)
+
+        visit_While = visit_For
+
+        def visit_FunctionDef(self, _):
+            return False
+
+    node.visit(_Loops())
+    return found
 
 
 def _fors(node) -> list[cst.For]:

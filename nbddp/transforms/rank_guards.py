@@ -17,7 +17,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst import (DESCEND, LEAVE, TAKE, LiveVisitor, arguments, code_of, is_if_false, is_rank_test, live_calls,
-                   regroup, statement_blocks)
+                   names_in, regroup, statement_blocks)
 from ..effects import Effects
 from ..names import header_of, reads_writes
 from ..needs import REST, training_needs
@@ -82,6 +82,12 @@ def _rank0_return(stmt):
         value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     guarded = cst.IfExp(test=cst.Name("NBDDP_IS_MAIN"), body=value, orelse=cst.Name("None"))
     return stmt.with_changes(body=[small.with_changes(value=guarded)])
+
+
+def _bound_by_header(stmt) -> set[str]:
+    if isinstance(stmt, cst.With):
+        return set().union(*(names_in(item.asname.name) for item in stmt.items if item.asname is not None))
+    return names_in(stmt.target) if isinstance(stmt, cst.For) else set()
 
 
 def _barrier(what: str) -> cst.SimpleStatementLine:
@@ -187,6 +193,8 @@ class _Guards:
             self.reasons.setdefault(self.cell, []).extend(text for k, text, _ in why if USES not in k)
             self.tainted |= writes
             return TAKE
+        own = _bound_by_header(stmt)  # `with open(p) as fh:`, `for row in rows:`: names made anew on every rank
+        self.tainted -= own
         if blocks and (any(self.reason(c) for c in calls) or reads & self.tainted or self._prints_in(blocks)):
             return DESCEND
         self.tainted -= writes
@@ -285,8 +293,9 @@ def _plan(body, guards, tree, ctx) -> list:
     cells = [starts_cell(stmt) for stmt in body[:plan.end + 1] if starts_cell(stmt) is not None]
     later = sorted({c for c in map(starts_cell, rest) if c is not None})
     ctx.report.change(cells[-1] if cells else None,
-                      "training ends here: the rest of the notebook" + (f" (cells {later[0]}-{later[-1]})" if later
-                                                                        else "") +
+                      "training ends here: the rest of the notebook" + (
+                          "" if not later else f" (cell {later[0]})" if len(later) == 1 else
+                          f" (cells {later[0]}-{later[-1]})") +
                       " runs on rank 0 alone; the other ranks wait for it, then end")
     comment = cst.EmptyLine(comment=cst.Comment("# nbddp: training ends here; rank 0 runs the rest alone, the other "
                                                 "ranks wait for it"))
