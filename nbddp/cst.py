@@ -118,12 +118,6 @@ def is_rank_test(node, names=None) -> bool:
     return isinstance(node, cst.If) and _is_rank_expr(node.test, names, 0)
 
 
-def is_rank_expr(node, names=None) -> bool:
-    """A node that names a rank or main-process flag, or reads the launcher's rank from the environment (as
-    is_rank_test's test)."""
-    return _is_rank_expr(node, names, 0)
-
-
 def _is_rank_expr(expr, names, depth) -> bool:
     strings = {s.evaluated_value for s in m.findall(expr, m.SimpleString())}
     if names_in(expr) & RANK_NAMES or strings & RANK_VARIABLES:

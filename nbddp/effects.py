@@ -29,10 +29,16 @@ class Effects:
     def __init__(self, names):
         self.names = names
         self._defs: dict = {}
+        self._calls: dict = {}
 
     def of_call(self, call: cst.Call) -> frozenset:
+        call = self.names.orig(call)
+        if call not in self._calls:
+            self._calls[call] = self._of_call(call)
+        return self._calls[call]
+
+    def _of_call(self, call: cst.Call) -> frozenset:
         names = self.names
-        call = names.orig(call)
         meanings = names.meanings(call.func)
         found = set(kinds(meanings))
         for arg in call.args:  # generation handed over rather than called: Thread(target=model.generate)

@@ -21,6 +21,8 @@ API (every node may be one a step rewrote: `orig()` maps it back to the node the
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import libcst as cst
 from libcst.metadata import BuiltinAssignment, GlobalScope, ImportAssignment, MetadataWrapper, ScopeProvider
 
@@ -319,11 +321,12 @@ class _ReadsWrites(cst.CSTVisitor):
         return self._own_scope(node, local, [p.default for p in every if p.default is not None])
 
 
-def reads_writes(node) -> tuple[set[str], set[str]]:
+@lru_cache(maxsize=8192)  # the rank guards and the needs analysis ask of the same statements
+def reads_writes(node) -> tuple[frozenset, frozenset]:
     """The names a statement reads and those it binds (def and class bodies run later: only their names)."""
     visitor = _ReadsWrites()
     node.visit(visitor)
-    return visitor.reads, visitor.writes
+    return frozenset(visitor.reads), frozenset(visitor.writes)
 
 
 def header_of(stmt) -> list:

@@ -4,7 +4,8 @@
     plan.end   -> the index in `body` of the last statement every rank must run together (training, evaluation, a
                   custom loop's steps, torch.distributed, a model load; nbddp.vocabulary's SYNC, through the
                   notebook's own functions), or None where there is none; what follows it runs on rank 0 alone
-    plan.once  -> the statements before it that training does not need (by identity): they run on rank 0
+    plan.once  -> the statements before it that training does not need (by identity, with their live calls): they
+                  run on rank 0
 
 The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
 collectives, nbddp's own helpers, what names the rank: `open(f"log-{rank}.txt", "w")`), the process's set-up
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .cst import LiveVisitor, is_if_false, is_rank_expr, is_rank_test, live_calls, names_in
+from .cst import RANK_NAMES, RANK_VARIABLES, LiveVisitor, is_if_false, is_rank_test, names_in
 from .names import reads_writes
 from .vocabulary import COLLECTIVE, EMITS, MAIN_ONLY, SYNC, is_process_config, parts
 
@@ -44,7 +45,7 @@ WRITES_OUT = ("save", "dump", "write", "to_", "export", "upload", "download", "l
 class Plan:
     end: int | None = None
     marked: bool = False  # the notebook already has the runtime's line (converting converted code)
-    once: set = field(default_factory=set)  # ids of the statements that run on rank 0 only
+    once: dict = field(default_factory=dict)  # id of a statement that runs on rank 0 only -> its live calls
 
 
 def _base(expr) -> str | None:
@@ -60,8 +61,20 @@ class _Changes(LiveVisitor):
     def __init__(self, scan):
         self.scan, self.names = scan, scan.names
         self.changed: set[str] = set()
-        self.config = self.together = False
+        self.config = self.together = self.imports = self.rank = False
         self.drops: set = set()  # calls whose value the statement drops
+        self.calls: list = []  # its live calls (nbddp.cst.live_calls)
+
+    def visit_Import(self, node):
+        self.imports = True  # `try: import x / except ImportError: ...`: a statement that imports is set-up
+
+    visit_ImportFrom = visit_Import
+
+    def visit_Name(self, node):
+        self.rank = self.rank or node.value in RANK_NAMES  # what names the rank is each rank's own
+
+    def visit_SimpleString(self, node):
+        self.rank = self.rank or node.evaluated_value in RANK_VARIABLES
 
     def _target(self, target):
         if isinstance(target, (cst.Tuple, cst.List)):
@@ -93,6 +106,7 @@ class _Changes(LiveVisitor):
                 self.drops.add(shown)         # dropped in the notebook (None) and shown in the script
 
     def visit_Call(self, node):
+        self.calls.append(node)
         func = node.func
         if isinstance(func, cst.Name) and func.value.startswith("nbddp_") and func.value not in NEUTRAL_HELPERS:
             self.together = True
@@ -116,6 +130,15 @@ class _Scan:
     def __init__(self, names, effects, body):
         self.names, self.effects = names, effects
         self.modules = _modules(body)
+        self._seen: dict = {}
+
+    def seen(self, stmt) -> _Changes:
+        """One pass over a statement's live code."""
+        if id(stmt) not in self._seen:
+            changes = _Changes(self)
+            stmt.visit(changes)
+            self._seen[id(stmt)] = changes
+        return self._seen[id(stmt)]
 
     def imported(self, name: str) -> bool:
         """A name the notebook binds by an import (a module or a library's class), not a value it made."""
@@ -145,17 +168,16 @@ class _Scan:
         if isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom))
                                                              for s in stmt.body):
             return reads, writes, True, True
-        changes = _Changes(self)
-        stmt.visit(changes)
-        calls = live_calls(stmt)
-        seed = changes.config or changes.together or any(COLLECTIVE in self.effects.of_call(c) for c in calls) \
-            or _imports(stmt) or is_rank_expr(stmt, self.names)  # what names the rank is each rank's own
+        changes = self.seen(stmt)
+        seed = changes.config or changes.together or changes.imports or changes.rank or any(
+            COLLECTIVE in self.effects.of_call(c) for c in changes.calls)
         whole = isinstance(stmt, cst.SimpleStatementLine) and all(
             isinstance(s, (cst.Assign, cst.AnnAssign)) for s in stmt.body)
         return reads, writes | changes.changed, seed, whole and not changes.changed
 
     def sync(self, stmt) -> bool:
-        return any(SYNC in self.effects.of_call(c) for c in live_calls(stmt))
+        return not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and any(
+            SYNC in self.effects.of_call(c) for c in self.seen(stmt).calls)
 
 
 def _free_reads(node) -> set[str]:
@@ -177,22 +199,6 @@ def _free_reads(node) -> set[str]:
         reads |= body_reads | (inner or set())
         local |= body_writes
     return reads - local
-
-
-class _Imports(LiveVisitor):
-    found = False
-
-    def visit_Import(self, node):
-        self.found = True
-
-    visit_ImportFrom = visit_Import
-
-
-def _imports(stmt) -> bool:
-    """`try: import x / except ImportError: ...`: a statement that imports is set-up."""
-    found = _Imports()
-    stmt.visit(found)
-    return found.found
 
 
 def _modules(body) -> set[str]:
@@ -232,6 +238,6 @@ def training_needs(body, names, effects) -> Plan:
             if whole:
                 needed -= changes
             needed |= reads
-        elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and live_calls(stmt):
-            plan.once.add(id(stmt))  # a statement that calls nothing (`x = 5`, `pass`) follows what it reads
+        elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).calls:
+            plan.once[id(stmt)] = scan.seen(stmt).calls  # one that calls nothing (`x = 5`) follows what it reads
     return plan

@@ -108,7 +108,7 @@ class _Guards:
         self.used: dict = {}  # cell -> rank-0-only names read under its guards
         self.waits: set = set()  # cells with a barrier after a guard
         self.hoisted: set = set()  # ids of the bodies of statements that show a collective's result (hoist.py)
-        self.once: set = set()  # ids of top-level statements training does not need (nbddp.needs)
+        self.once: dict = {}  # id of a top-level statement training does not need -> its calls (nbddp.needs)
         self.rest: set = set()  # ids of the statements after training's end: rank 0 runs them alone
         self.unneeded: set = set()  # cells with statements training does not need
 
@@ -142,9 +142,9 @@ class _Guards:
         self.tree.at = stmt
         if not nested and id(stmt) in self.rest:
             return LEAVE
-        reads, writes = reads_writes(stmt)
         if not nested and id(stmt) in self.once and not _exits(stmt):
-            return self.unneeded_work(stmt, writes)
+            return self.unneeded_work(stmt, self.once[id(stmt)])
+        reads, writes = reads_writes(stmt)
         if isinstance(stmt, cst.FunctionDef):
             self.tainted -= writes
             return self.function(stmt) if self.effects.mixed(stmt, self.options.main_prints) else LEAVE
@@ -200,9 +200,8 @@ class _Guards:
         self.tainted -= writes
         return LEAVE
 
-    def unneeded_work(self, stmt, writes):
+    def unneeded_work(self, stmt, calls):
         """A statement training does not need: rank 0 runs it, whatever it calls."""
-        calls = live_calls(stmt)
         why = [r for r in map(self.reason, calls) if r]
         kinds = frozenset().union(*(k for k, _, _ in why)) | {ONCE}
         named = [text for _, text, _ in why] or [parts(code_of(c.func))[-1] for c in calls if not any(
@@ -210,7 +209,7 @@ class _Guards:
         self.taken[id(stmt.body)] = (kinds, why[0][2] if why else named[0] if named else "rank 0")
         self.reasons.setdefault(self.cell, []).extend(named)
         self.unneeded.add(self.cell)
-        self.tainted |= writes
+        self.tainted |= reads_writes(stmt)[1]
         return TAKE
 
     def tracked(self, stmt: cst.With):
