@@ -13,20 +13,26 @@ DEFAULT_SCRIPT = "train_ddp.py"
 def _convert(args) -> int:
     from .pipeline import convert_notebook
     from .transforms.base import Options
-    from .writer import write_script
+    from .writer import write_conversion
 
     to_stdout = args.output == "-"
     script_name = DEFAULT_SCRIPT if to_stdout else args.output
     result = convert_notebook(args.notebook, script_name=script_name, nproc=args.nproc,
-                              options=Options(scale_batch=args.scale_batch))
+                              options=Options(scale_batch=args.scale_batch), single_file=to_stdout or args.single_file)
     if to_stdout:
         sys.stdout.write(result.script)
         _say(result.report.format(result.launch), sys.stderr)
         return 0
-    write_script(args.output, result.script, force=args.force, source=args.notebook)
+    written = write_conversion(args.output, result, force=args.force, source=args.notebook)
     _say(result.report.format(result.launch), sys.stdout)
-    _say(f"Wrote {args.output}", sys.stdout)
+    _say(_wrote(written), sys.stdout)
     return 0
+
+
+def _wrote(written) -> str:
+    if len(written) == 1:
+        return f"Wrote {written[0]}"
+    return f"Wrote {written[0]} and {written[1]} (nbddp's runtime, which the script imports: keep them together)"
 
 
 def _say(text: str, stream):
@@ -71,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--scale-batch", action="store_true",
                          help="train N times the notebook's samples per optimizer step on N processes (the default "
                               "keeps the notebook's batch where N divides gradient_accumulation_steps)")
+    convert.add_argument("--single-file", action="store_true",
+                         help="one self-contained script, nbddp's runtime inlined (a Kaggle Script upload); by "
+                              "default the script imports it from a file written beside it")
     convert.add_argument("--keep-global-batch", action="store_true", help=argparse.SUPPRESS)  # the default now
     convert.set_defaults(func=_convert)
 
@@ -151,13 +160,13 @@ def _run(args) -> int:
     script = target
     if kind == "ipynb":
         from .pipeline import convert_notebook
-        from .writer import write_script
+        from .writer import write_conversion
 
         script = args.out or DEFAULT_SCRIPT
-        result = convert_notebook(target, script_name=script, nproc=nproc)
-        write_script(script, result.script, force=args.force, source=target)
+        result = convert_notebook(target, script_name=script, nproc=nproc, single_file=False)
+        written = write_conversion(script, result, force=args.force, source=target)
         _say(result.report.format(), sys.stderr)
-        _say(f"Wrote {script}", sys.stderr)
+        _say(_wrote(written), sys.stderr)
     how = dict(extra=args.torchrun_flags, script_args=args.script_args, all_ranks=args.all_ranks)
     if args.dry_run:
         print(command_line(executor.plan(script, nproc, **how)))

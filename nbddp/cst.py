@@ -79,6 +79,8 @@ def add_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Cal
         # the new argument takes the closing line break, without the comment.
         closing = last.comma.whitespace_after
         separator = args[-2].comma.whitespace_after if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else None
+        if not isinstance(separator, cst.ParenthesizedWhitespace):  # `f(\n    a, b,\n)`: indented as the first
+            separator = call.whitespace_before_args
         if isinstance(closing, cst.ParenthesizedWhitespace):
             if isinstance(separator, cst.ParenthesizedWhitespace):
                 args[-1] = last.with_changes(comma=last.comma.with_changes(

@@ -102,11 +102,17 @@ def _part(stmt) -> Part:
 
 
 @lru_cache(maxsize=None)
-def load(name: str) -> Module:
-    tree = cst.parse_module((RUNTIME / f"{name}.py").read_text(encoding="utf-8")).visit(_DropDocstrings())
+def load(name: str, docs: bool = False) -> Module:
+    """A runtime module as parts; with `docs`, its docstrings kept (the module's own becomes a comment block)."""
+    tree = cst.parse_module((RUNTIME / f"{name}.py").read_text(encoding="utf-8"))
+    tree = tree if docs else tree.visit(_DropDocstrings())
     requires, imports, parts = [], [], []
     for i, stmt in enumerate(tree.body):
         if i == 0 and _is_docstring(stmt):
+            if docs:
+                text = stmt.body[0].value.evaluated_value.strip()
+                parts.append(Part("".join(f"# {line}".rstrip() + "\n" for line in text.splitlines()), frozenset(),
+                                  frozenset(), True))
             continue
         small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
         if isinstance(small, cst.ImportFrom) and small.relative:
@@ -188,23 +194,23 @@ def everything() -> Choice:
     return Choice({name: "all of the runtime" for name in MODULES}, None)
 
 
-def render(choice: Choice) -> str:
+def render(choice: Choice, docs: bool = False) -> str:
     """The runtime block: the chosen modules and what they import from, each cut to what runs at import and what
-    the script reads, transitively."""
+    the script reads, transitively; with `docs`, their documentation kept (a runtime file beside the script)."""
     reasons, uses = choice.reasons, choice.uses
     names = closure(reasons)
-    every = [part for name in names for part in load(name).parts]
+    every = [part for name in names for part in load(name, docs).parts]
     roots = set(uses or ()) | SKELETON | ({"nbddp_fit"} if choice.sizes_models else set())
     kept = set(every if uses is None else _needed(every, roots))
-    parts = {name: [part for part in load(name).parts if part in kept] for name in names}
+    parts = {name: [part for part in load(name, docs).parts if part in kept] for name in names}
     reads = set().union(*(part.reads for part in kept))
-    imports = sorted({part for name in names for part in load(name).imports if part.defines & reads},
+    imports = sorted({part for name in names for part in load(name, docs).imports if part.defines & reads},
                      key=_import_key)
     stdlib = "".join(part.code for part in imports if not _import_key(part)[0])
     blocks = [stdlib + ("\n" if stdlib else "") + "".join(part.code for part in imports if _import_key(part)[0])]
     for name in names:
-        if parts[name]:
-            used_by = [n for n in names if name in load(n).requires and parts[n]]
+        if any(part.reads or part.defines for part in parts[name]):  # more than its documentation
+            used_by = [n for n in names if name in load(n, docs).requires and parts[n]]
             why = reasons.get(name) or "needed by " + ", ".join(used_by)
             blocks.append(f"# -- {name}: {why}\n" + _join(parts[name]))
     return "\n\n".join(block.rstrip("\n") for block in blocks)

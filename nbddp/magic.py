@@ -136,12 +136,12 @@ class TorchrunMagics(Magics):
 
         from .pipeline import convert_notebook
         from .transforms.base import Options
-        from .writer import write_script
+        from .writer import write_conversion
 
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
-        result = convert_notebook(nb, source_name=CELL_SOURCE, script_name=out, nproc=nproc,
+        result = convert_notebook(nb, source_name=CELL_SOURCE, script_name=out, nproc=nproc, single_file=False,
                                   options=Options(main_prints=not all_ranks))  # --all-ranks: every rank prints
-        write_script(out, result.script, force=force)
+        write_conversion(out, result, force=force)
         _print_notes(result.report)
         return out
 

@@ -117,6 +117,8 @@ class Conversion:
     launch: list
     tree: object = field(default=None, repr=False)  # nbddp.tree.Tree: the converted notebook
     runtime: object = None  # nbddp.inline.Choice: the runtime modules the script carries, and why
+    runtime_file: str | None = None  # the runtime's file name, beside the script (None: one file, runtime inlined)
+    runtime_text: str | None = None
 
     @property
     def cells(self) -> list:
@@ -129,8 +131,10 @@ class Conversion:
 
 
 def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", nproc=2,
-                     options: Options | None = None) -> Conversion:
-    from .render import render_script
+                     options: Options | None = None, single_file: bool = True) -> Conversion:
+    """The conversion: one self-contained script (`single_file`), or a script that imports its runtime from a file
+    written beside it (`runtime_file`, `runtime_text`), as `nbddp convert` writes by default."""
+    from .render import render_runtime, render_script, runtime_module_name
 
     nb = as_notebook(notebook)
     if source_name is None:
@@ -139,12 +143,16 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
     ctx = Context(report=Report(source=source_name), options=options or Options())
     tree = run_tree(nb, ctx)
     launch = launch_lines(script_name, nproc)
-    script = render_script(
-        tree.module, version=__version__, source=source_name,
-        launch=launch, installs=ctx.report.installs, script_name=script_name, runtime=ctx.runtime,
-    )
+    context = dict(version=__version__, source=source_name, script_name=os.path.basename(script_name))
+    runtime_module = runtime_text = runtime_id = None
+    if not single_file:
+        runtime_module = runtime_module_name(script_name)
+        runtime_text, runtime_id = render_runtime(ctx.runtime, **context)
+    script = render_script(tree.module, ctx.runtime, runtime_module, runtime_id, launch=launch,
+                           installs=ctx.report.installs, **context)
     check_compiles(script, script_name, ctx.report)
-    return Conversion(script=script, report=ctx.report, launch=launch, tree=tree, runtime=ctx.runtime)
+    return Conversion(script=script, report=ctx.report, launch=launch, tree=tree, runtime=ctx.runtime,
+                      runtime_file=runtime_module and runtime_module + ".py", runtime_text=runtime_text)
 
 
 def check_compiles(script: str, script_name: str, report: Report | None = None):

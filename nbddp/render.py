@@ -1,7 +1,12 @@
 """Assemble the script: the notebook's cells (with `# %% cell N` markers) inside the templates' skeleton."""
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import libcst as cst
+
+from .writer import stamped
 
 
 
@@ -62,11 +67,36 @@ def hoist_futures(module: cst.Module) -> tuple[cst.Module, list[str]]:
     return module.with_changes(body=body), list(dict.fromkeys(futures))
 
 
-def render_script(module, runtime, **context) -> str:
+def runtime_module_name(script_name) -> str:
+    """The module name of the runtime file beside `script_name`: `train_ddp.py` -> `train_ddp_runtime`."""
+    stem = "".join(c if c.isalnum() or c == "_" else "_" for c in Path(script_name).stem) or "script"
+    return ("_" if stem[0].isdigit() else "") + stem + "_runtime"
+
+
+def render_runtime(runtime, **context) -> tuple[str, str]:
+    """(the runtime file's text, its id): the parts of nbddp/runtime the script needs, documentation kept."""
+    from .inline import render
+
+    block = render(runtime, docs=True)
+    runtime_id = hashlib.sha256(block.encode()).hexdigest()[:12]
+    text = environment().get_template("runtime.py.j2").render(runtime=block, runtime_id=runtime_id, **context)
+    return stamped(text), runtime_id
+
+
+def render_script(module, runtime, runtime_module=None, runtime_id=None, **context) -> str:
     """The script: the notebook's converted tree inside the skeleton; `runtime` (module -> why) picks the
-    nbddp/runtime modules it carries, inlined."""
+    nbddp/runtime modules it needs: imported from `runtime_module` (a file beside the script, whose id the script
+    checks), else inlined (one file, whose header says where the notebook starts)."""
     from .inline import render
 
     module, futures = hoist_futures(module)
-    return environment().get_template("ddp_script.py.j2").render(body=body_block(module), runtime=render(runtime),
-                                                                  start=runtime.start(), futures=futures, **context)
+    template = environment().get_template("ddp_script.py.j2")
+    values = dict(body=body_block(module), runtime=None if runtime_module else render(runtime), start=runtime.start(),
+                  futures=futures, runtime_module=runtime_module, runtime_id=runtime_id, **context)
+    script = template.render(starts=0, **values)
+    if runtime_module:
+        return stamped(script)
+    lines = script.splitlines()
+    starts = next((n for n, line in enumerate(lines, start=1) if line.startswith("    # %% cell")),
+                  next(n for n, line in enumerate(lines, start=1) if line == "try:"))
+    return stamped(template.render(starts=starts, **values))

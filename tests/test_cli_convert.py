@@ -139,7 +139,7 @@ def test_output_overwrite_rules(tmp_path, small):
     again = nbddp("convert", nb, "-o", out)  # nbddp's own earlier output: replaced without --force
     assert again.returncode == 0, again.stderr
     assert out.read_text() == first
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb", "train.py"]  # no temporary files left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb", "train.py", "train_runtime.py"]  # no temporary files
 
 
 def test_output_to_stdout_and_report_to_stderr(tmp_path, small):
@@ -189,3 +189,54 @@ def test_jupyter_nbconvert_to_ddp(tmp_path):
     import nbddp
 
     assert done.stdout.rstrip("\n") == nbddp.convert(nb, script_name="my notebook.py").rstrip("\n")
+
+
+def test_the_script_reads_as_the_notebook_and_imports_its_runtime_from_beside_it(tmp_path, small):
+    done = nbddp("convert", small, "-o", tmp_path / "train.py")
+    assert done.returncode == 0, done.stderr
+    assert "Wrote" in done.stdout and "train_runtime.py" in done.stdout
+    script = (tmp_path / "train.py").read_text().splitlines()
+    first = next(n for n, line in enumerate(script, start=1) if line.startswith("    # %% cell"))
+    assert first <= 40, "\n".join(script[:first])
+    assert any(line.startswith("from train_runtime import *") for line in script)
+    assert any(line.startswith("nbddp_runtime_check(") for line in script)
+    runtime = (tmp_path / "train_runtime.py").read_text()
+    assert runtime.startswith('"""nbddp runtime for train.py, converted from nb.ipynb')
+    assert "def nbddp_barrier(what=None):\n    \"\"\"Wait until every rank gets here" in runtime  # documented
+    compile(runtime, "train_runtime.py", "exec")
+
+
+def test_single_file_says_where_the_notebook_starts(tmp_path, small):
+    done = nbddp("convert", small, "-o", tmp_path / "kaggle.py", "--single-file")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kaggle.py", "nb.ipynb"]
+    lines = (tmp_path / "kaggle.py").read_text().splitlines()
+    said = next(line for line in lines[:6] if "the notebook starts at line" in line)
+    start = int(said.split("line ")[1].split()[0])
+    assert lines[start - 1].startswith("    # %% cell"), lines[start - 1]
+
+
+def test_a_script_with_another_runtime_stops_with_one_line(tmp_path, small):
+    assert nbddp("convert", small, "-o", tmp_path / "train.py").returncode == 0
+    other = write_notebook(tmp_path / "other.ipynb", "import os\nprint(os.getcwd())\n")
+    assert nbddp("convert", other, "-o", tmp_path / "other.py").returncode == 0
+    shutil.copy(tmp_path / "other_runtime.py", tmp_path / "train_runtime.py")  # the wrong file beside the script
+    done = subprocess.run([sys.executable, "-c", "import train"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().startswith("nbddp: ") and "is not the runtime this script was written for" in done.stderr
+
+
+def test_nothing_of_the_users_is_lost_without_force(tmp_path, small):
+    out = tmp_path / "train.py"
+    assert nbddp("convert", small, "-o", out).returncode == 0
+    edited = out.read_text().replace("try:\n", "try:\n    print('my line')\n", 1)
+    out.write_text(edited)
+    refused = nbddp("convert", small, "-o", out)
+    assert refused.returncode == 1 and "was edited since nbddp wrote it" in refused.stderr, refused.stderr
+    assert out.read_text() == edited
+    other = write_notebook(tmp_path / "other.ipynb", "x = 1\n")
+    assert nbddp("convert", small, "-o", out, "--force").returncode == 0
+    refused = nbddp("convert", other, "-o", out)  # another notebook's script at the same name
+    assert refused.returncode == 1 and "DDP training script for nb.ipynb" in refused.stderr, refused.stderr
+    assert nbddp("convert", other, "-o", out, "--force").returncode == 0

@@ -16,15 +16,17 @@ pytestmark = pytest.mark.ddp
 
 
 @pytest.fixture(scope="module")
-def script() -> str:
-    import nbddp
+def script():
+    """The example's conversion as `nbddp convert` writes it: the script and its runtime file beside it."""
+    from nbddp.pipeline import convert_notebook
 
-    return nbddp.convert(str(EXAMPLE_NOTEBOOK))
+    return convert_notebook(str(EXAMPLE_NOTEBOOK), single_file=False)
 
 
 def _job(tmp_path_factory, script, name, argv) -> Job:
     cwd = tmp_path_factory.mktemp(name)
-    (cwd / SCRIPT).write_text(script, encoding="utf-8")
+    (cwd / SCRIPT).write_text(script.script, encoding="utf-8")
+    (cwd / script.runtime_file).write_text(script.runtime_text, encoding="utf-8")
     return run_job(argv, cwd)
 
 
@@ -45,7 +47,8 @@ def test_readme_command_writes_the_script_under_test(tmp_path, script):
     done = subprocess.run([sys.executable, "-m", "nbddp", "convert", f"notebooks/{EXAMPLE_NOTEBOOK.name}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / SCRIPT).read_text(encoding="utf-8") == script
+    assert (tmp_path / SCRIPT).read_text(encoding="utf-8") == script.script
+    assert (tmp_path / script.runtime_file).read_text(encoding="utf-8") == script.runtime_text
     assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in done.stdout
 
 

@@ -135,6 +135,11 @@ def test_each_carried_module_says_why_in_one_line():
     (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 870),
 ])
 def test_lines_before_the_first_notebook_cell(notebook, most):
+    """The default script starts with the notebook (its runtime is a file beside it); the single file (a Kaggle
+    Script) carries the runtime first, cut to what the notebook needs."""
+    lines = convert_notebook(str(notebook), single_file=False).script.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith("# %% cell "))
+    assert first <= 40, f"{notebook.name}: {first} lines before the first cell"
     lines = convert_notebook(str(notebook)).script.splitlines()
     first = next(i for i, line in enumerate(lines) if line.strip().startswith("# %% cell "))
     assert first <= most, f"{notebook.name}: {first} lines before the first cell"
@@ -202,3 +207,14 @@ def test_inlining_keeps_what_is_read_and_what_runs_at_import():
     code = inline.render(inline.Choice({"peft_shim": "why"}))  # runs at import: the watch line keeps its patch
     assert 'NBDDP_IMPORTS.watch("peft", _nbddp_patch_peft)' in code and "def _nbddp_patch_peft" in code
     assert "sys.meta_path.insert(0, NBDDP_IMPORTS)" in code
+
+
+@pytest.mark.parametrize("cell", [
+    "from unsloth import FastLanguageModel\nmodel, tok = FastLanguageModel.from_pretrained('m', fast_inference = True)\n",
+    "from trl import GRPOConfig\nargs = GRPOConfig(output_dir = 'o', use_vllm = True)\n",
+])
+def test_a_notebook_that_asks_for_vllm_is_told_what_ddp_does_with_it(cell):
+    report = convert_notebook(make_notebook(cell)).report
+    assert any("vLLM under DDP" in n.text for n in report.warnings), report.warnings
+    off = convert_notebook(make_notebook(cell.replace("True", "False"))).report
+    assert not any("vLLM" in n.text for n in off.warnings)

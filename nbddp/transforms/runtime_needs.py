@@ -24,6 +24,7 @@ LOOP_HELPERS = frozenset({"nbddp_ddp", "nbddp_distributed", "nbddp_unsynced_loop
 FORMS_HELPERS = frozenset({"nbddp_expand", "nbddp_time", "nbddp_capture", "nbddp_show"})
 CHECKPOINTING = frozenset({"gradient_checkpointing", "use_gradient_checkpointing", "activation_checkpointing"})
 QUANTIZED = frozenset({"load_in_4bit", "load_in_8bit", "quantization_config"})
+VLLM = frozenset({"fast_inference", "use_vllm"})  # Unsloth's loader, TRL's GRPO/online configs
 
 
 MODEL_KEYWORDS = ("model_name", "pretrained_model_name_or_path")
@@ -54,6 +55,7 @@ class _Facts(cst.CSTVisitor):
         self.ipython = set()  # IPython's builtins the notebook reads (display, get_ipython)
         self.prompts = {}  # (cell, what a call asks, on rank 0 only) -> how to give the value instead (vocabulary)
         self.cell = 0
+        self.vllm = {}  # cell -> the keyword that asks for vLLM (fast_inference=True, use_vllm=True)
         self.main_only = 0  # how deep in `if NBDDP_IS_MAIN:` blocks (rank-0-only calls)
 
     def on_visit(self, node):
@@ -164,6 +166,8 @@ class _Facts(cst.CSTVisitor):
             self.weight_tying = True
         elif key == "unsloth_tiled_mlp" and not _off(node.value):
             self.tiled_mlp = True
+        elif key in VLLM and not _off(node.value):
+            self.vllm.setdefault(self.cell, key)
 
     def visit_SimpleString(self, node):  # os.environ["UNSLOTH_TILED_MLP"] = ...
         if node.evaluated_value == "UNSLOTH_TILED_MLP":
@@ -237,6 +241,10 @@ class RuntimeNeeds(TreeStep):
         for cell, shown in facts.unsized:
             ctx.report.warn(cell, f"from_pretrained({shown}, ...): nbddp cannot read which model or how it loads, "
                                   "so the script cannot check that it fits one GPU (it runs one process per GPU)")
+        for cell, key in facts.vllm.items():
+            ctx.report.warn(cell, f"{key}=True: nbddp has not run vLLM under DDP; each process would start its own "
+                                  "vLLM engine on its GPU beside training (gpu_memory_utilization of that GPU): if the "
+                                  f"job fails or runs out of memory there, set {key}=False")
         for (cell, what, main_only), instead in facts.prompts.items():
             who = "in a rank-0-only block: only rank 0 asks and gets the answer" if main_only else \
                 "rank 0 asks, every rank gets the answer"
