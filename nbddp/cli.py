@@ -163,7 +163,10 @@ def _run(args) -> int:
         from .writer import write_conversion
 
         script = args.out or DEFAULT_SCRIPT
-        result = convert_notebook(target, script_name=script, nproc=nproc, single_file=False)
+        from .transforms.base import Options
+
+        result = convert_notebook(target, script_name=script, nproc=nproc, single_file=False,
+                                  options=Options(main_prints=not args.all_ranks))  # --all-ranks: every rank prints
         written = write_conversion(script, result, force=args.force, source=target)
         _say(result.report.format(), sys.stderr)
         _say(_wrote(written), sys.stderr)

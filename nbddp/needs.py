@@ -28,14 +28,11 @@ import libcst as cst
 
 from .cst import RANK_NAMES, RANK_VARIABLES, LiveVisitor, is_if_false, is_rank_test, names_in
 from .names import reads_writes
+from .runtime import HELPERS
 from .vocabulary import COLLECTIVE, EMITS, MAIN_ONLY, SYNC, is_process_config, parts
 
 REST = "nbddp_rest_on_rank0"  # the runtime's line where training ends (nbddp/runtime/group.py)
-# nbddp's helpers that every rank calls as the notebook would (the others may wait for every rank, or say something
-# of the job): all but those that show, expand or time what the notebook's own line does
-SHOWS = frozenset({"nbddp_show", "nbddp_display"})
-NEUTRAL_HELPERS = frozenset({"nbddp_show", "nbddp_display", "nbddp_expand", "nbddp_getoutput", "nbddp_time",
-                             "nbddp_capture", "nbddp_device_map"})
+SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
 PATHS = frozenset({"pathlib.Path", "pathlib.PurePath", "os.path.join", "os.path.abspath", "os.path.expanduser",
                    "os.path.dirname", "os.path.basename", "os.getcwd", "builtins.str", "builtins.int"})
 WRITES_OUT = ("save", "dump", "write", "to_", "export", "upload", "download", "log", "print", "show", "display")
@@ -108,7 +105,8 @@ class _Changes(LiveVisitor):
     def visit_Call(self, node):
         self.calls.append(node)
         func = node.func
-        if isinstance(func, cst.Name) and func.value.startswith("nbddp_") and func.value not in NEUTRAL_HELPERS:
+        if isinstance(func, cst.Name) and func.value.startswith("nbddp_") and (
+                func.value not in HELPERS or HELPERS[func.value].together):  # nbddp's helpers every rank calls
             self.together = True
         meanings = self.names.meanings(func)
         if any(is_process_config(m) for m in meanings):

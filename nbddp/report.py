@@ -50,7 +50,8 @@ class Report:
             out.append("Check these (nbddp could not convert them safely):")
             out += [f"  {n.where()}: {n.text}" for n in sorted(self.warnings, key=_order)]
         if self.installs:
-            out.append("Install before running (the notebook's install commands, removed from the script):")
+            out.append("Install before running (the notebook's install commands, removed from the script; {name} parts "
+                       "are the notebook's own variables: put in their values):")
             out += [f"  {c}" for c in self.installs]
         if launch_lines:
             out.append("Launch:")

@@ -215,6 +215,25 @@ def test_inlining_keeps_what_is_read_and_what_runs_at_import():
 ])
 def test_a_notebook_that_asks_for_vllm_is_told_what_ddp_does_with_it(cell):
     report = convert_notebook(make_notebook(cell)).report
-    assert any("vLLM under DDP" in n.text for n in report.warnings), report.warnings
+    assert any("vLLM under DDP" in n.text for n in report.changes), report.changes
     off = convert_notebook(make_notebook(cell.replace("True", "False"))).report
-    assert not any("vLLM" in n.text for n in off.warnings)
+    assert not any("vLLM" in n.text for n in off.changes)
+
+
+def test_the_helpers_steps_write_are_the_runtimes_declared_api():
+    """Each step declares the helpers it may write (`inserts`); each is in nbddp.runtime.HELPERS, defined at the top
+    level of the module HELPERS names; and every declared helper is written by some step."""
+    import ast
+
+    from nbddp.pipeline import steps, tree_steps
+    from nbddp.runtime import HELPERS
+    from nbddp.inline import RUNTIME
+
+    declared = {name: type(step).__name__ for step in steps() + tree_steps() for name in step.inserts}
+    assert set(declared) == set(HELPERS), set(declared) ^ set(HELPERS)
+    for name, helper in HELPERS.items():
+        tree = ast.parse((RUNTIME / f"{helper.module}.py").read_text(encoding="utf-8"))
+        defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))} | {
+            target.id for node in tree.body if isinstance(node, ast.Assign) for target in node.targets
+            if isinstance(target, ast.Name)}
+        assert name in defined, f"{name} ({declared[name]}) is not defined in runtime/{helper.module}.py"

@@ -1,12 +1,51 @@
-"""The code a generated script carries, one module per job.
+"""The code a generated script carries, one module per job, and its API: the helpers a conversion step may write.
 
 Each module is ordinary Python that tests import. A generated script imports nothing from nbddp: the converter
-inlines the source of the modules a notebook needs (`nbddp/inline.py`), so names are shared between modules
-through `from .module import name` lines, which inlining drops. Importing this package imports no module of it
-(the converter reads their files and never imports torch).
+writes the source of the modules a notebook needs beside it, or inlines it (`nbddp/inline.py`), so names are shared
+between modules through `from .module import name` lines, which that drops. Importing this package imports no
+module of it (the converter reads their files and never imports torch).
+
+HELPERS is the explicit API between the converter and the runtime: every name a step writes into a script (each
+step declares its own in `TreeStep.inserts`), the module that defines it, why, and whether every rank calls it
+together (it may wait for the others: nbddp.needs runs such a line on every rank). The script carries a module
+because the converted notebook holds one of its helpers (nbddp/transforms/runtime_needs.py), or for what the
+notebook itself does (a Trainer, Unsloth, a prompt).
 """
+from typing import NamedTuple
 
 # Inlining order where no import decides it; a module's `from .x import` lines put x before it.
 MODULES = ("recipe", "launcher", "wait", "group", "fit", "files", "hooks", "one_writer", "agree", "ask", "ipython_forms", "unsloth_group",
            "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance",
            "loop")
+
+
+class Helper(NamedTuple):
+    module: str
+    why: str
+    together: bool = False  # every rank calls it: it may wait for the others
+
+
+_FILES = "once per machine, the other ranks wait"
+_FORMS = "what IPython gives a notebook, in a script"
+_LOOP = "a training loop of the notebook's own: one model over every rank"
+HELPERS = {
+    "NBDDP_IS_MAIN": Helper("group", "rank 0's blocks"),
+    "NBDDP_RANK": Helper("group", "this process's rank"),
+    "NBDDP_LOCAL_RANK": Helper("group", "this process's rank on its machine: its GPU"),
+    "NBDDP_DEVICE": Helper("group", "this process's device"),
+    "nbddp_device_map": Helper("group", "a model load on this rank's device"),
+    "nbddp_barrier": Helper("group", "the other ranks wait for rank-0 work", True),
+    "nbddp_no_context": Helper("group", "a tracker's run as a context, opened on rank 0 only"),
+    "nbddp_rest_on_rank0": Helper("group", "where training ends: rank 0 runs the rest alone", True),
+    "nbddp_main_process_first": Helper("files", "data preparation: " + _FILES, True),
+    "nbddp_shell": Helper("files", "a shell command: " + _FILES, True),
+    "nbddp_write_file": Helper("files", "a %%writefile cell: " + _FILES, True),
+    "nbddp_getoutput": Helper("files", "a shell command's output as a value"),
+    "nbddp_expand": Helper("ipython_forms", _FORMS + ": $name and {expr} in a shell or magic line"),
+    "nbddp_time": Helper("ipython_forms", _FORMS + ": %time of a value"),
+    "nbddp_capture": Helper("ipython_forms", _FORMS + ": %%capture bound to a name"),
+    "nbddp_show": Helper("ipython_forms", _FORMS + ": a cell's last value shown"),
+    "nbddp_ddp": Helper("loop", _LOOP + ": the model trains through DDP", True),
+    "nbddp_distributed": Helper("loop", _LOOP + ": each rank reads its share of the data", True),
+    "nbddp_unsynced_loop": Helper("loop", _LOOP + ": a loop whose model nbddp cannot tell stops the script", True),
+}

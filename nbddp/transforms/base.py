@@ -33,9 +33,11 @@ def cell_number(cell) -> int:
 
 
 class Transform:
-    """A step over the notebook's cells as text (before the tree exists): `preprocess_cell` or `preprocess`."""
+    """A step over the notebook's cells as text (before the tree exists): `preprocess_cell` or `preprocess`.
+    `inserts`: the runtime's helpers (nbddp.runtime.HELPERS) the step may write into the script."""
 
     name = "transform"
+    inserts: tuple = ()
 
     def preprocess(self, nb, ctx: Context):
         nb.cells = [self.preprocess_cell(cell, ctx) for cell in nb.cells]
@@ -50,6 +52,7 @@ class TreeStep:
     rewrite names its CallRewriter as `rewriter`."""
 
     name = "tree-step"
+    inserts: tuple = ()  # the runtime's helpers (nbddp.runtime.HELPERS) the step may write into the script
     rewriter: type | None = None
     wants: frozenset | None = None  # the statement facts (nbddp.tree.Tree.facts) the step acts on; None: all
 

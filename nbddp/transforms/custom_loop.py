@@ -301,6 +301,7 @@ def _called(stmt) -> str | None:
 
 class CustomLoop(TreeStep):
     name = "custom-loop"
+    inserts = (WRAP, DEAL, STOP)
     rewriter = _Rewrite
 
     def run(self, tree, ctx):

@@ -48,6 +48,7 @@ class _Seeds(CallRewriter):
 
 class DataPrep(TreeStep):
     name = "data-prep"
+    inserts = (FIRST,)
 
     def run(self, tree, ctx):
         module = tree.visit(_Seeds(tree, ctx), frozenset({SEEDED}))

@@ -159,6 +159,7 @@ def _is_visible(value) -> bool:
 
 class Devices(TreeStep):
     name = "devices"
+    inserts = (RANK_DEVICE, RANK_INDEX)
 
     def run(self, tree, ctx):
         uses = _DeviceUses(tree.names)

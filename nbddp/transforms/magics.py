@@ -59,6 +59,7 @@ def _leading_comments(source: str) -> tuple[str, str]:
 
 class Magics(Transform):
     name = "magics"
+    inserts = ("nbddp_shell", "nbddp_write_file", "nbddp_getoutput", "nbddp_time", "nbddp_capture", "nbddp_expand")
     installs = 0  # install commands removed so far
 
     def preprocess_cell(self, cell, ctx):

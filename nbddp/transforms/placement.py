@@ -57,5 +57,6 @@ class _Placement(CallRewriter):
 
 class Placement(TreeStep):
     name = "placement"
+    inserts = (OURS,)
     rewriter = _Placement
     wants = frozenset({LOAD})

@@ -266,6 +266,7 @@ class _Guards:
 
 class RankGuards(TreeStep):
     name = "rank-guards"
+    inserts = ("NBDDP_IS_MAIN", "nbddp_barrier", "nbddp_no_context", REST)
 
     def run(self, tree, ctx):
         guards = _Guards(tree, ctx)

@@ -13,15 +13,13 @@ import libcst as cst
 from ..cst import code_of, is_if_false, keyword
 from ..inline import Choice
 from ..names import IPYTHON_BUILTINS
+from ..runtime import HELPERS
 from ..tree import starts_cell
 from ..vocabulary import CONFIG, CREDENTIALS, LOAD, is_unsloth_loader, kinds, parts, prompt
 from .base import TreeStep
 from .placement import OURS
 
 TRAINER_HOMES = frozenset({"transformers", "trl", "unsloth"})
-FILE_HELPERS = frozenset({"nbddp_main_process_first", "nbddp_shell", "nbddp_getoutput", "nbddp_write_file"})
-LOOP_HELPERS = frozenset({"nbddp_ddp", "nbddp_distributed", "nbddp_unsynced_loop"})
-FORMS_HELPERS = frozenset({"nbddp_expand", "nbddp_time", "nbddp_capture", "nbddp_show"})
 CHECKPOINTING = frozenset({"gradient_checkpointing", "use_gradient_checkpointing", "activation_checkpointing"})
 QUANTIZED = frozenset({"load_in_4bit", "load_in_8bit", "quantization_config"})
 VLLM = frozenset({"fast_inference", "use_vllm"})  # Unsloth's loader, TRL's GRPO/online configs
@@ -191,10 +189,12 @@ def needs(facts: _Facts) -> dict[str, str]:
                      "never a hang"
     if sized_loads(facts):
         why["fit"] = "the notebook loads a model: DDP if it fits one GPU, else one process split over all of them"
-    forms = sorted(facts.names & FORMS_HELPERS) + sorted(facts.ipython)
+    helpers = {module: sorted(n for n in facts.names if n in HELPERS and HELPERS[n].module == module)
+               for module in ("files", "ipython_forms", "loop")}  # the steps' helpers of these modules (HELPERS)
+    forms = helpers["ipython_forms"] + sorted(facts.ipython)
     if forms:
         why["ipython_forms"] = f"the notebook uses what IPython gives it ({', '.join(forms)}): in the script too"
-    used = sorted(facts.names & FILE_HELPERS)
+    used = helpers["files"]
     if used:
         why["files"] = f"the notebook calls {', '.join(used)}: once per machine, the other ranks wait"
     unsloth = bool(facts.modules & {"unsloth", "unsloth_zoo"})
@@ -216,7 +216,7 @@ def needs(facts: _Facts) -> dict[str, str]:
     if facts.trainer:
         why["global_batch"] = "the notebook trains with a Trainer: its global batch kept where the process count " \
                               "divides gradient_accumulation_steps (NBDDP_BATCH=scale: N times its samples)"
-    loop = sorted(facts.names & LOOP_HELPERS)
+    loop = helpers["loop"]
     if loop:
         why["loop"] = f"the notebook trains in a loop of its own ({', '.join(loop)}): one model over every rank"
     if facts.trainer:
@@ -242,7 +242,7 @@ class RuntimeNeeds(TreeStep):
             ctx.report.warn(cell, f"from_pretrained({shown}, ...): nbddp cannot read which model or how it loads, "
                                   "so the script cannot check that it fits one GPU (it runs one process per GPU)")
         for cell, key in facts.vllm.items():
-            ctx.report.warn(cell, f"{key}=True: nbddp has not run vLLM under DDP; each process would start its own "
+            ctx.report.change(cell, f"{key}=True: nbddp has not run vLLM under DDP; each process would start its own "
                                   "vLLM engine on its GPU beside training (gpu_memory_utilization of that GPU): if the "
                                   f"job fails or runs out of memory there, set {key}=False")
         for (cell, what, main_only), instead in facts.prompts.items():

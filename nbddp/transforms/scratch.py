@@ -43,5 +43,6 @@ class _Scratch(CallRewriter):
 
 class Scratch(TreeStep):
     name = "scratch"
+    inserts = ("NBDDP_RANK",)
     rewriter = _Scratch
     wants = frozenset({PEFT})

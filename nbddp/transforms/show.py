@@ -55,6 +55,7 @@ def _returns_nothing(function) -> bool:
 
 class Show(TreeStep):
     name = "show"
+    inserts = (SHOW,)
 
     def _shows(self, names, expr) -> bool:
         if isinstance(expr, (cst.Yield, cst.Await)):
