@@ -29,8 +29,8 @@ from .devices import TidiedMarkers
 from .markers import marker
 from .shell import one_line
 
-MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel", "notebook_launcher", "spawn", "mp",
-                      "start_processes", "multiprocessing", "torch", "accelerate"})  # and names bound from them
+MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel", "notebook_launcher", "spawn",
+                      "start_processes"})  # and names bound from them (tree.visit)
 NOTEBOOK_LAUNCHERS = frozenset({"accelerate.notebook_launcher", "accelerate.launchers.notebook_launcher"})
 SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
                     "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.spawn.start_processes"})
