@@ -36,6 +36,13 @@ What runs where, while the session is on:
 %ddp stop ends the session; a failing cell raises RankFailedError and the session goes on."""
 
 
+def _running_cell_number(shell) -> int:
+    """The number the notebook shows for the running cell (In[N]): where IPython stored its input. The shell's
+    execution_count is already the next one while a cell runs on some IPython versions."""
+    stored = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None)
+    return len(stored) - 1 if stored else shell.execution_count
+
+
 @magics_class
 class DdpMagics(Magics):
     def __init__(self, shell):
@@ -133,7 +140,7 @@ class DdpMagics(Magics):
             converted = self.history.convert(cell)
         except NbddpError as exc:
             raise UsageError(f"nbddp cannot run this cell on the ranks: {exc}") from None
-        count = self.shell.execution_count
+        count = _running_cell_number(self.shell)
         name, label = f"<nbddp In[{count}]>", f"Cell In[{count}]"
         try:
             compile(converted.code, name, "exec", dont_inherit=True)

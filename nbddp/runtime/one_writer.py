@@ -23,7 +23,7 @@ from .hooks import NBDDP_IMPORTS, _nbddp_choice, nbddp_say
 from .wait import NBDDP_BARRIER_KEY, NBDDP_WAITS, nbddp_store, nbddp_store_barrier, nbddp_wait_until
 
 NBDDP_ONE_WRITER = NBDDP_WORLD_SIZE > 1 and _nbddp_choice("NBDDP_ONE_WRITER") is not False
-_NBDDP_WRITES = {"depth": 0, "sites": {}, "skipped": set()}
+_NBDDP_WRITES = {"depth": 0, "sites": {}, "skipped": set(), "saved": {}}  # saved: where -> what saved there
 _NBDDP_WRITERS = {  # module -> class -> methods
     "transformers.modeling_utils": {"PreTrainedModel": ("save_pretrained", "push_to_hub")},
     "transformers.utils.hub": {"PushToHubMixin": ("push_to_hub",)},
@@ -77,6 +77,9 @@ class NbddpWriter:
         key = f"nbddp/wrote/{site}/{count}"
         if not NBDDP_IS_MAIN:
             return _nbddp_skipped(self.name, key)
+        where = args[1] if len(args) > 1 else kwargs.get("save_directory", kwargs.get("repo_id"))
+        if isinstance(where, (str, os.PathLike)):
+            state["saved"].setdefault(os.fspath(where), []).append(self.name)
         state["depth"] += 1
         try:
             return self.method(*args, **kwargs)
@@ -196,6 +199,10 @@ def _nbddp_report_skips():
     if skipped:
         said = "; ".join(f"rank {rank} skipped {', '.join(names)}" for rank, names in sorted(skipped.items()))
         nbddp_say("one-writer", f"saving and pushing run on rank 0 only ({said}; NBDDP_ONE_WRITER=0: every rank)")
+    saved = _NBDDP_WRITES["saved"]
+    if saved and NBDDP_IS_MAIN:
+        said = ", ".join(f"{where} ({', '.join(dict.fromkeys(names))})" for where, names in saved.items())
+        nbddp_say("saved", f"saved by rank 0, once: {said}")
 
 
 def _nbddp_watch_writers():
