@@ -137,7 +137,7 @@ def nbddp_rest_on_rank0():
 def _nbddp_rest_ended(ok):
     """At the end: how the rest went on rank 0 ("ok", or stopped by an error or exit), told to the ranks waiting for
     it; True where the end-of-script checks run."""
-    store, rank = nbddp_store(), torch.distributed.get_rank()
+    store = nbddp_store()
     if store is None:
         return ok
     if NBDDP_ALONE[0]:  # rank 0 after the rest
