@@ -43,6 +43,7 @@ class Plan:
     end: int | None = None
     marked: bool = False  # the notebook already has the runtime's line (converting converted code)
     once: dict = field(default_factory=dict)  # id of a statement that runs on rank 0 only -> its live calls
+    calls: dict = field(default_factory=dict)  # id of each statement read -> its live calls
 
 
 def _base(expr) -> str | None:
@@ -128,15 +129,15 @@ class _Scan:
     def __init__(self, names, effects, body):
         self.names, self.effects = names, effects
         self.modules = _modules(body)
-        self._seen: dict = {}
+        self.read: dict = {}
 
     def seen(self, stmt) -> _Changes:
         """One pass over a statement's live code."""
-        if id(stmt) not in self._seen:
+        if id(stmt) not in self.read:
             changes = _Changes(self)
             stmt.visit(changes)
-            self._seen[id(stmt)] = changes
-        return self._seen[id(stmt)]
+            self.read[id(stmt)] = changes
+        return self.read[id(stmt)]
 
     def imported(self, name: str) -> bool:
         """A name the notebook binds by an import (a module or a library's class), not a value it made."""
@@ -224,6 +225,7 @@ def training_needs(body, names, effects) -> Plan:
             break
         if not is_if_false(stmt) and scan.sync(stmt):
             plan.end = i
+    plan.calls = {key: seen.calls for key, seen in scan.read.items()}
     if plan.end is None:
         return plan
     needed: set[str] = set()

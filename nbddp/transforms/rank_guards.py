@@ -111,6 +111,7 @@ class _Guards:
         self.once: dict = {}  # id of a top-level statement training does not need -> its calls (nbddp.needs)
         self.rest: set = set()  # ids of the statements after training's end: rank 0 runs them alone
         self.unneeded: set = set()  # cells with statements training does not need
+        self.calls: dict = {}  # id of a top-level statement -> its live calls (nbddp.needs read them)
 
     def reason(self, call):
         """(kinds, what the report says, the barrier's word) of a call that is rank-0 work, else None."""
@@ -158,7 +159,7 @@ class _Guards:
         if is_rank_test(stmt, self.names):
             self.tainted |= writes
             return LEAVE
-        calls = live_calls(stmt)
+        calls = live_calls(stmt) if nested or id(stmt) not in self.calls else self.calls[id(stmt)]
         blocks = statement_blocks(stmt)
         headers = header_of(stmt)
         header_calls = [c for h in headers for c in live_calls(h)]
@@ -283,6 +284,7 @@ def _plan(body, guards, tree, ctx) -> list:
     """What training needs (nbddp.needs): the statements it does not need are rank-0 work; after its end, rank 0 goes
     on alone (`nbddp_rest_on_rank0()`, unless the notebook has that line already)."""
     plan = training_needs(body, tree.names, guards.effects)
+    guards.calls = plan.calls
     if plan.end is None:
         return body
     guards.once = plan.once
