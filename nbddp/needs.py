@@ -4,8 +4,8 @@
     plan.end   -> the index in `body` of the last statement every rank must run together (training, evaluation, a
                   custom loop's steps, torch.distributed, a model load; nbddp.vocabulary's SYNC, through the
                   notebook's own functions), or None where there is none; what follows it runs on rank 0 alone
-    plan.once  -> the statements before it that training does not need (by identity, with their live calls): they
-                  run on rank 0
+    plan.once  -> the statements before it that training does not need (by identity): they run on rank 0
+    plan.calls -> each statement's live calls, as the analysis read them (id -> calls)
 
 The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
 collectives, nbddp's own helpers, what names the rank: `open(f"log-{rank}.txt", "w")`), the process's set-up
@@ -42,7 +42,7 @@ WRITES_OUT = ("save", "dump", "write", "to_", "export", "upload", "download", "l
 class Plan:
     end: int | None = None
     marked: bool = False  # the notebook already has the runtime's line (converting converted code)
-    once: dict = field(default_factory=dict)  # id of a statement that runs on rank 0 only -> its live calls
+    once: set = field(default_factory=set)  # ids of the statements that run on rank 0 only
     calls: dict = field(default_factory=dict)  # id of each statement read -> its live calls
 
 
@@ -239,5 +239,5 @@ def training_needs(body, names, effects) -> Plan:
                 needed -= changes
             needed |= reads
         elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).calls:
-            plan.once[id(stmt)] = scan.seen(stmt).calls  # one that calls nothing (`x = 5`) follows what it reads
+            plan.once.add(id(stmt))  # one that calls nothing (`x = 5`) follows what it reads
     return plan

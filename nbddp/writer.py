@@ -49,11 +49,6 @@ def _sigterm_raises():
         signal.signal(signal.SIGTERM, previous)
 
 
-def write_script(path, text: str, force: bool = False, source=None):
-    check_target(path, text, force, source)
-    _write(path, text)
-
-
 def check_target(path, text: str, force: bool = False, source=None):
     """Why `text` may not be written at `path` (an OutputExistsError or NbddpError), else nothing."""
     if os.path.isdir(path):
@@ -73,7 +68,8 @@ def check_target(path, text: str, force: bool = False, source=None):
         raise NbddpError(f"cannot write {path}: the folder {folder} does not exist; create it or choose another -o")
 
 
-def _write(path, text: str):
+def write_file(path, text: str):
+    """`text` at `path`, atomically, with the user's umask; an interrupted write leaves no temporary file."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".nbddp-", suffix=".py", dir=folder)
@@ -114,13 +110,14 @@ def _refuse_to_lose_work(path, text):
                                 "lost), or choose another name with -o")
     title = next((line for line in old.split("\n", 2)[:2] if line.startswith('"""')), "")
     if title != next((line for line in text.split("\n", 2)[:2] if line.startswith('"""')), ""):
-        raise OutputExistsError(f"{path} holds what nbddp wrote earlier ({title.strip(chr(34)).strip()}); pass "
-                                "--force to replace it, or choose another name with -o")
+        was = title.strip('"').strip()
+        raise OutputExistsError(f"{path} holds what nbddp wrote earlier ({was}); pass --force to replace it, or "
+                                "choose another name with -o")
 
 
 def write_conversion(path, result, force: bool = False, source=None) -> list[str]:
     """The script at `path` and, where the conversion has one, its runtime file beside it (written first, so a
-    script never stands without it); each under write_script's rules. The paths written."""
+    script never stands without it); each under check_target's rules. The paths written."""
     files = [(path, result.script)]
     if result.runtime_file:
         runtime = os.path.join(os.path.dirname(path), result.runtime_file)
@@ -130,5 +127,5 @@ def write_conversion(path, result, force: bool = False, source=None) -> list[str
     for where, text in files:  # nothing is written unless every file may be
         check_target(where, text, force, source)
     for where, text in reversed(files):  # the runtime first: a script never stands without it
-        _write(where, text)
+        write_file(where, text)
     return [str(where) for where, _ in files]

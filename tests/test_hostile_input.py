@@ -69,7 +69,7 @@ def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(writer.os, "replace", terminated)
     with pytest.raises(KeyboardInterrupt):
-        writer.write_script(str(tmp_path / "out.py"), "x = 1\n")
+        writer.write_file(str(tmp_path / "out.py"), "x = 1\n")
     assert list(tmp_path.iterdir()) == []
 
 

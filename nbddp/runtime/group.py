@@ -162,7 +162,7 @@ def nbddp_teardown():
         failure = sys.exc_info()[1]
         ok = failure is None or isinstance(failure, NbddpRest)
         if NBDDP_ALONE[0] or isinstance(failure, NbddpRest):
-            ok = _nbddp_rest_ended(failure is None or isinstance(failure, NbddpRest))
+            ok = _nbddp_rest_ended(ok)
         if ok:
             for check in NBDDP_AT_TEARDOWN:
                 check()

@@ -195,7 +195,7 @@ class _Rewrite(TreeTransformer):
     def _data(self, loop):
         """The innermost `for` around the backward, and the expression in its iterable that yields the batches."""
         inner = None
-        for node in _fors(loop):
+        for node in (n for n in _loops(loop) if isinstance(n, cst.For)):
             if BACKWARD in self.effects.of_node(node.body):
                 inner = node
         if inner is None:
@@ -234,7 +234,7 @@ class _Rewrite(TreeTransformer):
 
 
 def _loops(node) -> list:
-    """The `for` and `while` loops in a block, not inside a nested def."""
+    """The `for` and `while` loops in a statement or block, outermost first, not inside a nested def."""
     found = []
 
     class _Loops(cst.CSTVisitor):
@@ -247,21 +247,6 @@ def _loops(node) -> list:
             return False
 
     node.visit(_Loops())
-    return found
-
-
-def _fors(node) -> list[cst.For]:
-    """The `for` loops in a statement, outermost first, not inside a nested def."""
-    found = []
-
-    class _Fors(cst.CSTVisitor):
-        def visit_For(self, loop):
-            found.append(loop)
-
-        def visit_FunctionDef(self, _):
-            return False
-
-    node.visit(_Fors())
     return found
 
 

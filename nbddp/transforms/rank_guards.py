@@ -108,7 +108,7 @@ class _Guards:
         self.used: dict = {}  # cell -> rank-0-only names read under its guards
         self.waits: set = set()  # cells with a barrier after a guard
         self.hoisted: set = set()  # ids of the bodies of statements that show a collective's result (hoist.py)
-        self.once: dict = {}  # id of a top-level statement training does not need -> its calls (nbddp.needs)
+        self.once: set = set()  # ids of top-level statements training does not need (nbddp.needs)
         self.rest: set = set()  # ids of the statements after training's end: rank 0 runs them alone
         self.unneeded: set = set()  # cells with statements training does not need
         self.calls: dict = {}  # id of a top-level statement -> its live calls (nbddp.needs read them)
@@ -144,7 +144,7 @@ class _Guards:
         if not nested and id(stmt) in self.rest:
             return LEAVE
         if not nested and id(stmt) in self.once and not _exits(stmt):
-            return self.unneeded_work(stmt, self.once[id(stmt)])
+            return self.unneeded_work(stmt, self.calls[id(stmt)])
         reads, writes = reads_writes(stmt)
         if isinstance(stmt, cst.FunctionDef):
             self.tainted -= writes
