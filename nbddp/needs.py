@@ -114,6 +114,8 @@ class _Changes(LiveVisitor):
             self.config = True
         if self.scan.effects.of_call(node) & MAIN_ONLY:
             return
+        for definition in self.names.definitions(func):  # the notebook's own function: what its body changes
+            self.changed |= self.scan.changed_by(definition)
         receiver = _base(func.value) if isinstance(func, cst.Attribute) else None
         if receiver is not None and not self.scan.imported(receiver) and func.attr.value not in EMITS:
             self.changed.add(receiver)
@@ -130,6 +132,8 @@ class _Scan:
         self.names, self.effects = names, effects
         self.modules = _modules(body)
         self.read: dict = {}
+        self.defs: dict = {}  # a function of the notebook -> the outside names it may change
+        self.aliases = _aliases(body)
 
     def seen(self, stmt) -> _Changes:
         """One pass over a statement's live code."""
@@ -138,6 +142,18 @@ class _Scan:
             stmt.visit(changes)
             self.read[id(stmt)] = changes
         return self.read[id(stmt)]
+
+    def changed_by(self, definition) -> set[str]:
+        """The outside names a function of the notebook may change when it runs (`random.shuffle(rows)` in its
+        body changes the notebook's `rows`)."""
+        definition = self.names.orig(definition)
+        if definition not in self.defs:
+            self.defs[definition] = set()  # a recursive function: what is known so far
+            if isinstance(definition, cst.FunctionDef):
+                changed = set().union(*(self.seen(s).changed for s in definition.body.body
+                                        if not isinstance(s, (cst.FunctionDef, cst.ClassDef))))
+                self.defs[definition] = changed & _free_reads(definition)
+        return self.defs[definition]
 
     def imported(self, name: str) -> bool:
         """A name the notebook binds by an import (a module or a library's class), not a value it made."""
@@ -172,7 +188,8 @@ class _Scan:
             COLLECTIVE in self.effects.of_call(c) for c in changes.calls)
         whole = isinstance(stmt, cst.SimpleStatementLine) and all(
             isinstance(s, (cst.Assign, cst.AnnAssign)) for s in stmt.body)
-        return reads, writes | changes.changed, seed, whole and not changes.changed
+        changed = changes.changed | set().union(*(self.aliases.get(name, ()) for name in changes.changed))
+        return reads, writes | changed, seed, whole and not changed
 
     def sync(self, stmt) -> bool:
         return not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and any(
@@ -198,6 +215,24 @@ def _free_reads(node) -> set[str]:
         reads |= body_reads | (inner or set())
         local |= body_writes
     return reads - local
+
+
+def _aliases(body) -> dict:
+    """name -> the names whose value it may share: `r = rows`, `for row in rows:` (a change of `r` or `row` changes
+    what `rows` holds), transitively."""
+    found: dict = {}
+    for stmt in body:
+        pairs = []
+        if isinstance(stmt, cst.For):
+            pairs = [(target, _base(stmt.iter)) for target in names_in(stmt.target)]
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            pairs = [(t.target.value, _base(s.value)) for s in stmt.body if isinstance(s, cst.Assign)
+                     for t in s.targets if isinstance(t.target, cst.Name)
+                     and isinstance(s.value, (cst.Name, cst.Attribute, cst.Subscript))]
+        for name, other in pairs:
+            if other is not None and other != name:
+                found.setdefault(name, set()).update({other} | found.get(other, set()))
+    return found
 
 
 def _modules(body) -> set[str]:

@@ -60,7 +60,15 @@ def test_set_up_and_what_names_the_rank_run_on_every_rank(setup):
     assert convert(setup, TRAIN)[0] == [setup, TRAIN]
 
 
-@pytest.mark.parametrize("cells", [
+TRAIN_ROWS = "ds = Dataset.from_dict({'text': rows})\n" + TRAIN
+ALIASED = [
+    ["import random\nrows = [1, 2, 3]\n", "r = rows\nrandom.shuffle(r);\n", TRAIN_ROWS],          # an alias
+    ["import random\nrows = [1, 2, 3]\n", "def prep():\n    random.shuffle(rows)\n", "prep();\n", TRAIN_ROWS],
+    ["import random\nrows = [[1], [2]]\n", "for row in rows:\n    random.shuffle(row)\n", TRAIN_ROWS],  # a loop
+]
+
+
+@pytest.mark.parametrize("cells", ALIASED + [
     # a list filled in a loop, then shuffled in place, read by training
     ["import random\nrows = []\nfor i in range(8):\n    rows.append(f'text {i}')\nrandom.shuffle(rows)\n",
      "ds = Dataset.from_dict({'text': rows})\n" + TRAIN],
@@ -72,6 +80,7 @@ def test_set_up_and_what_names_the_rank_run_on_every_rank(setup):
      "def fmt(x):\n    return {'text': PROMPT.format(x['q'])}\n", "ds = ds.map(fmt)\n" + TRAIN],
 ])
 def test_what_training_reads_runs_on_every_rank(cells):
+    """(also: a change through an alias, inside the notebook's function, to the rows of a loop: ALIASED below)"""
     out, _ = convert(*cells)
     assert "NBDDP_IS_MAIN" not in "".join(out)
     assert out[-1].endswith("stats = trainer.train()\n")
