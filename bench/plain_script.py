@@ -3,54 +3,25 @@
 
     python bench/plain_script.py NOTEBOOK.ipynb OUT.py
 
-The code cells in order, with IPython magics and shell lines handled by nbddp's own first two steps (installs
-dropped); nothing else changes: no device placement, no rank guards, no process group, no runtime layer. Launched
-as `python OUT.py` with two GPUs visible it is the notebook as people run it today (one process; Hugging Face's
-Trainer then wraps the model in DataParallel); launched as `torchrun --nproc_per_node=2 OUT.py` it is Unsloth's
-documented DDP path (any training script under torchrun; Unsloth reads LOCAL_RANK itself).
+The product's own plain script (`nbddp.pipeline.plain_script`, docs/conversion.md): the code cells in order, with
+IPython magics and shell lines handled by nbddp's first two steps (installs dropped) and the runtime helpers those
+lines call, as a converted script carries them; nothing else changes: no device placement, no rank guards, no
+launch, no runtime layer. Launched as `python OUT.py` with two GPUs visible it is the notebook as people run it
+today (one process; Hugging Face's Trainer then wraps the model in DataParallel); launched as
+`torchrun --nproc_per_node=2 OUT.py` it is Unsloth's documented DDP path (any training script under torchrun;
+Unsloth reads LOCAL_RANK itself).
 """
 from __future__ import annotations
 
 import os
 import sys
 
-# what nbddp's Magics step may call, defined the plain way (no once-per-node logic)
-HELPERS = """import subprocess as _subprocess
-
-
-def nbddp_shell(command, shell=True):
-    return _subprocess.run(command, shell=True, executable=None if shell is True else shell).returncode
-
-
-def nbddp_getoutput(command):
-    done = _subprocess.run(command, shell=True, capture_output=True, text=True)
-    return (done.stdout + done.stderr).splitlines()
-
-
-def nbddp_write_file(path, text, append=False):
-    with open(path, "a" if append else "w", encoding="utf-8") as fh:
-        fh.write(text)
-
-"""
-
 
 def plain_script(notebook, source_name=None):
-    """`notebook`: anything nbddp.notebook.as_notebook reads (a path, or a notebook already read; either way a
-    fresh copy comes back, so the steps below change no caller's object)."""
-    from nbddp.notebook import as_notebook
-    from nbddp.pipeline import CodeCells
-    from nbddp.report import Report
-    from nbddp.transforms.base import Context, Options
-    from nbddp.transforms.magics import Magics
+    """`notebook`: a path, or a notebook already read (nbddp reads a fresh copy: no caller's object changes)."""
+    from nbddp.pipeline import plain_script as plain
 
-    source_name = source_name or os.path.basename(notebook)
-    ctx = Context(report=Report(source=source_name), options=Options())
-    nb = as_notebook(notebook)
-    for step in (CodeCells(), Magics()):
-        nb = step.preprocess(nb, ctx)
-    cells = [f"# %% cell {c.metadata['nbddp']['cell']}\n{c.source.rstrip()}\n" for c in nb.cells]
-    head = f'"""{source_name} as a plain script (bench/plain_script.py): no DDP changes."""\n'
-    return head + HELPERS + "\n".join(cells)
+    return plain(notebook, source_name=source_name or os.path.basename(notebook))
 
 
 def main(argv=None):

@@ -1,6 +1,8 @@
 """nbddp: turn a fine-tuning notebook into a multi-GPU DistributedDataParallel job, and launch it."""
 
-__version__ = "0.1.0"
+from .version import __version__
+
+__all__ = ["__version__", "convert", "load_ipython_extension"]
 
 
 def convert(notebook, **kwargs) -> str:
@@ -12,8 +14,8 @@ def convert(notebook, **kwargs) -> str:
 
 def load_ipython_extension(ipython):
     """`%load_ext nbddp`: registers the %%torchrun magic and the %ddp session magics."""
-    from .magic import TorchrunMagics
-    from .cellwise.magics import register
+    from .cellwise.ddp_magics import register
+    from .torchrun_magic import TorchrunMagics
 
     ipython.register_magics(TorchrunMagics)
     register(ipython)

@@ -1,7 +1,26 @@
-"""Where a line of a generated script comes from: the `# %% cell N` markers the renderer writes before each cell."""
+"""Which notebook cell a piece of code comes from: the number each code cell carries, and the `# %% cell N` markers
+that the notebook's tree (nbddp.tree) and the generated script hold before each cell."""
 from __future__ import annotations
 
 MARKER = "# %% cell "
+
+
+def cell_number(cell) -> int:
+    """The cell's 1-based position in the original notebook (markdown cells included), as the code-cells step
+    (nbddp.pipeline.CodeCells) tags it."""
+    return cell.metadata["nbddp"]["cell"]
+
+
+def marker_number(line) -> int | None:
+    """N of a `# %% cell N` line of the tree (a libcst EmptyLine), else None."""
+    comment = line.comment.value if line.comment is not None else ""
+    return int(comment[len(MARKER):]) if comment.startswith(MARKER) and comment[len(MARKER):].isdigit() else None
+
+
+def starts_cell(stmt) -> int | None:
+    """The number of the last cell that starts at this statement of the tree, or None."""
+    numbers = [n for n in map(marker_number, getattr(stmt, "leading_lines", ())) if n is not None]
+    return numbers[-1] if numbers else None
 
 
 def cell_starts(lines) -> list[tuple[int, str]]:

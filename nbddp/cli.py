@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import __version__
 from .errors import NbddpError
+from .version import __version__
 
 DEFAULT_SCRIPT = "train_ddp.py"
 

@@ -1,7 +1,7 @@
 """What a call does, through the notebook's own functions: the vocabulary's kinds of the callee, and for a function,
 lambda, `functools.partial` or method the notebook defines, the kinds of everything its body calls, transitively.
 
-    effects = Effects(names)             # names: nbddp.names.Names of the notebook's tree
+    effects = Effects(names)             # names: nbddp.meanings.Names of the notebook's tree
     effects.of_call(call)    -> frozenset of nbddp.vocabulary kinds
     effects.of_def(node)     -> the kinds a FunctionDef/Lambda's body does when it runs
     effects.main_only(call)  -> True where the call does only rank-0 work (saves, pushes, generates, displays, logs)
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst import arguments, live_calls
+from .cst_helpers import arguments, live_calls
 from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, PEFT, PRINT, SAVE, STEP,
                          is_file_write, is_generation_pipeline, kinds)
 

@@ -74,11 +74,14 @@ def _binds(stmt) -> set:
     found = set()
     for small in getattr(stmt, "body", ()):
         if isinstance(small, cst.Assign):
-            for target in small.targets:
-                node = target.target
+            nodes = [target.target for target in small.targets]
+            while nodes:
+                node = nodes.pop()
                 while isinstance(node, cst.Attribute):
                     node = node.value
-                if isinstance(node, cst.Name):
+                if isinstance(node, (cst.Tuple, cst.List)):  # `a, b = ...`
+                    nodes += [element.value for element in node.elements]
+                elif isinstance(node, cst.Name):
                     found.add(node.value)
         elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
             for alias in small.names:
@@ -194,13 +197,14 @@ def everything() -> Choice:
     return Choice({name: "all of the runtime" for name in MODULES}, None)
 
 
-def render(choice: Choice, docs: bool = False) -> str:
+def render(choice: Choice, docs: bool = False, skeleton: bool = True) -> str:
     """The runtime block: the chosen modules and what they import from, each cut to what runs at import and what
-    the script reads, transitively; with `docs`, their documentation kept (a runtime file beside the script)."""
+    the script reads, transitively; with `docs`, their documentation kept (a runtime file beside the script);
+    without `skeleton`, only what the script's cells read (no start and teardown of a DDP job)."""
     reasons, uses = choice.reasons, choice.uses
     names = closure(reasons)
     every = [part for name in names for part in load(name, docs).parts]
-    roots = set(uses or ()) | SKELETON | ({"nbddp_fit"} if choice.sizes_models else set())
+    roots = set(uses or ()) | (SKELETON if skeleton else set()) | ({"nbddp_fit"} if choice.sizes_models else set())
     kept = set(every if uses is None else _needed(every, roots))
     parts = {name: [part for part in load(name, docs).parts if part in kept] for name in names}
     reads = set().union(*(part.reads for part in kept))

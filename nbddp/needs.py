@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .cst import RANK_NAMES, RANK_VARIABLES, LiveVisitor, is_if_false, is_rank_test, names_in
-from .names import reads_writes
+from .cst_helpers import LiveVisitor, is_if_false, names_in
+from .rank_conditions import RANK_NAMES, RANK_VARIABLES, is_rank_test
+from .reads_writes import reads_writes
 from .runtime import HELPERS
 from .vocabulary import COLLECTIVE, EMITS, MAIN_ONLY, SYNC, is_process_config, parts
 
@@ -61,7 +62,7 @@ class _Changes(LiveVisitor):
         self.changed: set[str] = set()
         self.config = self.together = self.imports = self.rank = False
         self.drops: set = set()  # calls whose value the statement drops
-        self.calls: list = []  # its live calls (nbddp.cst.live_calls)
+        self.calls: list = []  # its live calls (nbddp.cst_helpers.live_calls)
 
     def visit_Import(self, node):
         self.imports = True  # `try: import x / except ImportError: ...`: a statement that imports is set-up

@@ -6,21 +6,22 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from . import __version__
+from . import inline
+from .cells import MARKER, cell_at, cell_number
+from .cst_helpers import names_in, parse
 from .errors import ConversionError, NbddpError, NotebookReadError
-from .cells import cell_at
-from .cst import parse
 from .launch import launch_lines
 from .notebook import as_notebook
 from .report import Report
-from .transforms.autocast import Autocast
+from .runtime import HELPERS
 from .syntax import newer_syntax
-from .transforms.base import Context, Options, Transform, TreeStep, cell_number
+from .transforms.autocast import Autocast
+from .transforms.base import Context, Options, Transform, TreeStep
 from .transforms.custom_loop import CustomLoop
 from .transforms.data_prep import DataPrep
 from .transforms.devices import Devices
 from .transforms.global_batch import GlobalBatch
-from .transforms.magics import Magics
+from .transforms.ipython_lines import Magics
 from .transforms.placement import Placement
 from .transforms.process_control import ProcessControl
 from .transforms.rank_guards import RankGuards
@@ -30,6 +31,7 @@ from .transforms.show import Show
 from .transforms.trainer_args import TrainerArgs
 from .transforms.widgets import Widgets
 from .tree import Tree
+from .version import __version__
 
 
 class CodeCells(Transform):
@@ -77,9 +79,8 @@ def _step_error(exc, step, tree=None):
                            step=step.name, cell=cell, line=line)
 
 
-def run_tree(nb, ctx: Context) -> Tree:
-    """The notebook's code cells through every step: the text steps, then one tree through the tree steps."""
-    nb = copy.deepcopy(nb)
+def _text_steps(nb, ctx: Context):
+    """The notebook's code cells through the steps over their text (`steps()`)."""
     for step in steps():
         try:
             nb = step.preprocess(nb, ctx)
@@ -87,6 +88,12 @@ def run_tree(nb, ctx: Context) -> Tree:
             raise
         except Exception as exc:  # a bug in a step: say which one
             raise _step_error(exc, step) from exc
+    return nb
+
+
+def run_tree(nb, ctx: Context) -> Tree:
+    """The notebook's code cells through every step: the text steps, then one tree through the tree steps."""
+    nb = _text_steps(copy.deepcopy(nb), ctx)
     tree = ctx.tree = Tree(nb.cells)
     for step in tree_steps():
         tree.at = None
@@ -137,9 +144,7 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
     from .render import render_runtime, render_script, runtime_module_name
 
     nb = as_notebook(notebook)
-    if source_name is None:
-        source_name = os.path.basename(os.fspath(notebook)) if isinstance(notebook, (str, os.PathLike)) and (
-            os.path.exists(notebook) or not os.fspath(notebook).lstrip().startswith("{")) else "notebook"
+    source_name = _source_name(notebook) if source_name is None else source_name
     ctx = Context(report=Report(source=source_name), options=options or Options())
     tree = run_tree(nb, ctx)
     launch = launch_lines(script_name, nproc)
@@ -153,6 +158,35 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
     check_compiles(script, script_name, ctx.report)
     return Conversion(script=script, report=ctx.report, launch=launch, tree=tree, runtime=ctx.runtime,
                       runtime_file=runtime_module and runtime_module + ".py", runtime_text=runtime_text)
+
+
+def _source_name(notebook) -> str:
+    """What the report and the script call the notebook: its file's name, else "notebook"."""
+    return os.path.basename(os.fspath(notebook)) if isinstance(notebook, (str, os.PathLike)) and (
+        os.path.exists(notebook) or not os.fspath(notebook).lstrip().startswith("{")) else "notebook"
+
+
+def plain_script(notebook, *, source_name=None) -> str:
+    """The notebook as a plain script, without the DDP conversion: a baseline to measure the DDP script against.
+
+    Its code cells in order, each after its `# %% cell N` line, through the steps over their text only (code-cells,
+    magics: IPython's magics and shell lines become the Python a converted script holds, installs dropped), after
+    the runtime helpers those lines call (`nbddp_shell`, `nbddp_expand`, ...), as a script carries them: under
+    torchrun a shell line or `%%writefile` runs once per machine, and waiting for it starts the process group.
+    Nothing else changes: no device placement, rank guard, launch or library patch."""
+    source_name = _source_name(notebook) if source_name is None else source_name
+    nb = _text_steps(as_notebook(notebook), Context(report=Report(source=source_name)))
+    code = "\n".join(f"{MARKER}{cell_number(cell)}\n{cell.source.rstrip()}\n" for cell in nb.cells)
+    title = str(source_name).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    head = f'"""{title} as a plain script (nbddp.pipeline.plain_script): no DDP changes."""\n'
+    calls: dict = {}  # runtime module -> the helpers of it the cells call
+    for name in sorted(names_in(parse(code)) & set(HELPERS)):
+        calls.setdefault(HELPERS[name].module, []).append(name)
+    if not calls:
+        return head + code
+    choice = inline.Choice({module: "the notebook's IPython lines call " + ", ".join(names)
+                            for module, names in calls.items()}, frozenset().union(*calls.values()))
+    return head + inline.render(choice, skeleton=False) + "\n\n\n" + code
 
 
 def check_compiles(script: str, script_name: str, report: Report | None = None):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import libcst as cst
 
+from .cells import starts_cell
 from .writer import stamped
-
 
 
 def body_block(module: cst.Module) -> str:
@@ -49,8 +49,6 @@ def hoist_futures(module: cst.Module) -> tuple[cst.Module, list[str]]:
     """The tree without its top-level `from __future__ import ...` lines, and those lines once each: Python takes
     them only at the top of a file. A statement's leading lines (a cell's marker) stay, before a `pass` where it was
     the cell's only statement."""
-    from .tree import starts_cell
-
     futures, body, lead = [], [], ()
     for stmt in list(module.body) + [None]:
         if stmt is not None and _is_future(stmt):

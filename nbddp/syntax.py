@@ -10,7 +10,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from .cst import code_of
+from .cst_helpers import code_of
 
 
 def _quote(node) -> str:

@@ -2,7 +2,7 @@
 
 Each cell starts with the line `# %% cell N` (N: the cell's position in the notebook), the first leading line of its
 first statement (of the module's footer for trailing cells without statements): the marker the script keeps, so a
-traceback leads back to the cell. Steps take the tree and return a new one; `Tree.names` (nbddp.names) is computed
+traceback leads back to the cell. Steps take the tree and return a new one; `Tree.names` (nbddp.meanings) is computed
 once on the first tree and shared by every step; what a step rewrites is recorded in `names.origin` (TreeTransformer
 does it for every node it replaces), so later steps still classify the nodes. The text is rendered once, by
 nbddp.render; `cells()` gives each cell's code back (the converter's API and tests read it).
@@ -13,9 +13,10 @@ from functools import cached_property
 
 import libcst as cst
 
-from .cells import MARKER, cell_at
-from .cst import is_if_false, names_in, parse
-from .names import Names, reads_writes
+from .cells import MARKER, cell_at, cell_number, marker_number, starts_cell
+from .cst_helpers import is_if_false, names_in, parse
+from .meanings import Names
+from .reads_writes import reads_writes
 from .vocabulary import AMP, DEVICE, ENV, kinds
 
 
@@ -23,21 +24,8 @@ def marker(number) -> cst.EmptyLine:
     return cst.EmptyLine(comment=cst.Comment(f"{MARKER}{number}"))
 
 
-def marker_number(line: cst.EmptyLine) -> int | None:
-    comment = line.comment.value if line.comment is not None else ""
-    return int(comment[len(MARKER):]) if comment.startswith(MARKER) and comment[len(MARKER):].isdigit() else None
-
-
-def starts_cell(stmt) -> int | None:
-    """The number of the last cell that starts at this statement, or None."""
-    numbers = [n for n in map(marker_number, getattr(stmt, "leading_lines", ())) if n is not None]
-    return numbers[-1] if numbers else None
-
-
 def build(cells, step: str) -> cst.Module:
     """One module of all cells: each cell's lines after a marker, a blank line between cells."""
-    from .transforms.base import cell_number
-
     body, pending = [], []
     for cell in cells:
         module = parse(cell.source, cell=cell_number(cell), step=step)
@@ -135,8 +123,6 @@ class _Facts(cst.CSTVisitor):
 
 class Tree:
     def __init__(self, cells, step: str = "tree"):
-        from .transforms.base import cell_number
-
         self.module = build(cells, step)
         self.first = self.module
         self.numbers = [cell_number(cell) for cell in cells]

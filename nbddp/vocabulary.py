@@ -1,6 +1,6 @@
 """What the notebook's calls do, by what they are: one vocabulary every conversion step uses.
 
-A call is described by its *meanings* (nbddp.names.Names.meanings): the dotted paths its callee resolves to through
+A call is described by its *meanings* (nbddp.meanings.Names.meanings): the dotted paths its callee resolves to through
 the notebook's imports and assignments, e.g. `unsloth.FastLanguageModel.from_pretrained` for `FLM.from_pretrained`
 after `from unsloth import FastLanguageModel as FLM`, `builtins.map` for `map(...)`, `datasets.load_dataset().map`
 for `ds.map(...)` after `ds = load_dataset(...)`; a name the notebook never binds stays as written (`display`).

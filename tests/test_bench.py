@@ -468,3 +468,35 @@ def test_probe_green_context_keeps_one_stream_current_per_device(monkeypatch):
     cuda.set_device(0)
     assert made == [0, 1] and state["current"][0] is green0 and green0.waited == ["default0", "library0"]
     assert site._COUNTS["green_sms"] == 8
+
+
+def test_probe_swaps_grpo_rewards_for_one_random_weights_earn_and_records_weights_and_phases(tmp_path):
+    """NBDDP_BENCH_REWARD=length: a trainer with reward functions gets the completion-length reward at train();
+    the probe records the trainable weights' digest at train begin and end, the log history and the phases."""
+    pytest.importorskip("transformers")
+    code = ("import transformers\n"
+            "class Fake(transformers.Trainer):\n"
+            "    def __init__(self):\n"
+            "        self.reward_funcs = [lambda completions, **k: [0.0] * len(completions)]\n"
+            "t = Fake()\n"
+            "try:\n    t.train()\nexcept Exception:\n    pass  # the real train() of an empty trainer\n"
+            "print('rewards', t.reward_funcs[0](['ab', [{'content': 'abcd'}]]), t.reward_func_names)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(BENCH, "rankprobe"), NBDDP_BENCH_PROBE_DIR=str(tmp_path / "p"),
+               NBDDP_BENCH_REWARD="length")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert "rewards [0.02, 0.04] ['length_reward']" in done.stdout, done.stderr[-3000:]
+    assert json.load(open(tmp_path / "p" / "rank0.json"))["reward"] == "length"
+
+    import importlib.util
+
+    import torch
+    spec = importlib.util.spec_from_file_location("rankprobe_site2", os.path.join(BENCH, "rankprobe", "sitecustomize.py"))
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    b.load_state_dict(a.state_dict())
+    assert site._trainable(a) == site._trainable(b) and site._trainable(a)["numel"] == 8
+    with torch.no_grad():
+        b.weight[0, 0] += 1e-3
+    assert site._trainable(a)["sha256"] != site._trainable(b)["sha256"]

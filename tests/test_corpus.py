@@ -283,10 +283,11 @@ def test_the_corpus_is_there():
 @pytest.mark.parametrize("path", CORPUS_NOTEBOOKS, ids=corpus_ids())
 def test_converting_twice_changes_nothing_more(path, converted):
     """Feed the converted cells back in as a notebook (same layout, markdown kept): the second pass is a no-op."""
+    from nbddp.cells import cell_number
     from nbddp.notebook import as_notebook
     from nbddp.pipeline import run_pipeline
     from nbddp.report import Report
-    from nbddp.transforms.base import Context, cell_number
+    from nbddp.transforms.base import Context
 
     first = converted(path).cells
     again = as_notebook(str(path))

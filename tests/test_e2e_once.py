@@ -73,7 +73,10 @@ CELLS = [
     "trainer = Trainer(model = model, args = args, train_dataset = ds, callbacks = [Notes()],\n"
     "                  data_collator = DataCollatorForLanguageModeling(tokenizer, mlm = False))\n",
     "def fit():\n    with open(f\"rank{os.environ['RANK']}.json\", 'w') as fh:\n"
-    "        json.dump({'texts': texts}, fh)\n    log.info('fitting')\n    print('FITTING', flush = True)\n"
+    "        json.dump({'texts': texts}, fh)\n    log.info('fitting')\n    log.warning('fit warning')\n"
+    "    print('FITTING', flush = True)\n    sidefx.announce('fit')\n"
+    "    with open(work / 'head.json', 'w') as fh:\n        json.dump(texts[:2], fh)\n"
+    "    with open(work / 'head.json') as fh:\n        assert json.load(fh) == texts[:2]\n"
     "    for _ in tqdm(range(3), desc = 'warm-up'):\n        pass\n    return trainer.train()\n",
     "stats = fit()\n",
     "answers = []\nfor i in range(3):\n    answers.append(f'{i},{stats.training_loss > 0}')\n",
@@ -110,12 +113,16 @@ def test_every_file_is_written_by_one_rank_and_whole(job):
     assert len(_lines(work / "preview.txt")) == 4, done.explain()
     assert len(_lines(done.cwd / "submission.csv")) == 3, done.explain()
     assert (done.cwd / "bundle.zip").is_file(), done.explain()
+    head = json.loads((done.cwd / "rank0.json").read_text())["texts"][:2]
+    assert json.loads((work / "head.json").read_text()) == head, done.explain()  # written, read back on every rank
+    assert "rank 1 skipped" in done.stdout + done.stderr and "head.json (its own copy)" in done.stdout + done.stderr, \
+        done.explain()
 
 
 def test_calls_of_an_unknown_library_run_once_on_rank_0(job):
     done, _ = job
     assert sorted(_lines(done.cwd / "effects.log")) == [
-        "0 announce step 0", "0 announce step 1", "0 announce step 2", "0 pack bundle", "0 publish work/run1/preview.txt",
+        "0 announce fit", "0 announce step 0", "0 announce step 1", "0 announce step 2", "0 pack bundle", "0 publish work/run1/preview.txt",
         "0 serve"], done.explain()
 
 
@@ -136,7 +143,7 @@ def test_every_rank_trains_on_the_same_data_read_back_from_the_file(job):
 
 def test_the_log_file_and_the_callback_file_get_each_line_once(job):
     done, _ = job
-    assert _lines(done.cwd / "run.log") == ["read 24 rows", "fitting", "done"], done.explain()
+    assert _lines(done.cwd / "run.log") == ["read 24 rows", "fitting", "fit warning", "done"], done.explain()
     assert _lines(done.cwd / "callback.log") == ["0 step 1", "0 step 2", "0 step 2"], done.explain()  # the last: train()'s summary
 
 

@@ -163,3 +163,32 @@ def test_the_log_folders_of_a_dead_kernel_go_its_sessions_too(tmp_path):
         (tmp_path / name).mkdir()
     executor.sweep_log_dirs(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+
+
+@pytest.mark.ddp
+def test_cli_run_ends_with_one_line_and_all_ranks_shows_rank_1s_prints(tmp_path, capsys, monkeypatch):
+    """`nbddp run` of a converted notebook: the job's last line says it ended well, what it saved and where each
+    other rank's output went (a file kept after the job, holding rank 1's warning); `--all-ranks` shows rank 1's
+    print on the console, prefixed."""
+    import nbddp
+    from conftest import make_notebook
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "talk.py").write_text("import os\n\n\ndef hello():\n"
+                                      "    print('PRINT from rank', os.environ['RANK'], flush=True)\n")
+    code = "import os, warnings, torch, talk\ndef hello():\n    talk.hello()\n" \
+           "    warnings.warn(f\"WARN from rank {os.environ['RANK']}\")\n    torch.distributed.barrier()\nhello()\n"
+    (tmp_path / "train_ddp.py").write_text(nbddp.convert(make_notebook(code)), encoding="utf-8")
+    assert main(["run", "train_ddp.py", "--nproc", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "PRINT from rank 0" in out and "PRINT from rank 1" not in out, out
+    end = [line for line in out.splitlines() if line.startswith("nbddp: done (status 0) in ")]
+    assert len(end) == 1 and "; nothing saved; each other rank's output: " in end[0], out
+    logs = end[0].split("each other rank's output: ")[1].split(" (and stdout.log")[0]
+    assert "WARN from rank 1" in open(logs.replace("<local rank>", "1")).read()
+    assert main(["run", "train_ddp.py", "--nproc", "2", "--all-ranks"]) == 0
+    out, err = capsys.readouterr()
+    assert "[rank 1] PRINT from rank 1" in out.splitlines(), out

@@ -379,7 +379,7 @@ def test_a_custom_training_loop_is_a_backward_and_an_optimizer_step():
     import libcst as cst
 
     from nbddp.effects import Effects
-    from nbddp.names import Names
+    from nbddp.meanings import Names
     from nbddp.vocabulary import BACKWARD, STEP
 
     module = cst.parse_module(

@@ -13,7 +13,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from e2e import LAUNCHER_PROBE, assert_ran_as_dry_run_said
-from nbddp import magic
+from nbddp import torchrun_magic
 from nbddp.executor import RankFailedError
 
 
@@ -175,15 +175,15 @@ def test_help_is_the_magic_arguments_usage(ip, capsys):
 
 def test_kernel_cuda_memory_warning(monkeypatch):
     monkeypatch.delitem(__import__("sys").modules, "torch", raising=False)
-    assert magic.cuda_memory_warning() is None  # torch not imported: nothing checked, nothing imported
+    assert torchrun_magic.cuda_memory_warning() is None  # torch not imported: nothing checked, nothing imported
     cuda = types.SimpleNamespace(
         is_available=lambda: True, is_initialized=lambda: True, device_count=lambda: 2,
         memory_allocated=lambda i: 2 ** 30, memory_reserved=lambda i: 3 * 2 ** 29)
     monkeypatch.setitem(__import__("sys").modules, "torch", types.SimpleNamespace(cuda=cuda))
-    warning = magic.cuda_memory_warning()
+    warning = torchrun_magic.cuda_memory_warning()
     assert "3.00 GiB" in warning and "torch.cuda.empty_cache()" in warning and "\n" not in warning
     cuda.is_initialized = lambda: False
-    assert magic.cuda_memory_warning() is None
+    assert torchrun_magic.cuda_memory_warning() is None
 
 
 def test_kaggle_example_notebook_is_valid_and_its_torchrun_cell_converts(ip, tmp_path, monkeypatch, capsys):

@@ -58,12 +58,14 @@ def node_launch(node_rank: int, port: int, cwd, script: str = SCRIPT):
 
 
 def run_two_nodes(cwd, script: str = SCRIPT, timeout: int = 300) -> list[Job]:
-    """Both launchers at once in `cwd`; one Job per node, in node order."""
+    """Both launchers at once in `cwd` (one folder, shared; or a list: each node's own folder and Hugging Face
+    cache, as machines without shared storage); one Job per node, in node order."""
     port = free_port()
     start = time.monotonic()
-    launches = [node_launch(node, port, cwd, script) for node in range(NODES)]
-    procs = [subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for argv, env in launches]
+    cwds = cwd if isinstance(cwd, list) else [cwd] * NODES
+    launches = [node_launch(node, port, cwds[node], script) for node in range(NODES)]
+    procs = [subprocess.Popen(argv, cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for (argv, env), where in zip(launches, cwds)]
     outs = []
     try:
         for proc in procs:
@@ -74,7 +76,8 @@ def run_two_nodes(cwd, script: str = SCRIPT, timeout: int = 300) -> list[Job]:
                 proc.kill()
                 proc.communicate()
     seconds = time.monotonic() - start
-    return [Job(proc.args, cwd, proc.returncode, out, err, seconds) for proc, (out, err) in zip(procs, outs)]
+    return [Job(proc.args, where, proc.returncode, out, err, seconds)
+            for proc, (out, err), where in zip(procs, outs, cwds)]
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +138,54 @@ def test_save_and_generation_run_once_per_job(two_nodes):
         assert node0.count(marker) == 1, marker  # and from node 0, the node of global rank 0
     assert len((both.cwd / "tiny_alpaca.jsonl").read_text().splitlines()) == ROWS  # %%writefile: once per node,
     # same bytes from both nodes' local rank 0 on the shared folder: whole, not doubled
+
+
+OWN_DISKS = [
+    "%%writefile rows.jsonl\n" + "".join(f'{{"text": "row {i} of the notebook\'s own data"}}\n' for i in range(8)),
+    "!echo shell >> shell.log\n",
+    "from datasets import load_dataset\nfrom transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, "
+    "TrainingArguments\nfrom transformers import DataCollatorForLanguageModeling\n",
+    "tokenizer = AutoTokenizer.from_pretrained('tiny-llama')\nmodel = AutoModelForCausalLM.from_pretrained('tiny-llama')\n"
+    "ds = load_dataset('json', data_files = 'rows.jsonl', split = 'train')\n"
+    "ds = ds.map(lambda b: tokenizer(b['text']), batched = True, remove_columns = ['text'])\n",
+    "args = TrainingArguments(output_dir = 'out', per_device_train_batch_size = 1, max_steps = 2, save_strategy = 'no',\n"
+    "                         report_to = 'none', use_cpu = True)\n"
+    "trainer = Trainer(model = model, args = args, train_dataset = ds,\n"
+    "                  data_collator = DataCollatorForLanguageModeling(tokenizer, mlm = False))\ntrainer.train()\n",
+    "model.save_pretrained('trained')\n",
+]
+
+
+def test_machines_without_shared_storage(tmp_path):
+    """Two nodes, each in its own folder with its own Hugging Face cache (as two machines with their own disks, the
+    base model on each): %%writefile, `!` commands and data preparation run once on each machine, into its own
+    folder and cache; the save after training once per job, on rank 0's machine; the 4 ranks agree; the machine
+    that does not see rank 0's folder says what that means."""
+    import nbddp
+
+    from conftest import make_notebook
+    from tinymodels import save_tiny_llama
+
+    folders = [tmp_path / f"machine{node}" for node in range(NODES)]
+    script = nbddp.convert(make_notebook(*OWN_DISKS))
+    for folder in folders:
+        save_tiny_llama(folder / "tiny-llama")
+        (folder / SCRIPT).write_text(script, encoding="utf-8")
+    node0, node1 = run_two_nodes(folders)
+    for node in (node0, node1):
+        assert_clean_exit(node)
+    for folder in folders:
+        assert len((folder / "rows.jsonl").read_text().splitlines()) == 8, folder
+        assert (folder / "shell.log").read_text() == "shell\n", folder  # once per machine
+        assert list((folder / "hf" / "datasets").iterdir()), folder  # each machine's own cache, filled there
+    assert (folders[0] / "trained" / "adapter_config.json").is_file() or \
+        (folders[0] / "trained" / "config.json").is_file(), node0.explain()
+    assert not (folders[1] / "trained").exists(), node1.explain()  # once per job
+    assert node0.count(f"nbddp: ranks agree after train(): all {WORLD} hold the same weights") == 1, node0.explain()
+    said = [line for line in node1.stderr.splitlines() if "does not see rank 0's working folder" in line]
+    assert len(said) == 1 and "rank 2's machine" in said[0], node1.explain()
+    assert "does not see" not in node0.stderr, node0.explain()
+    assert not list(folders[0].glob(".nbddp-shared-*")), "rank 0's marker is removed at the end"
 
 
 # ---- the %%torchrun magic ----

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from conftest import make_notebook
-from nbddp.cst import parse
+from nbddp.cst_helpers import parse
 from nbddp.errors import ConversionError
 from nbddp.pipeline import convert_notebook
 from nbddp.syntax import newer_syntax

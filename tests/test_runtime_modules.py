@@ -89,6 +89,32 @@ def test_files_run_on_the_machines_first_rank_only(monkeypatch, tmp_path, capfd)
     assert not (tmp_path / "b.txt").exists() and not (tmp_path / "c.txt").exists()
 
 
+def test_own_copies_keep_the_notebooks_files_to_one_writer(monkeypatch, tmp_path):
+    """On rank 1: a file of the notebook's is written and read back as the rank's own copy; caches, the temporary
+    folder and paths that name the rank are written as they are."""
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    (work / "run1").mkdir(parents=True)
+    (work / "log.txt").write_text("rank 0's line\n")
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HF_HOME", str(cache))
+    own = files.NbddpOwnCopies(open, ranks=(1, 1))
+    with own("run1/head.json", "w") as fh:
+        fh.write("rank 1's")
+    with own(work / "log.txt", "a") as fh:
+        fh.write("rank 1's line\n")
+    with own("rank1.json", "w") as fh:
+        fh.write("own")
+    (cache / "hub").mkdir(parents=True)
+    with own(cache / "hub" / "x", "wb") as fh:
+        fh.write(b"cache")
+    assert own("run1/head.json").read() == "rank 1's" and not (work / "run1" / "head.json").exists()
+    assert own("log.txt").read() == "rank 0's line\nrank 1's line\n"
+    assert (work / "log.txt").read_text() == "rank 0's line\n"
+    assert (work / "rank1.json").read_text() == "own" and (cache / "hub" / "x").read_bytes() == b"cache"
+    assert own("rank1.json").read() == "own"  # read as it is
+    assert files.NbddpOwnCopies(open, ranks=(0, 0)).is_notebooks(str(work / "rank0.json"))  # rank 0 names nothing
+
+
 @pytest.mark.parametrize("value, expected", [("1", True), ("on", True), ("0", False), ("off", False),
                                              ("auto", None), ("", None), (None, None)])
 def test_hooks_switch_values(monkeypatch, value, expected):
@@ -295,6 +321,42 @@ def test_every_training_args_keeps_the_notebooks_batch(monkeypatch):
     assert SFTConfig(gradient_accumulation_steps=8).gradient_accumulation_steps == 4
     monkeypatch.setenv("NBDDP_BATCH", "scale")
     assert TrainingArguments().gradient_accumulation_steps == 4
+
+
+def test_the_end_line_says_what_was_saved_and_where_the_other_ranks_output_went(monkeypatch, tmp_path):
+    saved = {"lora_model": ["save_pretrained", "save_pretrained"], "outputs/checkpoint-3": ["save_pretrained"]}
+    assert one_writer.nbddp_end_line(saved, 12.34) == \
+        "done (status 0) in 12.3 s; saved by rank 0, once: lora_model (save_pretrained), outputs/checkpoint-3 " \
+        "(save_pretrained)"
+    world(monkeypatch, 2, one_writer)
+    attempt = tmp_path / "run" / "attempt_0"
+    for rank in ("0", "1"):
+        (attempt / rank).mkdir(parents=True)
+    error_file = str(attempt / "0" / "error.json")
+    assert one_writer.nbddp_end_line({}, 1, error_file=error_file) == \
+        "done (status 0) in 1.0 s; nothing saved; the other ranks' warnings and errors: on this console"
+    (attempt / "1" / "stderr.log").write_text("")  # torchrun's --redirects: each other rank's output in files
+    assert one_writer.nbddp_end_line({}, 1, error_file=error_file).endswith(
+        f"; each other rank's output: {attempt}/<local rank>/stderr.log (and stdout.log; on each machine)")
+
+
+def test_a_built_trainer_holds_the_decided_accumulation_as_a_plain_int(monkeypatch):
+    """torch 2.11's compile could not trace an int subclass: Unsloth's compiled GRPO loss failed on
+    NbddpAccumulation (2 H200s, 2026-11-27)."""
+    world(monkeypatch, 2, global_batch)
+    steps = global_batch.nbddp_accumulation(4, batch=2)
+    assert isinstance(steps, global_batch.NbddpAccumulation)
+    args = types.SimpleNamespace(gradient_accumulation_steps=steps, steps_per_generation=steps, seed=3)
+    accelerator = types.SimpleNamespace(gradient_state=types.SimpleNamespace(plugin_kwargs={"num_steps": steps}))
+
+    class Trainer:
+        def __init__(self, args):
+            self.args, self.accelerator = args, accelerator
+
+    global_batch._nbddp_patch_trainer(types.SimpleNamespace(Trainer=Trainer))
+    Trainer(args)
+    assert type(args.gradient_accumulation_steps) is int and type(args.steps_per_generation) is int
+    assert args.gradient_accumulation_steps == 2 and type(accelerator.gradient_state.plugin_kwargs["num_steps"]) is int
 
 
 def _trainer_class(calls):

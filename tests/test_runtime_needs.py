@@ -32,9 +32,10 @@ UNSLOTH_SFT = (
 
 
 @pytest.mark.parametrize("cells, options, wanted, not_wanted", [
-    # plain torch, no Trainer: the rank facts, the process group, the self-launch, one writer, the agreement check
-    (("import torch\nx = torch.ones(1)\nprint(x)\n",), {}, {"group", "launcher", "wait", "one_writer", "agree"},
-     {"files", "balance", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "fit",
+    # plain torch, no Trainer: the rank facts, the process group, the self-launch, one writer (saves and files),
+    # the agreement check
+    (("import torch\nx = torch.ones(1)\nprint(x)\n",), {},
+     {"group", "launcher", "wait", "one_writer", "files", "agree"}, {"balance", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "fit",
       "ask"}),
     # input() is asked on rank 0 only; a variable named input is not a call
     (("answer = input('Go on? ')\n",), {}, {"ask"}, set()),
@@ -124,15 +125,16 @@ def test_each_carried_module_says_why_in_one_line():
     conversion = convert_notebook(make_notebook(*UNSLOTH_SFT))
     lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
     assert [line.split(":")[0][5:] for line in lines] == ["recipe", "launcher", "wait", "group", "hooks", "fit",
-                                                          "one_writer", "agree", "ipython_forms", "unsloth_group",
+                                                          "one_writer", "files", "agree", "ipython_forms", "unsloth_group",
                                                           "lean_sync", "peft_shim", "global_batch", "balance"]
-    assert lines[4] == "# -- hooks: needed by fit, one_writer, agree, unsloth_group, lean_sync, peft_shim, global_batch, balance"
+    assert lines[4] == "# -- hooks: needed by fit, one_writer, files, agree, unsloth_group, lean_sync, peft_shim, " \
+                       "global_batch, balance"
     assert "the notebook trains with a Trainer" in lines[-1]
 
 
 @pytest.mark.parametrize("notebook, most", [
-    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 745),
-    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 880),
+    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 870),
+    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 1005),
 ])
 def test_lines_before_the_first_notebook_cell(notebook, most):
     """The default script starts with the notebook (its runtime is a file beside it); the single file (a Kaggle
@@ -162,6 +164,19 @@ def test_the_report_gives_the_batch_in_numbers_and_scale_batch_is_the_scripts_de
     assert any("decided at run time" in n.text for n in unknown.report.changes)
 
 
+def test_a_generation_batch_that_more_processes_break_is_reported_with_what_to_set():
+    """TRL's GRPO refuses a generation_batch_size that per_device_train_batch_size x N does not divide (what 1
+    process accepts, 2 may not); unset, it follows the batch on any count."""
+    code = "args = GRPOConfig(per_device_train_batch_size = 2, num_generations = 2, generation_batch_size = {})\n"
+    broken = convert_notebook(make_notebook("from trl import GRPOConfig\n", code.format(2)))
+    assert any("generation_batch_size=2 must divide by per_device_train_batch_size x the process count, or TRL stops "
+               "the job: not on 2 (2 x 2 = 4), 4 (2 x 4 = 8) processes; leave generation_batch_size unset" in n.text
+               and "a multiple of 8" in n.text for n in broken.report.warnings), broken.report.warnings
+    for fine in (code.format(8), code.replace(", generation_batch_size = {}", "")):
+        assert not any("generation_batch_size" in n.text for n in
+                       convert_notebook(make_notebook("from trl import GRPOConfig\n", fine)).report.warnings)
+
+
 # ---- the inliner ----
 def test_every_runtime_module_is_listed_and_shares_names_through_relative_imports_only():
     files = {p.stem for p in RUNTIME.glob("*.py")} - {"__init__"}
@@ -189,7 +204,7 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
                   and ast.get_docstring(n) and len(n.body) > 1]
     assert documented == []
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
-        ["recipe", "launcher", "wait", "group", "hooks", "fit", "files", "one_writer", "agree", "ask", "ipython_forms",
+        ["recipe", "launcher", "wait", "group", "hooks", "fit", "one_writer", "files", "agree", "ask", "ipython_forms",
          "unsloth_group", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim",
          "global_batch", "balance", "loop"]
 
@@ -199,11 +214,12 @@ def test_inlining_keeps_what_is_read_and_what_runs_at_import():
     assert "def nbddp_device_map" in code and "def nbddp_start" in code and "def nbddp_teardown" in code
     assert "def nbddp_self_launch" in code and "# -- launcher: needed by group" in code  # every script launches itself
     assert "def nbddp_launch(" in code and "# -- recipe: needed by launcher" in code  # by nbddp's one recipe
-    assert "NBDDP_IS_LOCAL_MAIN" not in code and "subprocess" not in code
+    assert "subprocess" not in code and "def nbddp_shell" not in code
     code = inline.render(inline.Choice({"files": "why"}, frozenset({"nbddp_shell"})))
     assert "def nbddp_shell" in code and "NBDDP_IS_LOCAL_MAIN =" in code and "import subprocess" in code
-    assert "def nbddp_write_file" not in code and "import contextlib" not in code
-    assert code.index("# -- group: needed by files") < code.index("# -- files: why")
+    assert "def nbddp_write_file" not in code and "def nbddp_main_process_first" not in code
+    assert code.index("# -- group: needed by") < code.index("# -- one_writer: needed by files") < \
+        code.index("# -- files: why")
     code = inline.render(inline.Choice({"peft_shim": "why"}))  # runs at import: the watch line keeps its patch
     assert 'NBDDP_IMPORTS.watch("peft", _nbddp_patch_peft)' in code and "def _nbddp_patch_peft" in code
     assert "sys.meta_path.insert(0, NBDDP_IMPORTS)" in code

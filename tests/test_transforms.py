@@ -272,3 +272,32 @@ def test_a_cell_that_does_not_parse_names_cell_and_line():
         convert_cells("x = 1\n", ("markdown", "m"), "a = 1\nb = (\n")
     message = str(err.value)
     assert "cell 3" in message and "line" in message and "\n" not in message
+
+
+def test_plain_script_is_the_cells_after_the_text_steps_and_the_helpers_they_call(tmp_path):
+    """nbddp.pipeline.plain_script, the benchmarks' baseline: the code cells with IPython's lines rewritten as in a
+    converted script, after the runtime helpers those lines call; nothing of the DDP conversion. It runs as one
+    process."""
+    import subprocess
+    import sys
+
+    from nbddp.pipeline import plain_script
+
+    nb = make_notebook("!pip install x\nimport os\n", ("markdown", "text"), "%%writefile notes.txt\nhello\n",
+                       "name = 'notes.txt'\nlines = !cat $name\ndevice = 'cuda:0'\nprint(lines.s, device)\n")
+    text = plain_script(nb, source_name="t.ipynb")
+    cells = text[text.index("# %% cell 1"):]
+    assert text.startswith('"""t.ipynb as a plain script')
+    assert cells == ("# %% cell 1\n# nbddp: removed `!pip install x` (install; see the header)\nimport os\n\n"
+                     "# %% cell 3\n# nbddp: %%writefile notes.txt\nnbddp_write_file('notes.txt', 'hello\\n')\n\n"
+                     "# %% cell 4\nname = 'notes.txt'\nlines = nbddp_getoutput(nbddp_expand('cat $name'))\n"
+                     "device = 'cuda:0'\nprint(lines.s, device)\n")
+    assert "def nbddp_write_file(" in text and "def nbddp_expand(" in text and "nbddp_start" not in text
+    (tmp_path / "plain.py").write_text(text)
+    done = subprocess.run([sys.executable, "plain.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "hello cuda:0\n"
+
+    bare = plain_script(make_notebook("x = 1\n", "print(x)\n"), source_name="b.ipynb")  # no IPython lines: no helpers
+    assert bare == ('"""b.ipynb as a plain script (nbddp.pipeline.plain_script): no DDP changes."""\n'
+                    "# %% cell 1\nx = 1\n\n# %% cell 2\nprint(x)\n")

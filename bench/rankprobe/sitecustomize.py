@@ -16,6 +16,14 @@ By environment:
                                  it made current (after waiting for the work before it) and kept current at every
                                  later set_device (bench/t4_class.py probe checks it; bench/kaggle_t4.py --sms uses
                                  NVIDIA MPS unless --share green)
+  NBDDP_BENCH_REWARD=length      GRPO's reward functions replaced by one that random weights earn: the completion's
+                                 length in characters / 100 (rewards differ within a group, so advantages do too)
+Phases (`phases`: seconds since this process started, each mark's first time; `started_at`: that start on the wall
+clock): the process group started (`group`, and `group_ready`), each model load's end (`loaded`, the last one),
+the first DDP construction (`ddp`), train begin, first step end, train end, each save's begin and end (`save`,
+`saved`: the last one), and the probe's exit (`exit`).
+At train begin and end the trainable weights' sum of squares and SHA-256 (`trainable_begin`/`trainable_end`), and
+at train end the Trainer's log history (`log_history`), are recorded too.
 SIGUSR1 prints every thread's stack (the runner sends it before killing a run that passed its limit)."""
 import ast
 import atexit
@@ -39,6 +47,13 @@ _ITEMS = []  # label tokens of the batches loaded since the last optimizer step
 _EVENTS = []  # (CUDA event at train begin, its perf_counter), then one event per optimizer-step end
 
 
+def _mark(name, last=False):
+    """A phase reached, in seconds since this process started (the first time, or with `last` the latest)."""
+    phases = _COUNTS.setdefault("phases", {})
+    if last or name not in phases:
+        phases[name] = round(time.time() - _T0, 2)
+
+
 def _count(name, fn):
     def wrapper(*a, **k):
         _COUNTS[name] += 1
@@ -54,6 +69,8 @@ def _patch_callbacks(module):
     orig_begin, orig_step, orig_end = handler.on_train_begin, handler.on_step_end, handler.on_train_end
 
     def on_train_begin(self, args, state, control):
+        _mark("train_begin")
+        _COUNTS["trainable_begin"] = _trainable(self.model)
         torch = _cuda_torch()
         if torch is not None:
             torch.cuda.synchronize()  # once: the clock's origin, an event and its host time together
@@ -67,6 +84,7 @@ def _patch_callbacks(module):
         elif torch is not None:
             torch.cuda.synchronize()  # CUDA started after train() began: no event origin, so host times, synced
         _COUNTS.setdefault("step_end_times", []).append(round(time.perf_counter() - _T0P, 4))
+        _mark("first_step")
         if _ITEMS:  # this rank's label tokens of the step
             _COUNTS.setdefault("step_tokens", []).append(sum(_ITEMS))
             _ITEMS.clear()
@@ -77,6 +95,10 @@ def _patch_callbacks(module):
         return orig_step(self, args, state, control)
 
     def on_train_end(self, args, state, control):
+        _mark("train_end", last=True)
+        _COUNTS["trainable_end"] = _trainable(self.model)
+        _COUNTS["log_history"] = [{k: v for k, v in entry.items() if isinstance(v, (int, float, str))}
+                                  for entry in state.log_history]
         out = orig_end(self, args, state, control)
         if os.environ.get("NBDDP_BENCH_EXIT_AFTER_TRAIN") == "1":
             _dump()
@@ -85,6 +107,66 @@ def _patch_callbacks(module):
             os._exit(0)
         return out
     handler.on_train_begin, handler.on_step_end, handler.on_train_end = on_train_begin, on_step_end, on_train_end
+
+
+def _trainable(model):
+    """The trainable weights' sum of squares and SHA-256 of their float32 bytes, in parameter order."""
+    try:
+        import hashlib
+        digest, total, count = hashlib.sha256(), 0.0, 0
+        for _, param in sorted(model.named_parameters()):
+            if param.requires_grad:
+                data = param.detach().float().cpu().contiguous()
+                digest.update(data.numpy().tobytes())
+                total += float((data.double() ** 2).sum())
+                count += data.numel()
+        return {"sum_sq": total, "sha256": digest.hexdigest(), "numel": count}
+    except Exception as exc:  # the probe never breaks the run
+        return {"error": repr(exc)}
+
+
+def _length_reward(completions, **kwargs):
+    """NBDDP_BENCH_REWARD=length: each completion's length in characters / 100 (chat completions: their text)."""
+    def text(completion):
+        if isinstance(completion, list):
+            return "".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in completion)
+        return str(completion)
+    return [len(text(c)) / 100 for c in completions]
+
+
+def _patch_trainer(module):
+    """NBDDP_BENCH_REWARD=length: a GRPO trainer's reward functions (TRL's, or Unsloth's copy of it) replaced at
+    train(), after the notebook built the trainer, whatever class it is."""
+    if os.environ.get("NBDDP_BENCH_REWARD") != "length":
+        return
+    train = module.Trainer.train
+
+    @functools.wraps(train)
+    def patched_train(self, *a, **k):
+        if getattr(self, "reward_funcs", None) is not None:
+            import torch
+            self.reward_funcs = [_length_reward]
+            self.reward_func_names = ["length_reward"]
+            self.reward_processing_classes = [None]
+            self.reward_weights = torch.ones(1, dtype=torch.float32)
+            _COUNTS["reward"] = "length"
+        return train(self, *a, **k)
+    module.Trainer.train = patched_train
+
+
+def _timed(name, fn):
+    """Marks `name` (last) as `fn` begins and `name`+"ed"/"d" as it ends."""
+    done = "loaded" if name == "load" else "saved"
+
+    @functools.wraps(fn)
+    def timed(*a, **k):
+        if name != "load":
+            _mark(name, last=True)
+        try:
+            return fn(*a, **k)
+        finally:
+            _mark(done, last=True)
+    return timed
 
 
 def _patch_loader(module):
@@ -182,6 +264,7 @@ def _patch_ddp(module):
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             record["memory_before_gib"] = gib()
         _COUNTS.setdefault("ddp_constructed", []).append(record)
+        _mark("ddp")
         out = orig(self, mod, *a, **k)
         if "memory_before_gib" in record:
             record["memory_after_gib"] = gib()
@@ -212,7 +295,10 @@ def _patch_dist(module):
         _COUNTS["dist_initialized"] = True
         _COUNTS["dist_init_after_s"] = round(time.time() - _T0, 1)
         _COUNTS["unsloth_imported_before_init"] = "unsloth" in sys.modules
-        return orig(*a, **k)
+        _mark("group")
+        out = orig(*a, **k)
+        _mark("group_ready")
+        return out
     module.init_process_group = init
 
 
@@ -262,9 +348,11 @@ _PATCH = {
     "transformers.trainer_callback": _patch_callbacks,
     "transformers.training_args": _patch_training_args,
     "accelerate.data_loader": _patch_loader,
+    "transformers.trainer": _patch_trainer,
     "unsloth.models.llama": _patch_unsloth_peft,
     "transformers.generation.utils": lambda m: setattr(m.GenerationMixin, "generate", _count("generate", m.GenerationMixin.generate)),
-    "peft.peft_model": lambda m: setattr(m.PeftModel, "save_pretrained", _count("save_pretrained", m.PeftModel.save_pretrained)),
+    "peft.peft_model": lambda m: setattr(m.PeftModel, "save_pretrained", _timed("save", _count("save_pretrained", m.PeftModel.save_pretrained))),
+    "transformers.modeling_utils": lambda m: setattr(m.PreTrainedModel, "from_pretrained", classmethod(_timed("load", m.PreTrainedModel.from_pretrained.__func__))),
 }
 
 
@@ -308,7 +396,8 @@ def _dump():
             _step_times_from_events(torch)  # before the record below is taken from _COUNTS
     except Exception as exc:
         _COUNTS["probe_error"] = repr(exc)
-    info = dict(_COUNTS, rank=int(rank), local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+    _mark("exit")
+    info = dict(_COUNTS, started_at=_T0, rank=int(rank), local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                 world_size=int(os.environ.get("WORLD_SIZE", "1")),
                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), seconds=round(time.time() - _T0, 1))
     try:

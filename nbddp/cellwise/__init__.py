@@ -2,7 +2,7 @@
 
 The parts, each small:
 
-- `magics`: the `%ddp` line magic, the `%%ddp_cell` cell magic every cell is routed into while a session is on,
+- `ddp_magics`: the `%ddp` line magic, the `%%ddp_cell` cell magic every cell is routed into while a session is on,
   and the input transformer that does the routing (`%%local` and `%ddp` cells stay in the kernel);
 - `history`: each cell converted in the kernel by the converter's own pipeline, with the cells run before it (so
   that what earlier cells made on rank 0 only is remembered);

@@ -42,6 +42,7 @@ class History:
         The cell joins the history only once `accept` is called (a cell that cannot run is forgotten)."""
         import nbformat
 
+        from ..cells import cell_number
         from ..pipeline import run_pipeline
         from ..runtime import MODULES
         from ..report import Report
@@ -52,7 +53,7 @@ class History:
         ctx = Context(report=Report(source="%ddp session"), options=Options(main_prints=not self.all_ranks, whole=False))
         nb = run_pipeline(nb, ctx)
         number = len(cells)
-        code = next((cell.source for cell in nb.cells if cell.metadata["nbddp"]["cell"] == number), "")
+        code = next((cell.source for cell in nb.cells if cell_number(cell) == number), "")
         modules = [name for name in MODULES if name in ctx.runtime.reasons and name not in NOT_IN_A_SESSION]
         warnings = [note.text for note in ctx.report.warnings if note.cell == number]
         installs = [command for command in ctx.report.installs if command not in self._installs]

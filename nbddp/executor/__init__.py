@@ -7,8 +7,8 @@
 - `output`: torchrun's output streamed: decoded, its noise held back, a few writes a second;
 - `processes`: torchrun and its ranks as a process tree (psutil), liveness, dying with the kernel.
 
-Shared by the `%%torchrun` magic (nbddp.magic), `nbddp run` (nbddp.cli) and the `%ddp` session (nbddp.cellwise);
-the names below are the API.
+Shared by the `%%torchrun` magic (nbddp.torchrun_magic), `nbddp run` (nbddp.cli) and the `%ddp` session
+(nbddp.cellwise); the names below are the API.
 """
 from .failures import (LauncherNoise, RankFailedError, all_failures, cell_frames, job_failure, last_traceback,
                        parse_failure, rank_log)

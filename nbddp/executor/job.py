@@ -58,12 +58,10 @@ def run_script(script, nproc, *, extra=(), script_args=(), all_ranks=False, env=
     job = plan(script, nproc, extra=extra, script_args=script_args, all_ranks=all_ranks, env=env)
     folder, own = log_dir(extra), launch.flag_value(extra, launch.LOG_DIR_FLAGS) is None
     sweep_log_dirs()
-    try:
-        run_argv(job.argv, env={**(os.environ if env is None else env), **job.env}, log_dir=folder, grace=grace,
-                 script=script)
-    finally:
-        if own:
-            shutil.rmtree(folder, ignore_errors=True)
+    if own:  # the last job's logs stay until the next job here (its end line says where), or this process ends
+        shutil.rmtree(folder, ignore_errors=True)
+    run_argv(job.argv, env={**(os.environ if env is None else env), **job.env}, log_dir=folder, grace=grace,
+             script=script)
 
 
 def run_argv(argv, env=None, log_dir=None, grace=GRACE, script=None) -> None:

@@ -1,10 +1,28 @@
-"""Files, caches and shell commands: once per machine (local rank 0) while the other ranks wait."""
+"""Files, caches and shell commands: once per machine (local rank 0) while the other ranks wait.
+
+Files that code run on every rank writes (what training needs also writes a cache it reads back, a log line, a
+record in a module of its own) are written by one rank per machine too: on the machine's other ranks, a file of the
+notebook's opened for writing is a copy of this process's own, and opening it again reads that copy, so each rank
+reads back what it wrote while the notebook's file gets one writer, whole. The notebook's files are those under the
+working folder, and anywhere else but the temporary folder, caches (~/.cache, Hugging Face's, torch's), Python's
+installation, /dev, /proc and /sys. A path with this rank's number after a separator or a word for a process
+(Trainer's rng_state_1.pth, log_rank1.txt, gpu1/, but not run1/ or model_v1.json), or this process's id, is this
+rank's own. Writes that do not go through Python's `open` (torch.save's zip writer, memory maps, os.open) are not
+covered. `NBDDP_ONE_WRITER=0` leaves every rank writing."""
+import atexit
+import builtins
 import contextlib
 import io
+import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
-from .group import NBDDP_IS_LOCAL_MAIN, nbddp_barrier
+from .group import NBDDP_IS_LOCAL_MAIN, NBDDP_LOCAL_RANK, NBDDP_RANK, NBDDP_WORLD_SIZE, nbddp_barrier
+from .hooks import _nbddp_choice
+from .one_writer import _nbddp_skipped
 
 
 @contextlib.contextmanager
@@ -52,3 +70,58 @@ def nbddp_write_file(path, text, append=False):
         with open(path, "a" if append else "w", encoding="utf-8") as fh:
             fh.write(text)
     nbddp_barrier(f"writing {path}")
+
+
+class NbddpOwnCopies:
+    """`open` on a rank other than its machine's rank 0: the notebook's files written and read back as this
+    process's own copies (see the module's docstring)."""
+
+    def __init__(self, real_open, ranks=(NBDDP_RANK, NBDDP_LOCAL_RANK)):
+        self.real_open, self.copies, self.folder = real_open, {}, None
+        self.cwd = os.path.join(os.path.realpath(os.getcwd()), "")
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        caches = [cache, sys.prefix, sys.base_prefix, sys.exec_prefix] + [os.environ[name] for name in (
+            "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE", "TORCH_HOME", "TRITON_CACHE_DIR")
+            if os.environ.get(name)]
+        self.caches = tuple(os.path.join(os.path.realpath(root), "") for root in caches)
+        self.system = tuple(os.path.join(os.path.realpath(root), "")
+                            for root in (tempfile.gettempdir(), "/dev", "/proc", "/sys"))
+        numbers = "|".join({str(rank) for rank in ranks if rank}) or "(?!)"
+        self.own = re.compile(rf"(?:(?:^|[/_.-]|rank|proc|process|gpu|cuda|device|worker)({numbers})|(?<!\d){os.getpid()})"
+                              r"(?!\d)", re.I)
+
+    def is_notebooks(self, path) -> bool:
+        """A file of the notebook's, whose path does not name this rank."""
+        inside = path.startswith(self.cwd)
+        if path.startswith(self.caches) or (not inside and path.startswith(self.system)):
+            return False
+        return not self.own.search(path[len(self.cwd):] if inside else path)
+
+    def __call__(self, file, mode="r", *args, **kwargs):
+        if not isinstance(file, (str, bytes, os.PathLike)):  # a descriptor
+            return self.real_open(file, mode, *args, **kwargs)
+        path = os.path.realpath(os.fsdecode(file))
+        if path in self.copies:
+            return self.real_open(self.copies[path], mode, *args, **kwargs)
+        if not any(c in mode for c in "wax+") or not self.is_notebooks(path):
+            return self.real_open(file, mode, *args, **kwargs)
+        if self.folder is None:
+            self.folder = tempfile.mkdtemp(prefix=f"nbddp-rank{NBDDP_RANK}-copies-")
+            atexit.register(shutil.rmtree, self.folder, True)
+        copy = os.path.join(self.folder, f"{len(self.copies)}-{os.path.basename(path)}")
+        if not any(c in mode for c in "wx") and os.path.isfile(path):  # appended to or changed: from what is there
+            with self.real_open(path, "rb") as source, self.real_open(copy, "wb") as target:
+                shutil.copyfileobj(source, target)
+        self.copies[path] = copy
+        _nbddp_skipped(f"{os.path.basename(path)} (its own copy)")
+        return self.real_open(copy, mode, *args, **kwargs)
+
+
+def nbddp_own_copies():
+    """Install `NbddpOwnCopies` as `open` on a rank other than its machine's rank 0."""
+    if NBDDP_WORLD_SIZE > 1 and not NBDDP_IS_LOCAL_MAIN and _nbddp_choice("NBDDP_ONE_WRITER") is not False and \
+            not isinstance(builtins.open, NbddpOwnCopies):
+        builtins.open = io.open = NbddpOwnCopies(builtins.open)
+
+
+nbddp_own_copies()

@@ -65,4 +65,34 @@ def _nbddp_patch_training_args(module):
     args_class.__post_init__ = __post_init__
 
 
+def nbddp_plain_accumulation(trainer):
+    """Once the Trainer is built, the decided accumulation is a plain int again, in its arguments (and what a
+    TRL config derived from it, `steps_per_generation`) and its accelerator: torch.compile cannot trace an int
+    subclass (Unsloth's compiled GRPO loss reads it), and no copy of the arguments is made after this point."""
+    args = getattr(trainer, "args", None)
+    for name, value in list(vars(args).items()) if args is not None else ():
+        if isinstance(value, NbddpAccumulation):
+            setattr(args, name, int(value))
+    state = getattr(getattr(trainer, "accelerator", None), "gradient_state", None)
+    kwargs = getattr(state, "plugin_kwargs", None)
+    for name, value in list(kwargs.items()) if isinstance(kwargs, dict) else ():
+        if isinstance(value, NbddpAccumulation):
+            kwargs[name] = int(value)
+
+
+def _nbddp_patch_trainer(module):
+    init = module.Trainer.__init__
+    if getattr(init, "_nbddp_plain", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self, *a, **kw):
+        init(self, *a, **kw)
+        nbddp_plain_accumulation(self)
+
+    __init__._nbddp_plain = True
+    module.Trainer.__init__ = __init__
+
+
 NBDDP_IMPORTS.watch("transformers.training_args", _nbddp_patch_training_args)
+NBDDP_IMPORTS.watch("transformers.trainer", _nbddp_patch_trainer)

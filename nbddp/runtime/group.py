@@ -1,4 +1,5 @@
 """Rank facts from torchrun's environment, this rank's device, the process group, and how the job starts."""
+import atexit
 import contextlib
 import datetime
 import functools
@@ -29,6 +30,19 @@ NBDDP_GROUP_TIMEOUT = float(os.environ.get("NBDDP_GROUP_TIMEOUT", "1800"))
 NBDDP_AT_TEARDOWN = []  # checks every rank runs at the end of a script that did not fail, in this order
 NBDDP_REST_KEY = "nbddp/rest"  # how rank 0 ended the rest of the notebook: "ok" or "stopped"
 nbddp_no_context = contextlib.nullcontext  # on the other ranks, for a rank-0-only context (a tracker's run)
+
+
+def _nbddp_process_started():
+    """When this process started, on the wall clock, from /proc (Linux); where that cannot be read, now."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+            return time.time() - float(uptime.read().split()[0]) + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+NBDDP_STARTED = _nbddp_process_started()
 
 
 def nbddp_start(mode="ddp", group=True, batch=None):
@@ -105,7 +119,28 @@ def nbddp_dist():
         torch.distributed.init_process_group("nccl" if cuda else "gloo",
                                              device_id=torch.device(NBDDP_DEVICE) if cuda else None,
                                              timeout=datetime.timedelta(seconds=NBDDP_GROUP_TIMEOUT))
+        _nbddp_check_shared_folder()
     return True
+
+
+def _nbddp_check_shared_folder():
+    """Several machines: rank 0 leaves a marker in its working folder, and each other machine's first rank looks
+    for it in its own; where it is missing (no shared storage), that rank says what runs where."""
+    store, per_machine = nbddp_store(), int(os.environ.get("LOCAL_WORLD_SIZE", NBDDP_WORLD_SIZE))
+    if store is None or NBDDP_WORLD_SIZE <= per_machine or not NBDDP_IS_LOCAL_MAIN:
+        return
+    if NBDDP_IS_MAIN:
+        marker = os.path.abspath(f".nbddp-shared-{os.getpid()}")
+        open(marker, "w").close()  # noqa: SIM115
+        atexit.register(lambda: os.path.exists(marker) and os.remove(marker))
+        store.set("nbddp/shared-marker", os.path.basename(marker))
+        return
+    nbddp_wait_until(lambda: store.check(["nbddp/shared-marker"]), lambda: "rank 0's start")
+    if not os.path.exists(store.get("nbddp/shared-marker").decode()):
+        print(f"nbddp: rank {NBDDP_RANK}'s machine does not see rank 0's working folder (no shared storage): saves and "
+              "what runs once per job are on rank 0's machine only; `!` commands, %%writefile, data preparation and "
+              "files every rank writes run on each machine; a file that one rank writes and every rank reads later "
+              "must be on shared storage", file=sys.stderr, flush=True)
 
 
 def nbddp_collective_barrier():

@@ -16,9 +16,10 @@ import io
 import operator
 import os
 import sys
+import time
 import types
 
-from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_RANK, NBDDP_WORLD_SIZE
+from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_RANK, NBDDP_STARTED, NBDDP_WORLD_SIZE
 from .hooks import NBDDP_IMPORTS, _nbddp_choice, nbddp_say
 from .wait import NBDDP_BARRIER_KEY, NBDDP_WAITS, nbddp_store, nbddp_store_barrier, nbddp_wait_until
 
@@ -198,11 +199,25 @@ def _nbddp_report_skips():
             skipped.setdefault(int(rank), []).append(name)
     if skipped:
         said = "; ".join(f"rank {rank} skipped {', '.join(names)}" for rank, names in sorted(skipped.items()))
-        nbddp_say("one-writer", f"saving and pushing run on rank 0 only ({said}; NBDDP_ONE_WRITER=0: every rank)")
-    saved = _NBDDP_WRITES["saved"]
-    if saved and NBDDP_IS_MAIN:
-        said = ", ".join(f"{where} ({', '.join(dict.fromkeys(names))})" for where, names in saved.items())
-        nbddp_say("saved", f"saved by rank 0, once: {said}")
+        nbddp_say("one-writer", f"saved and written once ({said}; NBDDP_ONE_WRITER=0: every rank writes)")
+    if NBDDP_IS_MAIN:
+        nbddp_say("end", nbddp_end_line(_NBDDP_WRITES["saved"], time.time() - NBDDP_STARTED))
+
+
+def nbddp_end_line(saved, seconds, error_file=None):
+    """The job's last line: it ended well, in how long, what rank 0 saved where, and where the other ranks' output
+    went (torchrun's files for them, kept after the job, or this console)."""
+    said = "saved by rank 0, once: " + ", ".join(f"{where} ({', '.join(dict.fromkeys(names))})"
+                                                for where, names in saved.items()) if saved else "nothing saved"
+    line = f"done (status 0) in {seconds:.1f} s; {said}"
+    if NBDDP_WORLD_SIZE == 1:
+        return line
+    error_file = error_file or os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    attempt = os.path.dirname(os.path.dirname(error_file))
+    if error_file and os.path.isfile(os.path.join(attempt, "1", "stderr.log")):
+        return f"{line}; each other rank's output: {os.path.join(attempt, '<local rank>', 'stderr.log')} (and " \
+               f"stdout.log; on each machine)"
+    return f"{line}; the other ranks' warnings and errors: on this console"
 
 
 def _nbddp_watch_writers():

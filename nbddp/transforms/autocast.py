@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import dotted
+from ..cst_helpers import dotted
 from ..vocabulary import AMP
 from .base import CallRewriter, TreeStep
 

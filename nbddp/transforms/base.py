@@ -27,11 +27,6 @@ class Context:
     tree: Tree | None = None  # the notebook's one tree, once the magics step is done
 
 
-def cell_number(cell) -> int:
-    """The cell's 1-based position in the original notebook (markdown cells included)."""
-    return cell.metadata["nbddp"]["cell"]
-
-
 class Transform:
     """A step over the notebook's cells as text (before the tree exists): `preprocess_cell` or `preprocess`.
     `inserts`: the runtime's helpers (nbddp.runtime.HELPERS) the step may write into the script."""

@@ -4,7 +4,7 @@ on every rank.
 A training loop is a `for`/`while` whose body, through the notebook's functions too, does nbddp.vocabulary's
 BACKWARD and STEP (nbddp.effects). Before the outermost such loop, `nbddp_ddp(model)` routes the model's training
 forward through DDP; the model is the one whose `.parameters()` the stepped optimizer was built from, followed
-through the notebook's assignments (nbddp.names) and, for a loop inside the notebook's own function whose optimizer
+through the notebook's assignments (nbddp.meanings) and, for a loop inside the notebook's own function whose optimizer
 is a parameter, through the calls of that function (made anywhere, also in another of the notebook's functions,
 whose own parameter is then followed in turn). The data the innermost loop around the backward iterates
 becomes `nbddp_distributed(...)`, each rank's share of a DataLoader. Where the model cannot be told, the script
@@ -16,10 +16,11 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from ..cst import LiveVisitor, arguments, call_stmt, code_of, dotted, is_rank_test, live_calls
+from ..cells import starts_cell
+from ..cst_helpers import LiveVisitor, arguments, call_stmt, code_of, dotted, live_calls
 from ..effects import Effects
+from ..rank_conditions import is_rank_test
 from ..vocabulary import BACKWARD, OWN_DDP, STEP, is_optimizer, kinds, parts
-from ..tree import starts_cell
 from .base import TreeStep, TreeTransformer
 
 WRAP, DEAL, STOP = "nbddp_ddp", "nbddp_distributed", "nbddp_unsynced_loop"
@@ -221,7 +222,8 @@ class _Rewrite(TreeTransformer):
         found = self._data(loop)
         if found is None:
             self.report.warn(self.cell, f"{text}, but nbddp cannot tell which data the loop reads: every rank "
-                             "trains on the same batches (one model, no speed-up)")
+                             "trains on the same batches (one model, no speed-up): loop over a DataLoader by "
+                             "name (`for batch in loader:`) so nbddp can deal it to the ranks")
         else:
             inner, data = found
             dealt = cst.Call(cst.Name(DEAL), args=[cst.Arg(data)])

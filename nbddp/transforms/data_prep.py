@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import (DESCEND, LEAVE, TAKE, add_keyword, code_of, dotted, is_if_false, keyword, live_calls, regroup,
-                   statement_blocks)
+from ..cells import starts_cell
+from ..cst_helpers import (DESCEND, LEAVE, TAKE, add_keyword, code_of, dotted, is_if_false, keyword, live_calls,
+                           regroup, statement_blocks)
 from ..effects import Effects
-from ..tree import starts_cell
 from ..vocabulary import COLLECTIVE, DATA, SEEDED, parts
 from .base import CallRewriter, TreeStep, call_kinds
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import code_of
+from ..cst_helpers import code_of
 from ..vocabulary import DEVICE, ENV, parts
 from ..tree import Recording, TreeTransformer
 from .base import TreeStep
@@ -93,10 +93,10 @@ class _Devices(TreeTransformer):
                 args[at] = args[at].with_changes(value=cst.Name(name))
             elif isinstance(arg.value, cst.FormattedString) and code_of(arg.value)[2:].startswith("cuda:"):
                 self.report.warn(self.cell, f"{code_of(original)}: a GPU number computed by the notebook; under DDP "
-                                            f"each rank must use its own ({RANK_DEVICE})")
+                                            f"each rank must use its own: use {RANK_DEVICE}")
             elif "set_device" in tails and not self._ours(arg.value):
                 self.report.warn(self.cell, f"{code_of(original)}: nbddp cannot tell which GPU this picks; under DDP "
-                                            f"each rank must use its own ({RANK_INDEX})")
+                                            f"each rank must use its own: use {RANK_INDEX}")
         return updated.with_changes(args=args)
 
     def _ours(self, value) -> bool:

@@ -7,9 +7,11 @@ notebook's code is not changed.
 """
 from __future__ import annotations
 
+import math
+
 import libcst as cst
 
-from ..cst import has_star_kwargs, keyword
+from ..cst_helpers import has_star_kwargs, keyword
 from ..tree import TreeTransformer
 from ..vocabulary import CONFIG
 from .base import TreeStep, call_kinds
@@ -18,6 +20,7 @@ from .trainer_args import config_name
 ACCUMULATION, PER_DEVICE = "gradient_accumulation_steps", "per_device_train_batch_size"
 DEFAULTS = {ACCUMULATION: 1, PER_DEVICE: 8}  # transformers' TrainingArguments defaults
 COUNTS = (2, 4)  # the process counts the report gives numbers for (Kaggle's and Colab's 2 GPUs, a 4-GPU box)
+GENERATION = "generation_batch_size"  # TRL's GRPO and RLOO: must divide by per_device_train_batch_size x processes
 
 
 def _literal(call: cst.Call, name: str):
@@ -48,12 +51,31 @@ def effective(batch, steps, scale: bool) -> str:
     return f"{batch} x {steps} = {one} samples per optimizer step on 1 process; {', '.join(said)}{hint}"
 
 
+def generation_batch(call: cst.Call, batch) -> str | None:
+    """Where the config sets generation_batch_size (TRL's online trainers) as a number: the process counts on which
+    it no longer divides by per_device_train_batch_size x N, which TRL refuses, and what to set instead."""
+    arg = keyword(call, GENERATION)
+    if arg is None or batch is None or not isinstance(arg.value, cst.Integer):
+        return None
+    size = int(arg.value.value, 0)
+    broken = [n for n in COUNTS if size % (batch * n)]
+    if not broken:
+        return None
+    counts = ", ".join(f"{n} ({batch} x {n} = {batch * n})" for n in broken)
+    return (f"{GENERATION}={size} must divide by {PER_DEVICE} x the process count, or TRL stops the job: not on "
+            f"{counts} processes; leave {GENERATION} unset (it then follows the batch, valid on any count) or make it "
+            f"a multiple of {batch * math.lcm(*COUNTS)}")
+
+
 class _Report(TreeTransformer):
     def leave_Call(self, original, updated):
         if CONFIG in call_kinds(self.names, original):
             batch, steps = _literal(original, PER_DEVICE), _literal(original, ACCUMULATION)
             self.report.change(self.cell, f"{config_name(original)}: "
                                           f"{effective(batch, steps, self.options.scale_batch)}")
+            why = generation_batch(original, batch)
+            if why:
+                self.report.warn(self.cell, f"{config_name(original)}: {why}")
         return updated
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import code_of, is_if_false, is_rank_test
+from ..cst_helpers import code_of, is_if_false
+from ..rank_conditions import is_rank_test
 from ..tree import TreeTransformer
 from ..vocabulary import DISPLAY, PRINT, PUSH, SAVE, TRACK, parts
 

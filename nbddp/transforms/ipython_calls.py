@@ -14,7 +14,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from ..cst import call_stmt, code_of, parse
+from ..cst_helpers import call_stmt, code_of, parse
 from ..errors import ConversionError
 from .base import Context
 from .expansion import UNEXPANDED, line_expression
@@ -133,18 +133,21 @@ class IPythonCalls(cst.CSTTransformer):
         if not is_ipython_call(call):  # get_ipython().kernel.do_shutdown(True): Colab's restart after installs
             shown = one_line(code_of(call), 60)
             self.ctx.report.warn(self.cell, f"removed `{shown}`: it acts on the notebook's IPython kernel, which a "
-                                            "script does not have (a restart after installs: nothing to restart)")
+                                            "script does not have (a restart after installs: nothing to restart; "
+                                            "install before launching)")
             return [marker(f"removed `{shown}`: a script has no IPython kernel")]
         kind = call.func.attr.value
         args = _literal_args(call)
         if args is None:
-            self.ctx.report.warn(self.cell, f"could not read IPython call {one_line(code_of(call))}; removed it")
+            self.ctx.report.warn(self.cell, f"could not read IPython call {one_line(code_of(call))}; removed it: if the "
+                                            "script needs it, write it as Python in the notebook")
             return [marker("removed an IPython call it could not read")]
         if kind in {"system", "getoutput"}:
             return self._shell(args[0])
         if kind == "run_line_magic":
             return self._line_magic(args[0], args[1] if len(args) > 1 else "")
-        self.ctx.report.warn(self.cell, f"removed get_ipython().{kind}(...), which has no script equivalent")
+        self.ctx.report.warn(self.cell, f"removed get_ipython().{kind}(...), which has no script equivalent: if the "
+                                        "script needs what it did, write that as Python in the notebook")
         return [marker(f"removed get_ipython().{kind}(...)")]
 
     def _value(self, original, updated):
@@ -235,12 +238,13 @@ class IPythonCalls(cst.CSTTransformer):
             try:
                 return list(parse(line + "\n").body) or [marker(f"removed empty `%{name}`")]
             except ConversionError:
-                report.warn(self.cell, f"`%{name} {one_line(line, 50)}` is not Python; removed it")
+                report.warn(self.cell, f"`%{name} {one_line(line, 50)}` is not Python; removed it: if the script "
+                                       "needs it, write it as Python in the notebook")
                 return [marker(f"removed `%{name} {line}`")]
         if name in {"sx", "system"}:
             return self._shell(line)
         if name in DROP_QUIETLY:
             report.change(self.cell, f"removed `%{name}` (notebook-only)")
             return [marker(f"removed `%{name} {line}`".strip() + " (notebook-only)")]
-        report.warn(self.cell, f"unknown magic `%{name} {one_line(line, 50)}` removed; check the script does not need it")
+        report.warn(self.cell, f"unknown magic `%{name} {one_line(line, 50)}` removed; if the script needs it, write it as Python in the notebook")
         return [marker(f"removed unknown magic `%{name} {line}`")]

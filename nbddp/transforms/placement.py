@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import add_keyword, code_of, dotted, keyword
+from ..cst_helpers import add_keyword, code_of, dotted, keyword
 from ..vocabulary import LOAD, parts
 from .base import CallRewriter, TreeStep
 
@@ -51,7 +51,7 @@ class _Placement(CallRewriter):
             args = [a.with_changes(value=ours) if a is existing else a for a in updated.args]
             return updated.with_changes(args=args)
         self.report.warn(self.cell, f"{loader}: device_map={shown} is computed by the notebook; left as is, "
-                         "but under DDP it must be this rank's device (nbddp_device_map())")
+                         "but under DDP it must be this rank's device: use device_map=nbddp_device_map()")
         return updated
 
 

@@ -15,14 +15,15 @@
   a process group of its own). A shell line that launches (`!torchrun`, `!accelerate launch`) stops it in the magics
   step.
 
-Calls are told by what they are (nbddp.names), not by how the notebook spells them.
+Calls are told by what they are (nbddp.meanings), not by how the notebook spells them.
 """
 from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import arguments, code_of, is_rank_test
+from ..cst_helpers import arguments, code_of
 from ..errors import ConversionError
+from ..rank_conditions import is_rank_test
 from ..tree import TreeTransformer
 from .base import TreeStep
 from .devices import TidiedMarkers

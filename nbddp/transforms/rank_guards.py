@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import (DESCEND, LEAVE, TAKE, LiveVisitor, arguments, code_of, is_if_false, is_rank_test, live_calls,
-                   names_in, regroup, statement_blocks)
+from ..cells import starts_cell
+from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, names_in,
+                           regroup, statement_blocks)
 from ..effects import Effects
-from ..names import header_of, reads_writes
 from ..needs import REST, training_needs
-from ..tree import starts_cell
+from ..rank_conditions import is_rank_test
+from ..reads_writes import header_of, reads_writes
 from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_generation_pipeline, parts
 from .base import TreeStep
 from .hoist import hoist
@@ -36,37 +37,6 @@ def _is_print(stmt, names) -> bool:
     return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr)
             and isinstance(stmt.body[0].value, cst.Call)
             and "builtins.print" in names.meanings(stmt.body[0].value.func))
-
-
-class _Exits(LiveVisitor):
-    """A `return`, `break` or `continue` that leaves the statement's own block (not one of a nested def or loop)."""
-
-    def __init__(self):
-        self.found, self.loops = False, 0
-
-    def visit_Return(self, node):
-        self.found = True
-
-    def visit_Break(self, node):
-        self.found = self.found or not self.loops
-
-    visit_Continue = visit_Break
-
-    def visit_For(self, node):
-        self.loops += 1
-
-    def leave_For(self, node):
-        self.loops -= 1
-
-    visit_While, leave_While = visit_For, leave_For
-
-
-def _exits(stmt) -> bool:
-    """Guarded on rank 0 alone, such a statement would leave rank 0 out of what follows (a barrier, a collective):
-    it stays on every rank."""
-    exits = _Exits()
-    stmt.visit(exits)
-    return exits.found
 
 
 def _rank0_return(stmt):
@@ -143,7 +113,7 @@ class _Guards:
         self.tree.at = stmt
         if not nested and id(stmt) in self.rest:
             return LEAVE
-        if not nested and id(stmt) in self.once and not _exits(stmt):
+        if not nested and id(stmt) in self.once and not leaves_block(stmt):  # else rank 0 alone skips what follows
             return self.unneeded_work(stmt, self.calls[id(stmt)])
         reads, writes = reads_writes(stmt)
         if isinstance(stmt, cst.FunctionDef):
@@ -170,19 +140,20 @@ class _Guards:
             if blocks and isinstance(stmt, cst.With) and all(kinds <= {TRACK} for kinds, _, _ in why):
                 return self.tracked(stmt)
             self.report.warn(self.cell, f"{why[0][2]}(...) opens a block that also does work every rank must do; it "
-                                        "runs on every rank: check it")
+                                        "runs on every rank: put what it writes or prints under `if NBDDP_IS_MAIN:`")
             return DESCEND
         if header_reads & self.tainted:
             if not why and collective:
                 self.report.warn(self.cell, f"uses {', '.join(sorted(header_reads & self.tainted))}, which only rank "
-                                            "0 computed, in work every rank must do; left unguarded: check it")
+                                            "0 computed, in work every rank must do; left unguarded: compute it where "
+                                            "every rank runs it (outside the rank-0 part)")
                 self.tainted -= writes
                 return LEAVE
             self.used.setdefault(self.cell, set()).update(header_reads & self.tainted)
             why.append((frozenset({USES}), "", ""))
         if not blocks and self.options.main_prints and _is_print(stmt, self.names) and not collective:
             why.append((frozenset({"print"}), "print", "print"))
-        if why and _exits(stmt):  # guarded whole, rank 0 would skip what follows (a barrier: a hang)
+        if why and leaves_block(stmt):  # guarded whole, rank 0 would skip what follows (a barrier: a hang)
             if blocks:
                 return DESCEND
             returned = _rank0_return(stmt)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import code_of, is_if_false, keyword
+from ..cells import starts_cell
+from ..cst_helpers import code_of, is_if_false, keyword
 from ..inline import Choice
-from ..names import IPYTHON_BUILTINS
+from ..meanings import IPYTHON_BUILTINS
 from ..runtime import HELPERS
-from ..tree import starts_cell
 from ..vocabulary import CONFIG, CREDENTIALS, LOAD, is_unsloth_loader, kinds, parts, prompt
 from .base import TreeStep
 from .placement import OURS
@@ -41,7 +41,7 @@ def _rank_0_only(node) -> bool:
 
 class _Facts(cst.CSTVisitor):
     def __init__(self, names):
-        self.analysis = names  # nbddp.names.Names: what the notebook's calls are
+        self.analysis = names  # nbddp.meanings.Names: what the notebook's calls are
         self.modules: set[str] = set()  # top-level packages imported
         self.names: set[str] = set()
         self.trainer = self.checkpointing = self.quantized = self.weight_tying = self.tiled_mlp = False
@@ -182,6 +182,7 @@ def needs(facts: _Facts) -> dict[str, str]:
     """Runtime module -> why this notebook needs it."""
     why = {"group": "every script: ranks from torchrun's environment, this rank's device, the process group",
            "one_writer": "every script: saving and pushing on rank 0 only, also where the converter cannot see it",
+           "files": "every script: a file that every rank writes is written by one rank per machine",
            "agree": "every script: rank 0 says whether the ranks trained the same weights"}
     if facts.prompts:
         asked = ", ".join(dict.fromkeys(what.split(" ")[0] for _, what, _ in facts.prompts))
@@ -196,7 +197,7 @@ def needs(facts: _Facts) -> dict[str, str]:
         why["ipython_forms"] = f"the notebook uses what IPython gives it ({', '.join(forms)}): in the script too"
     used = helpers["files"]
     if used:
-        why["files"] = f"the notebook calls {', '.join(used)}: once per machine, the other ranks wait"
+        why["files"] += f"; the notebook calls {', '.join(used)}: once per machine, the other ranks wait"
     unsloth = bool(facts.modules & {"unsloth", "unsloth_zoo"})
     if facts.trainer and (facts.checkpointing or unsloth) and facts.own_ddp:
         why["strategy"] = (f"gradient checkpointing and {facts.own_ddp[0]}: DDP's graph settings chosen at run time "
@@ -240,7 +241,8 @@ class RuntimeNeeds(TreeStep):
                                     "GPU; the script decides at run time")
         for cell, shown in facts.unsized:
             ctx.report.warn(cell, f"from_pretrained({shown}, ...): nbddp cannot read which model or how it loads, "
-                                  "so the script cannot check that it fits one GPU (it runs one process per GPU)")
+                                  "so the script cannot check that it fits one GPU (it runs one process per GPU): "
+                                  "give the id as a literal, or NBDDP_MODE=split where it does not fit one GPU")
         for cell, key in facts.vllm.items():
             ctx.report.change(cell, f"{key}=True: nbddp has not run vLLM under DDP; each process would start its own "
                                   "vLLM engine on its GPU beside training (gpu_memory_utilization of that GPU): if the "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import add_keyword, keyword
+from ..cst_helpers import add_keyword, keyword
 from ..vocabulary import PEFT, is_unsloth_loader
 from .base import CallRewriter, TreeStep
 

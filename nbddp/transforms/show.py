@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import LiveVisitor
-from ..tree import starts_cell
+from ..cells import starts_cell
+from ..cst_helpers import LiveVisitor
 from ..vocabulary import DISPLAY, MEMORY, PRINT, PUSH, SAVE, TRACK, kinds
 from .base import TreeStep
 

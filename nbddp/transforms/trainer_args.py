@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import add_keyword, code_of, has_star_kwargs, keyword
+from ..cst_helpers import add_keyword, code_of, has_star_kwargs, keyword
 from ..vocabulary import CONFIG, parts
 from .base import CallRewriter, TreeStep
 

@@ -1,14 +1,14 @@
 """Step: notebook-only front-ends. tqdm's notebook bars (`tqdm.notebook`, `tqdm.autonotebook`,
 `tqdm_notebook`, `tnrange`) need ipywidgets and draw no text in a script: they become `tqdm.auto`, which draws text
 bars in a script and widgets in a notebook. Import statements are read as written; a use through a module
-(`tqdm.notebook.tqdm(...)`, `tq.tqdm_notebook(...)`) is found by what its name means (nbddp.names), and where
+(`tqdm.notebook.tqdm(...)`, `tq.tqdm_notebook(...)`) is found by what its name means (nbddp.meanings), and where
 `tqdm.auto` is then not imported by the statement that binds the module, `import tqdm.auto` is added after it.
 `ipywidgets` imports are a warning: a script shows no widgets."""
 from __future__ import annotations
 
 import libcst as cst
 
-from ..cst import dotted
+from ..cst_helpers import dotted
 from ..tree import Recording, TreeTransformer
 from .base import TreeStep
 

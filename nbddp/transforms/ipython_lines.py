@@ -11,9 +11,10 @@ import shlex
 
 import libcst as cst
 
-from ..cst import live_calls, names_in, parse, statement_blocks
+from ..cells import cell_number
+from ..cst_helpers import live_calls, names_in, parse, statement_blocks
 from ..errors import ConversionError
-from .base import Context, Transform, cell_number
+from .base import Context, Transform
 from .expansion import line_expression
 from .ipython_calls import IPythonCalls
 from .markers import MARK, Tidy, is_marker
@@ -173,7 +174,7 @@ class Magics(Transform):
         if name in DISPLAY_CELL_MAGICS:
             report.change(cell, f"removed the `%%{name}` display cell")
             return f"# nbddp: removed a %%{name} cell (display only)\n"
-        report.warn(cell, f"unknown cell magic `%%{name}`: cell removed; check the script does not need it", line=1)
+        report.warn(cell, f"unknown cell magic `%%{name}`: cell removed; if the script needs it, write it as Python in the notebook", line=1)
         return f"# nbddp: removed a cell with the unknown magic %%{name}\n"
 
 

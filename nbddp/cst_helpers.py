@@ -1,20 +1,15 @@
-"""Small libcst helpers shared by the rewrite steps."""
+"""The converter's libcst helpers, shared by the analyses and the rewrite steps: parsing a cell, reading and adding a
+call's arguments, the code a statement runs itself (its live calls, its blocks, whether it leaves its block), and
+regrouping a block's statements (a group never spans two cells)."""
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import libcst as cst
-import libcst.matchers as m
 
+from .cells import starts_cell
 from .errors import ConversionError
-
-# Names that only ever appear in a test that picks one process: code under such an `if` is already guarded.
-RANK_NAMES = frozenset({
-    "NBDDP_IS_MAIN", "NBDDP_RANK", "NBDDP_LOCAL_RANK", "is_main_process", "is_local_main_process",
-    "is_world_process_zero", "is_main", "get_rank", "rank", "local_rank", "global_rank", "RANK",
-    "LOCAL_RANK", "process_index", "local_process_index", "should_save",
-})
-RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK"})  # torchrun's environment
 
 
 def parse(code: str, cell=None, step=None) -> cst.Module:
@@ -112,24 +107,6 @@ def names_in(node) -> set[str]:
     return found
 
 
-def is_rank_test(node, names=None) -> bool:
-    """An `if` whose test mentions a rank or main-process flag, or reads the launcher's rank from the environment
-    (`os.environ["RANK"]`, `os.getenv("LOCAL_RANK")`), also through the values of the names it reads where `names`
-    (nbddp.names.Names) is given (`main = int(os.environ["RANK"]) == 0`, then `if main:`): its body is already
-    per-process."""
-    return isinstance(node, cst.If) and _is_rank_expr(node.test, names, 0)
-
-
-def _is_rank_expr(expr, names, depth) -> bool:
-    strings = {s.evaluated_value for s in m.findall(expr, m.SimpleString())}
-    if names_in(expr) & RANK_NAMES or strings & RANK_VARIABLES:
-        return True
-    if names is None or depth >= 3:
-        return False
-    values = (names.value(name) for name in m.findall(expr, m.Name()))
-    return any(value is not None and _is_rank_expr(value, names, depth + 1) for value in values)
-
-
 class LiveVisitor(cst.CSTVisitor):
     """A visitor of the code a statement runs itself: not def, class or lambda bodies, not under `if False:`."""
 
@@ -146,6 +123,37 @@ class LiveVisitor(cst.CSTVisitor):
         return not is_if_false(node)
 
 
+class _Exits(LiveVisitor):
+    """A `return`, `break` or `continue` that leaves the statement's own block (not one of a nested def or loop)."""
+
+    def __init__(self):
+        self.found, self.loops = False, 0
+
+    def visit_Return(self, node):
+        self.found = True
+
+    def visit_Break(self, node):
+        self.found = self.found or not self.loops
+
+    visit_Continue = visit_Break
+
+    def visit_For(self, node):
+        self.loops += 1
+
+    def leave_For(self, node):
+        self.loops -= 1
+
+    visit_While, leave_While = visit_For, leave_For
+
+
+def leaves_block(stmt) -> bool:
+    """Whether running the statement may leave the block it stands in (`return`, or a `break`/`continue` of the
+    loop around it)."""
+    exits = _Exits()
+    stmt.visit(exits)
+    return exits.found
+
+
 class _CallCollector(LiveVisitor):
     """Calls in live code."""
 
@@ -156,10 +164,12 @@ class _CallCollector(LiveVisitor):
         self.calls.append(node)
 
 
-def live_calls(node) -> list[cst.Call]:
+@functools.lru_cache(maxsize=4096)
+def live_calls(node) -> tuple:
+    """The calls in a node's live code, in order (nodes are immutable: read once per node)."""
     collector = _CallCollector()
     node.visit(collector)
-    return collector.calls
+    return tuple(collector.calls)
 
 
 def statement_blocks(stmt, defs: bool = False) -> list[cst.IndentedBlock]:
@@ -194,10 +204,8 @@ def code_of(node) -> str:
     return cst.Module([]).code_for_node(node)
 
 
-
 def call_stmt(func: str, *args: cst.BaseExpression) -> cst.SimpleStatementLine:
     return cst.SimpleStatementLine([cst.Expr(cst.Call(func=cst.parse_expression(func), args=[cst.Arg(a) for a in args]))])
-
 
 
 TAKE, LEAVE, DESCEND = "take", "leave", "descend"
@@ -211,8 +219,6 @@ def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable,
     statement's leading comments move in front of the wrapper, so `# @title` lines and cell markers stay where they
     were. `nested`: the statements are inside a block (a loop, a function), not at the notebook's top level.
     """
-    from .tree import starts_cell
-
     out: list = []
     group: list = []
 
@@ -237,7 +243,9 @@ def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable,
             stmt = verdict
         elif verdict == DESCEND:
             for block in statement_blocks(stmt, defs=True):
-                stmt = stmt.deep_replace(block, block.with_changes(body=regroup(block.body, select, wrap, True)))
+                inner = regroup(block.body, select, wrap, True)
+                if len(inner) != len(block.body) or any(a is not b for a, b in zip(inner, block.body)):
+                    stmt = stmt.deep_replace(block, block.with_changes(body=inner))  # a walk of stmt: only on change
         out.append(stmt)
     flush()
     return out

@@ -1,0 +1,137 @@
+"""Which names a statement reads and which it binds: the flow of values between the notebook's statements and cells.
+
+  reads_writes(node) -> (names read, names bound): `x = f(y)` reads f and y and binds x; def and class bodies run
+                        later (only their names are bound); a comprehension's or lambda's own names are its own.
+  header_of(stmt)    -> the parts of a compound statement that run before its blocks decide anything.
+
+Used by the rank guards (what reads a value made on rank 0 only), nbddp.needs (what training needs, transitively)
+and nbddp.tree.Tree.visit (the statements that name an alias of given names). What a name means is nbddp.meanings.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import libcst as cst
+
+
+class _ReadsWrites(cst.CSTVisitor):
+    def __init__(self):
+        self.reads: set[str] = set()
+        self.writes: set[str] = set()
+
+    def _bind(self, target):
+        if isinstance(target, cst.Name):
+            self.writes.add(target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._bind(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind(target.value)
+        else:  # x.attr = … / x[i] = …: reads x
+            target.visit(self)
+
+    def visit_Assign(self, node):
+        for target in node.targets:
+            self._bind(target.target)
+        node.value.visit(self)
+        return False
+
+    def visit_AnnAssign(self, node):
+        self._bind(node.target)
+        if node.value is not None:
+            node.value.visit(self)
+        return False
+
+    def visit_AugAssign(self, node):
+        node.target.visit(self)
+        self._bind(node.target)
+        node.value.visit(self)
+        return False
+
+    def visit_For(self, node):
+        self._bind(node.target)
+        for part in (node.iter, node.body, node.orelse):
+            if part is not None:
+                part.visit(self)
+        return False
+
+    def visit_WithItem(self, node):
+        node.item.visit(self)
+        if node.asname is not None:
+            self._bind(node.asname.name)
+        return False
+
+    def visit_ImportAlias(self, node):
+        if node.asname is not None:
+            self._bind(node.asname.name)
+        else:
+            name = node.name
+            while isinstance(name, cst.Attribute):
+                name = name.value
+            self._bind(name)
+        return False
+
+    def visit_FunctionDef(self, node):
+        self.writes.add(node.name.value)
+        return False  # its body runs later, when called
+
+    def visit_ClassDef(self, node):
+        self.writes.add(node.name.value)
+        return False
+
+    def visit_Name(self, node):
+        self.reads.add(node.value)
+
+    def visit_Attribute(self, node):
+        node.value.visit(self)  # `x.attr` reads x, not a name `attr`
+        return False
+
+    def visit_Arg(self, node):
+        node.value.visit(self)  # `f(key=v)` reads v, not a name `key`
+        return False
+
+    def _own_scope(self, node, local, outer):
+        """A comprehension or lambda: the names it binds are its own (`[0 for _ in x]` reads x, not `_`); `outer`
+        (the first iterable, the defaults) runs in the enclosing scope."""
+        inner = _ReadsWrites()
+        for child in node.children:
+            child.visit(inner)
+        self.reads |= inner.reads - local
+        for part in outer:
+            part.visit(self)
+        return False
+
+    def _comprehension(self, node):
+        bound, loop = _ReadsWrites(), node.for_in
+        while loop is not None:
+            bound._bind(loop.target)
+            loop = loop.inner_for_in
+        return self._own_scope(node, bound.writes, [node.for_in.iter])
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comprehension
+
+    def visit_Lambda(self, node):
+        params = node.params
+        every = [*params.posonly_params, *params.params, *params.kwonly_params]
+        stars = [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+        local = {p.name.value for p in every + stars}
+        return self._own_scope(node, local, [p.default for p in every if p.default is not None])
+
+
+@lru_cache(maxsize=8192)  # the rank guards and the needs analysis ask of the same statements
+def reads_writes(node) -> tuple[frozenset, frozenset]:
+    """The names a statement reads and those it binds (def and class bodies run later: only their names)."""
+    visitor = _ReadsWrites()
+    node.visit(visitor)
+    return frozenset(visitor.reads), frozenset(visitor.writes)
+
+
+def header_of(stmt) -> list:
+    """The parts of a compound statement that run before its blocks decide anything."""
+    if isinstance(stmt, (cst.If, cst.While)):
+        return [stmt.test]
+    if isinstance(stmt, cst.For):
+        return [stmt.iter]
+    if isinstance(stmt, cst.With):
+        return list(stmt.items)
+    return []
