@@ -5,7 +5,7 @@ Runs on the GPU machine (no hub there): random-weight models of the real archite
 layers, with a tokenizer trained on the spot (the family's special tokens and a chat template), stored under
 every repo id the notebook names and every related name Unsloth's mapper tables give (…-bnb-4bit,
 …-unsloth-bnb-4bit, the upstream org); small datasets under the dataset ids, in the datasets-cache layout
-that `load_dataset(id)` reads with HF_DATASETS_OFFLINE=1 (see /work/shared/gpu/README.md).
+that `load_dataset(id)` reads with HF_DATASETS_OFFLINE=1 (see ../shared/gpu/README.md beside the checkout).
 
     python bench/offline_hub.py --home /tmp/hf [--models tinyllama,llama31,...] [--datasets all]
            [--layers llama31=16 ...] [--text-scale 8]     (a fresh --home for another depth or text length)
