@@ -112,6 +112,10 @@ def test_own_copies_keep_the_notebooks_files_to_one_writer(monkeypatch, tmp_path
     assert (work / "log.txt").read_text() == "rank 0's line\n"
     assert (work / "rank1.json").read_text() == "own" and (cache / "hub" / "x").read_bytes() == b"cache"
     assert own("rank1.json").read() == "own"  # read as it is
+    (work / "compiled_cache").mkdir()
+    with own("compiled_cache/mod.py", "w") as fh:
+        fh.write("x = 1\n")
+    assert (work / "compiled_cache" / "mod.py").read_text() == "x = 1\n"  # code the import system reads: as it is
     assert files.NbddpOwnCopies(open, ranks=(0, 0)).is_notebooks(str(work / "rank0.json"))  # rank 0 names nothing
 
 

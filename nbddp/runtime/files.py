@@ -7,8 +7,10 @@ reads back what it wrote while the notebook's file gets one writer, whole. The n
 working folder, and anywhere else but the temporary folder, caches (~/.cache, Hugging Face's, torch's), Python's
 installation, /dev, /proc and /sys. A path with this rank's number after a separator or a word for a process
 (Trainer's rng_state_1.pth, log_rank1.txt, gpu1/, but not run1/ or model_v1.json), or this process's id, is this
-rank's own. Writes that do not go through Python's `open` (torch.save's zip writer, memory maps, os.open) are not
-covered. `NBDDP_ONE_WRITER=0` leaves every rank writing."""
+rank's own; so is code the import system reads (.py, .pyc, .so). Writes that do not go through Python's `open`
+(torch.save's zip writer, memory maps, os.open) are not covered, and a library that looks a rank's file up by its
+path (os.path.exists, a glob) finds the machine's file once its rank 0 has written it, not the rank's copy.
+`NBDDP_ONE_WRITER=0` leaves every rank writing."""
 import atexit
 import builtins
 import contextlib
@@ -20,9 +22,9 @@ import subprocess
 import sys
 import tempfile
 
-from .group import NBDDP_IS_LOCAL_MAIN, NBDDP_LOCAL_RANK, NBDDP_RANK, NBDDP_WORLD_SIZE, nbddp_barrier
+from .group import (NBDDP_AT_START, NBDDP_IS_LOCAL_MAIN, NBDDP_LOCAL_RANK, NBDDP_RANK, NBDDP_WORLD_SIZE, nbddp_barrier,
+                    nbddp_skipped)
 from .hooks import _nbddp_choice
-from .one_writer import _nbddp_skipped
 
 
 @contextlib.contextmanager
@@ -72,6 +74,9 @@ def nbddp_write_file(path, text, append=False):
     nbddp_barrier(f"writing {path}")
 
 
+_NBDDP_CODE = (".py", ".pyc", ".so", ".pth")
+
+
 class NbddpOwnCopies:
     """`open` on a rank other than its machine's rank 0: the notebook's files written and read back as this
     process's own copies (see the module's docstring)."""
@@ -91,7 +96,10 @@ class NbddpOwnCopies:
                               r"(?!\d)", re.I)
 
     def is_notebooks(self, path) -> bool:
-        """A file of the notebook's, whose path does not name this rank."""
+        """A file of the notebook's, whose path does not name this rank, and not code the import system reads
+        around `open` (Unsloth's compiled modules, a module the code writes to import it)."""
+        if path.endswith(_NBDDP_CODE):
+            return False
         inside = path.startswith(self.cwd)
         if path.startswith(self.caches) or (not inside and path.startswith(self.system)):
             return False
@@ -113,15 +121,16 @@ class NbddpOwnCopies:
             with self.real_open(path, "rb") as source, self.real_open(copy, "wb") as target:
                 shutil.copyfileobj(source, target)
         self.copies[path] = copy
-        _nbddp_skipped(f"{os.path.basename(path)} (its own copy)")
+        nbddp_skipped(f"{os.path.basename(path)} (its own copy)")
         return self.real_open(copy, mode, *args, **kwargs)
 
 
 def nbddp_own_copies():
-    """Install `NbddpOwnCopies` as `open` on a rank other than its machine's rank 0."""
+    """Install `NbddpOwnCopies` as `open` on a rank other than its machine's rank 0, as the script starts (a plain
+    script that only calls this module's helpers, bench's baseline, does not start it)."""
     if NBDDP_WORLD_SIZE > 1 and not NBDDP_IS_LOCAL_MAIN and _nbddp_choice("NBDDP_ONE_WRITER") is not False and \
             not isinstance(builtins.open, NbddpOwnCopies):
         builtins.open = io.open = NbddpOwnCopies(builtins.open)
 
 
-nbddp_own_copies()
+NBDDP_AT_START.append(nbddp_own_copies)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed
 
 from .launcher import NBDDP_LAUNCHED, nbddp_nproc, nbddp_self_launch
-from .wait import NBDDP_ALONE, nbddp_store, nbddp_store_barrier, nbddp_wait_until
+from .wait import NBDDP_ALONE, NBDDP_BARRIER_KEY, NBDDP_WAITS, nbddp_store, nbddp_store_barrier, nbddp_wait_until
 
 NBDDP_RANK = int(os.environ.get("RANK", "0"))
 NBDDP_LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
@@ -27,6 +27,8 @@ NBDDP_MODE = "ddp"  # or "split": one process, the model over every GPU (nbddp_f
 # The group's collectives (training) wait this long for a late rank; waits for rank-0 work go through the store.
 # 1800 s is the Trainer's own ddp_timeout default (torch's NCCL default is 600 s).
 NBDDP_GROUP_TIMEOUT = float(os.environ.get("NBDDP_GROUP_TIMEOUT", "1800"))
+NBDDP_AT_START = []  # set-up every rank runs as the script starts (nbddp_start), in this order
+NBDDP_SKIPPED = set()  # what this rank left to rank 0 (saves, files written as its own copy), said once at the end
 NBDDP_AT_TEARDOWN = []  # checks every rank runs at the end of a script that did not fail, in this order
 NBDDP_REST_KEY = "nbddp/rest"  # how rank 0 ended the rest of the notebook: "ok" or "stopped"
 nbddp_no_context = contextlib.nullcontext  # on the other ranks, for a rank-0-only context (a tracker's run)
@@ -65,6 +67,8 @@ def nbddp_start(mode="ddp", group=True, batch=None):
         print(f"nbddp: {NBDDP_WORLD_SIZE} processes, this one is rank 0 on {NBDDP_DEVICE}", flush=True)
     nbddp_same_random_state()
     nbddp_quiet_others()
+    for setup in NBDDP_AT_START:
+        setup()
     if group:
         nbddp_dist()
 
@@ -103,6 +107,21 @@ def nbddp_quiet_others():
         tqdm.std.tqdm.__init__ = functools.update_wrapper(quiet_init, init)
     logging.disable(logging.INFO)
     sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for the life of the process
+
+
+def nbddp_skipped(name, key=None):
+    """What this rank left to rank 0: noted in the store for rank 0's end line, then, with `key`, a wait until rank 0
+    has made the same call (or reached its next barrier without it)."""
+    store = nbddp_store()
+    if store is None:
+        return
+    if name not in NBDDP_SKIPPED:
+        NBDDP_SKIPPED.add(name)
+        store.set(f"nbddp/skip/{store.add('nbddp/skips', 1)}", f"{NBDDP_RANK} {name}")
+    passed = NBDDP_WAITS[0]
+    if key is not None:
+        nbddp_wait_until(lambda: store.check([key]) or store.check([NBDDP_BARRIER_KEY.format(passed + 1, 0)]),
+                         lambda: f"rank 0: {name}")
 
 
 def nbddp_device_map(split="balanced"):

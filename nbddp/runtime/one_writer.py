@@ -19,12 +19,12 @@ import sys
 import time
 import types
 
-from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_RANK, NBDDP_STARTED, NBDDP_WORLD_SIZE
+from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_STARTED, NBDDP_WORLD_SIZE, nbddp_skipped
 from .hooks import NBDDP_IMPORTS, _nbddp_choice, nbddp_say
-from .wait import NBDDP_BARRIER_KEY, NBDDP_WAITS, nbddp_store, nbddp_store_barrier, nbddp_wait_until
+from .wait import nbddp_store, nbddp_store_barrier
 
 NBDDP_ONE_WRITER = NBDDP_WORLD_SIZE > 1 and _nbddp_choice("NBDDP_ONE_WRITER") is not False
-_NBDDP_WRITES = {"depth": 0, "sites": {}, "skipped": set(), "saved": {}}  # saved: where -> what saved there
+_NBDDP_WRITES = {"depth": 0, "sites": {}, "saved": {}}  # saved: where -> what saved there
 _NBDDP_WRITERS = {  # module -> class -> methods
     "transformers.modeling_utils": {"PreTrainedModel": ("save_pretrained", "push_to_hub")},
     "transformers.utils.hub": {"PushToHubMixin": ("push_to_hub",)},
@@ -34,20 +34,6 @@ _NBDDP_WRITERS = {  # module -> class -> methods
                                          "PreTrainedConfig": ("save_pretrained",)},
     "peft.peft_model": {"PeftModel": ("save_pretrained",)},
 }
-
-
-def _nbddp_skipped(name, key=None):
-    """Another rank's call: note it for rank 0's line, then wait until rank 0 has made the same call (`key`)."""
-    store = nbddp_store()
-    if store is None:
-        return
-    if name not in _NBDDP_WRITES["skipped"]:
-        _NBDDP_WRITES["skipped"].add(name)
-        store.set(f"nbddp/skip/{store.add('nbddp/skips', 1)}", f"{NBDDP_RANK} {name}")
-    passed = NBDDP_WAITS[0]
-    if key is not None:
-        nbddp_wait_until(lambda: store.check([key]) or store.check([NBDDP_BARRIER_KEY.format(passed + 1, 0)]),
-                         lambda: f"rank 0: {name}")
 
 
 class NbddpWriter:
@@ -77,7 +63,7 @@ class NbddpWriter:
         count = state["sites"][site] = state["sites"].get(site, 0) + 1
         key = f"nbddp/wrote/{site}/{count}"
         if not NBDDP_IS_MAIN:
-            return _nbddp_skipped(self.name, key)
+            return nbddp_skipped(self.name, key)
         where = args[1] if len(args) > 1 else kwargs.get("save_directory", kwargs.get("repo_id"))
         if isinstance(where, (str, os.PathLike)):
             state["saved"].setdefault(os.fspath(where), []).append(self.name)
@@ -143,7 +129,7 @@ def _nbddp_patch_wandb(module):
     if NBDDP_ONE_WRITER and not NBDDP_IS_MAIN and not getattr(init, "_nbddp_one_writer", False):
         @functools.wraps(init)
         def disabled_init(*args, **kwargs):
-            _nbddp_skipped("wandb.init")
+            nbddp_skipped("wandb.init")
             return init(*args, **{**kwargs, "mode": "disabled"})
 
         disabled_init._nbddp_one_writer = True
