@@ -92,6 +92,8 @@ def session(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("session")
     (cwd / "pkgs" / "unsloth").mkdir(parents=True)
     (cwd / "pkgs" / "unsloth" / "__init__.py").write_text(FAKE_UNSLOTH)
+    (cwd / "pkgs" / "talk.py").write_text("import os\n\n\ndef note():\n    with open('talk.log', 'a') as fh:\n"
+                                          "        fh.write(os.environ['RANK'] + '\\n')\n")
     (cwd / "tmp").mkdir()
     env = {**child_env(cwd), "TMPDIR": str(cwd / "tmp"),
            "PYTHONPATH": os.pathsep.join([str(cwd / "pkgs"), *sys.path])}
@@ -111,7 +113,7 @@ def session(tmp_path_factory):
                 done["cells"].append(kernel.run(cell.source))
         kernel.kc.execute_interactive("silent_value = 1", silent=True, timeout=30)  # a front end's own request
         for name, code in (("counts", COUNTS), ("next", NEXT), ("fail everywhere", FAIL_EVERYWHERE),
-                           ("fail on one", FAIL_ON_ONE), ("after failure", NEXT), ("forms", FORMS), ("local", "%%local\nlocal_value + silent_value\n"),
+                           ("fail on one", FAIL_ON_ONE), ("after failure", NEXT), ("forms", FORMS), ("local", "%%local\nlocal_value + silent_value\n"), ("module writes", "import talk\ntalk.note()\n"),
                            ("where", "%ddp")):
             done[name] = kernel.run(code)
         done["interrupt"] = _interrupt_when(kernel, LONG_TRAINING, "'loss'")
@@ -180,6 +182,13 @@ def test_the_session_trains_the_weights_that_convert_and_torchrun_train(session,
     assert ours.keys() == reference.keys() and ours
     for name in ours:
         assert torch.allclose(ours[name], reference[name], rtol=1e-5, atol=1e-7), name
+
+
+def test_a_file_a_module_writes_on_every_rank_is_written_once(session):
+    """Each cell runs on every rank; a module the notebook imports appends a line to a file: one rank writes it
+    (the other ranks write their own copy)."""
+    assert session["module writes"][0] == "ok", _shown(session["module writes"][1])
+    assert (session["cwd"] / "talk.log").read_text() == "0\n"
 
 
 def test_a_failing_cell_raises_rank_failed_error_and_the_next_cell_runs(session):

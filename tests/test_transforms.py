@@ -292,7 +292,7 @@ def test_plain_script_is_the_cells_after_the_text_steps_and_the_helpers_they_cal
                      "# %% cell 3\n# nbddp: %%writefile notes.txt\nnbddp_write_file('notes.txt', 'hello\\n')\n\n"
                      "# %% cell 4\nname = 'notes.txt'\nlines = nbddp_getoutput(nbddp_expand('cat $name'))\n"
                      "device = 'cuda:0'\nprint(lines.s, device)\n")
-    assert "def nbddp_write_file(" in text and "def nbddp_expand(" in text and "nbddp_start" not in text
+    assert "def nbddp_write_file(" in text and "def nbddp_expand(" in text and "nbddp_start(" not in text
     (tmp_path / "plain.py").write_text(text)
     done = subprocess.run([sys.executable, "plain.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
