@@ -150,12 +150,16 @@ def _nbddp_check_shared_folder():
         return
     if NBDDP_IS_MAIN:
         marker = os.path.abspath(f".nbddp-shared-{os.getpid()}")
-        open(marker, "w").close()  # noqa: SIM115
-        atexit.register(lambda: os.path.exists(marker) and os.remove(marker))
+        try:
+            open(marker, "w").close()  # noqa: SIM115
+            atexit.register(lambda: os.path.exists(marker) and os.remove(marker))
+        except OSError:  # a folder rank 0 cannot write to: nothing to tell
+            marker = ""
         store.set("nbddp/shared-marker", os.path.basename(marker))
         return
     nbddp_wait_until(lambda: store.check(["nbddp/shared-marker"]), lambda: "rank 0's start")
-    if not os.path.exists(store.get("nbddp/shared-marker").decode()):
+    marker = store.get("nbddp/shared-marker").decode()
+    if marker and not os.path.exists(marker):
         print(f"nbddp: rank {NBDDP_RANK}'s machine does not see rank 0's working folder (no shared storage): saves and "
               "what runs once per job are on rank 0's machine only; `!` commands, %%writefile, data preparation and "
               "files every rank writes run on each machine; a file that one rank writes and every rank reads later "
