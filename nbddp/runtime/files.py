@@ -106,12 +106,13 @@ class NbddpOwnCopies:
         return not self.own.search(path[len(self.cwd):] if inside else path)
 
     def __call__(self, file, mode="r", *args, **kwargs):
-        if not isinstance(file, (str, bytes, os.PathLike)):  # a descriptor
+        writes = any(c in mode for c in "wax+")
+        if not isinstance(file, (str, bytes, os.PathLike)) or not (writes or self.copies):  # a descriptor, a read
             return self.real_open(file, mode, *args, **kwargs)
-        path = os.path.realpath(os.fsdecode(file))
+        path = os.path.realpath(os.fsdecode(file))  # only for a write, or a read while this rank has copies
         if path in self.copies:
             return self.real_open(self.copies[path], mode, *args, **kwargs)
-        if not any(c in mode for c in "wax+") or not self.is_notebooks(path):
+        if not writes or not self.is_notebooks(path):
             return self.real_open(file, mode, *args, **kwargs)
         if self.folder is None:
             self.folder = tempfile.mkdtemp(prefix=f"nbddp-rank{NBDDP_RANK}-copies-")

@@ -69,15 +69,10 @@ def nbddp_plain_accumulation(trainer):
     """Once the Trainer is built, the decided accumulation is a plain int again, in its arguments (and what a
     TRL config derived from it, `steps_per_generation`) and its accelerator: torch.compile cannot trace an int
     subclass (Unsloth's compiled GRPO loss reads it), and no copy of the arguments is made after this point."""
-    args = getattr(trainer, "args", None)
-    for name, value in list(vars(args).items()) if args is not None else ():
-        if isinstance(value, NbddpAccumulation):
-            setattr(args, name, int(value))
     state = getattr(getattr(trainer, "accelerator", None), "gradient_state", None)
-    kwargs = getattr(state, "plugin_kwargs", None)
-    for name, value in list(kwargs.items()) if isinstance(kwargs, dict) else ():
-        if isinstance(value, NbddpAccumulation):
-            kwargs[name] = int(value)
+    for values in (getattr(getattr(trainer, "args", None), "__dict__", None), getattr(state, "plugin_kwargs", None)):
+        if isinstance(values, dict):
+            values.update({k: int(v) for k, v in values.items() if isinstance(v, NbddpAccumulation)})
 
 
 def _nbddp_patch_trainer(module):

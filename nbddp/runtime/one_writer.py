@@ -172,8 +172,9 @@ def _nbddp_patch_callbacks(module):
     module.CallbackHandler.call_event = quiet_call_event
 
 
-def _nbddp_report_skips():
-    """Rank 0 says which saves the other ranks skipped (their own output is rarely shown)."""
+def _nbddp_report_end():
+    """Rank 0 says which saves and files the other ranks left to it (their own output is rarely shown), then the
+    job's end line."""
     store = nbddp_store()
     if store is None or not NBDDP_ONE_WRITER:
         return
@@ -212,7 +213,7 @@ def _nbddp_watch_writers():
     NBDDP_IMPORTS.watch("unsloth.save", _nbddp_patch_unsloth_save)
     NBDDP_IMPORTS.watch("wandb", _nbddp_patch_wandb)
     NBDDP_IMPORTS.watch("transformers.trainer_callback", _nbddp_patch_callbacks)
-    NBDDP_AT_TEARDOWN.append(_nbddp_report_skips)
+    NBDDP_AT_TEARDOWN.append(_nbddp_report_end)
 
 
 _nbddp_watch_writers()
