@@ -74,6 +74,7 @@ def one(script, workdir, env, limit, cores="0-3"):
     os.makedirs(workdir, exist_ok=True)
     env = dict(env, NBDDP_BENCH_PROBE_DIR=os.path.join(workdir, "probe"), NBDDP_BENCH_SCRIPT=os.path.abspath(script))
     log = os.path.join(workdir, "run.log")
+    started = time.time()
     rc, timed_out, wall = rn._run(["taskset", "-c", cores, sys.executable, os.path.abspath(script)], env, workdir,
                                   log, limit)
     world = 1 + sum(1 for name in os.listdir(os.path.join(workdir, "probe")) if name != "rank0.json") \
@@ -82,6 +83,8 @@ def one(script, workdir, env, limit, cores="0-3"):
     text = open(log, errors="replace").read()
     result["nbddp_lines"] = [line.strip() for line in text.splitlines() if line.startswith("nbddp: ")][:8]
     result["out_of_memory"] = "OutOfMemoryError" in text or "CUDA out of memory" in text
+    result["phases"] = {r: dict(p.get("phases") or {}, process_start=round(p["started_at"] - started, 2))
+                        for r, p in result["ranks"].items() if p.get("started_at")}
     return result
 
 
@@ -104,7 +107,8 @@ def record(name, gib, free, env, r, skip, started):
             "peak_reserved_gib_per_gpu": {k: p.get("peak_reserved_gib_per_gpu") for k, p in r["ranks"].items()},
             "peak_allocated_gib": {k: p.get("peak_allocated_gib") for k, p in r["ranks"].items()},
             "green_sms": {k: p.get("green_sms") for k, p in r["ranks"].items() if p.get("green_sms")},
-            "rate": rate, "errors": r["errors"][-3:], "wall_s": round(time.time() - started, 1)}
+            "rate": rate, "errors": r["errors"][-3:], "wall_s": round(time.time() - started, 1),
+            "script_wall_s": r["wall_s"], "phases": r["phases"]}
 
 
 def summary(results):
@@ -114,6 +118,9 @@ def summary(results):
         runs = {r["run"]: r for r in results if (r["gib"], r.get("round", 0)) == key}
         rate = {k: (v["rate"] or {}).get("samples_per_s") for k, v in runs.items()}
         row = {f"{k}_over_one": round(rate[k] / rate["one"], 3) for k in ("self", "ddp") if rate.get(k) and rate.get("one")}
+        wall = {k: v.get("script_wall_s") for k, v in runs.items()}  # `python script` from start to end
+        row.update({f"one_wall_over_{k}": round(wall["one"] / wall[k], 3)
+                    for k in ("self", "ddp") if wall.get(k) and wall.get("one")})
         if "whole" in runs and "one" in runs:
             a, b = runs["one"]["losses"], runs["whole"]["losses"]
             ok = len(a) == len(b) and a and all(map(math.isfinite, a + b))

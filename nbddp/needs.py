@@ -5,6 +5,8 @@
                   custom loop's steps, torch.distributed, a model load; nbddp.vocabulary's SYNC, through the
                   notebook's own functions), or None where there is none; what follows it runs on rank 0 alone
     plan.once  -> the statements before it that training does not need (by identity): they run on rank 0
+    plan.files -> the saves before it whose files what training needs reads later (id -> paths): each machine
+                  needs them
     plan.calls -> each statement's live calls, as the analysis read them (id -> calls)
 
 The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
@@ -16,7 +18,9 @@ statement may change a value it assigns an attribute or item of (`tok.pad_token 
 tracker's log), or passes to a call whose value it drops (`random.shuffle(rows)`, `PatchFastRL("GRPO",
 FastLanguageModel)`; not to a call that writes its arguments out, `np.save(path, arr)`, and not a string, number or
 path: `os.makedirs(out_dir)`). A function or class is needed where what training needs reads its name; then so is
-what its body reads. Everything else runs once, whatever it calls: a file written by a library nbddp has no name
+what its body reads. Files count as values where their path is a literal: a save of a folder that a needed
+`from_pretrained` (or `load_from_disk`, `torch.load`) reads later is needed, and so is what it saves (the save itself
+stays rank-0 work; machines without rank 0's storage get a copy: nbddp.transforms.rank_guards). Everything else runs once, whatever it calls: a file written by a library nbddp has no name
 for, a folder made, a download, an upload. Where a guarded statement and a needed one share a name the scan cannot
 see (`globals()`, a value read through a string), the names say nothing: the runtime's nets hold (one writer, the
 same random state on every rank)."""
@@ -28,9 +32,9 @@ import libcst as cst
 
 from .cst_helpers import LiveVisitor, is_if_false, names_in
 from .rank_conditions import RANK_NAMES, RANK_VARIABLES, is_rank_test
-from .reads_writes import reads_writes
+from .reads_writes import file_of, free_reads, reads_writes
 from .runtime import HELPERS
-from .vocabulary import COLLECTIVE, EMITS, MAIN_ONLY, SYNC, is_process_config, parts
+from .vocabulary import COLLECTIVE, EMITS, MAIN_ONLY, SAVE, SYNC, is_process_config, parts, reads_path
 
 REST = "nbddp_rest_on_rank0"  # the runtime's line where training ends (nbddp/runtime/group.py)
 SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
@@ -44,6 +48,7 @@ class Plan:
     end: int | None = None
     marked: bool = False  # the notebook already has the runtime's line (converting converted code)
     once: set = field(default_factory=set)  # ids of the statements that run on rank 0 only
+    files: dict = field(default_factory=dict)  # id of a save -> the paths it writes that training reads later
     calls: dict = field(default_factory=dict)  # id of each statement read -> its live calls
 
 
@@ -62,6 +67,8 @@ class _Changes(LiveVisitor):
         self.changed: set[str] = set()
         self.config = self.together = self.imports = self.rank = False
         self.drops: set = set()  # calls whose value the statement drops
+        self.loads: set = set()  # `file:<path>` of what it reads by path (from_pretrained, torch.load, ...)
+        self.saves: set = set()  # `file:<path>` of what it saves by path
         self.calls: list = []  # its live calls (nbddp.cst_helpers.live_calls)
 
     def visit_Import(self, node):
@@ -113,9 +120,16 @@ class _Changes(LiveVisitor):
         meanings = self.names.meanings(func)
         if any(is_process_config(m) for m in meanings):
             self.config = True
-        if self.scan.effects.of_call(node) & MAIN_ONLY:
+        effects, definitions = self.scan.effects.of_call(node), self.names.definitions(func)
+        reads = any(reads_path(m) for m in meanings)
+        if reads or (SAVE in effects and not definitions):  # a file read or saved by its path
+            path = file_of(node, meanings, self.names)
+            (self.loads if reads else self.saves).update([path] if path else [])
+        for definition in definitions:  # the notebook's own function: what its body saves
+            self.saves |= self.scan.saved_by(definition)
+        if effects & MAIN_ONLY:
             return
-        for definition in self.names.definitions(func):  # the notebook's own function: what its body changes
+        for definition in definitions:  # and what it changes
             self.changed |= self.scan.changed_by(definition)
         receiver = _base(func.value) if isinstance(func, cst.Attribute) else None
         if receiver is not None and not self.scan.imported(receiver) and func.attr.value not in EMITS:
@@ -134,6 +148,7 @@ class _Scan:
         self.modules = _modules(body)
         self.read: dict = {}
         self.defs: dict = {}  # a function of the notebook -> the outside names it may change
+        self.saves: dict = {}  # a function of the notebook -> the files it saves (`file:<path>`)
         self.aliases = _aliases(body)
 
     def seen(self, stmt) -> _Changes:
@@ -153,8 +168,18 @@ class _Scan:
             if isinstance(definition, cst.FunctionDef):
                 changed = set().union(*(self.seen(s).changed for s in definition.body.body
                                         if not isinstance(s, (cst.FunctionDef, cst.ClassDef))))
-                self.defs[definition] = changed & _free_reads(definition)
+                self.defs[definition] = changed & free_reads(definition)
         return self.defs[definition]
+
+    def saved_by(self, definition) -> set[str]:
+        """The files a function of the notebook saves at literal paths when it runs."""
+        definition = self.names.orig(definition)
+        if definition not in self.saves:
+            self.saves[definition] = set()  # a recursive function: what is known so far
+            if isinstance(definition, cst.FunctionDef):
+                self.saves[definition] = set().union(*(self.seen(s).saves for s in definition.body.body
+                                                       if not isinstance(s, (cst.FunctionDef, cst.ClassDef))))
+        return self.saves[definition]
 
     def imported(self, name: str) -> bool:
         """A name the notebook binds by an import (a module or a library's class), not a value it made."""
@@ -179,7 +204,7 @@ class _Scan:
     def facts(self, stmt):
         """(reads, may-change, every rank runs it whatever it binds, it binds whole names only)."""
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            return _free_reads(stmt), {stmt.name.value}, False, True
+            return free_reads(stmt), {stmt.name.value}, False, True
         reads, writes = reads_writes(stmt)
         if isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom))
                                                              for s in stmt.body):
@@ -190,32 +215,11 @@ class _Scan:
         whole = isinstance(stmt, cst.SimpleStatementLine) and all(
             isinstance(s, (cst.Assign, cst.AnnAssign)) for s in stmt.body)
         changed = changes.changed | set().union(*(self.aliases.get(name, ()) for name in changes.changed))
-        return reads, writes | changed, seed, whole and not changed
+        return reads | changes.loads, writes | changed | changes.saves, seed, whole and not changed
 
     def sync(self, stmt) -> bool:
         return not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and any(
             SYNC in self.effects.of_call(c) for c in self.seen(stmt).calls)
-
-
-def _free_reads(node) -> set[str]:
-    """The names a def or class body reads from outside it (its parameters and local names are its own), and what
-    its decorators, defaults and bases read."""
-    reads, local = set(), set()
-    if isinstance(node, cst.FunctionDef):
-        params = node.params
-        every = [*params.posonly_params, *params.params, *params.kwonly_params,
-                 *(p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param))]
-        local = {p.name.value for p in every}
-        reads = set().union(*(names_in(p.default) for p in every if p.default is not None))
-    else:
-        reads = set().union(*(names_in(b.value) for b in node.bases))
-    reads |= set().union(*(names_in(d.decorator) for d in node.decorators))
-    for stmt in node.body.body if isinstance(node.body, cst.IndentedBlock) else [node.body]:
-        inner = _free_reads(stmt) if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else None
-        body_reads, body_writes = reads_writes(stmt)
-        reads |= body_reads | (inner or set())
-        local |= body_writes
-    return reads - local
 
 
 def _aliases(body) -> dict:
@@ -266,10 +270,16 @@ def training_needs(body, names, effects) -> Plan:
         return plan
     needed: set[str] = set()
     for stmt in reversed(body[:plan.end + 1]):
-        if is_if_false(stmt) or is_rank_test(stmt, names) or isinstance(stmt, cst.SimpleStatementLine) and \
+        if is_if_false(stmt) or isinstance(stmt, cst.SimpleStatementLine) and \
                 any(isinstance(s, cst.Del) for s in stmt.body):
             continue  # left as the notebook has it; a `del` follows what it deletes (rank_guards' taint)
         reads, changes, seed, whole = scan.facts(stmt)
+        files = sorted(name[5:] for name in changes & needed if name.startswith("file:"))  # saved, then read
+        if is_rank_test(stmt, names):  # left as it is; what it saves is made before it
+            needed |= reads if files else set()
+            continue
+        if files:
+            plan.files[id(stmt)] = files
         if seed or changes & needed:
             if whole:
                 needed -= changes

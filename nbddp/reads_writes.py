@@ -3,15 +3,21 @@
   reads_writes(node) -> (names read, names bound): `x = f(y)` reads f and y and binds x; def and class bodies run
                         later (only their names are bound); a comprehension's or lambda's own names are its own.
   header_of(stmt)    -> the parts of a compound statement that run before its blocks decide anything.
+  free_reads(node)   -> the names a def or class reads from outside it
+  file_of(call, ...) -> the file or folder a call reads or writes by a literal path, as a name (`file:<path>`)
 
 Used by the rank guards (what reads a value made on rank 0 only), nbddp.needs (what training needs, transitively)
 and nbddp.tree.Tree.visit (the statements that name an alias of given names). What a name means is nbddp.meanings.
 """
 from __future__ import annotations
 
+import posixpath
 from functools import lru_cache
 
 import libcst as cst
+
+from .cst_helpers import arguments, names_in
+from .vocabulary import PATH_KEYWORDS
 
 
 class _ReadsWrites(cst.CSTVisitor):
@@ -135,3 +141,36 @@ def header_of(stmt) -> list:
     if isinstance(stmt, cst.With):
         return list(stmt.items)
     return []
+
+
+def file_of(call: cst.Call, meanings, names):
+    """`file:<path>` of the literal path (or a name last assigned one) that a call reads or writes: its first
+    argument, `torch.save`'s second, or a path keyword (nbddp.vocabulary.PATH_KEYWORDS); else None."""
+    if "torch.save" in meanings:
+        value = arguments(call, "obj", "f")[1]
+    else:
+        value = next((a.value for a in call.args if a.keyword is None and not a.star), None) or next(
+            (a.value for a in call.args if a.keyword is not None and a.keyword.value in PATH_KEYWORDS), None)
+    text = names.literal(value) if value is not None else None
+    return f"file:{posixpath.normpath(text)}" if isinstance(text, str) and text else None
+
+
+def free_reads(node) -> set[str]:
+    """The names a def or class body reads from outside it (its parameters and local names are its own), and what
+    its decorators, defaults and bases read."""
+    reads, local = set(), set()
+    if isinstance(node, cst.FunctionDef):
+        params = node.params
+        every = [*params.posonly_params, *params.params, *params.kwonly_params,
+                 *(p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param))]
+        local = {p.name.value for p in every}
+        reads = set().union(*(names_in(p.default) for p in every if p.default is not None))
+    else:
+        reads = set().union(*(names_in(b.value) for b in node.bases))
+    reads |= set().union(*(names_in(d.decorator) for d in node.decorators))
+    for stmt in node.body.body if isinstance(node.body, cst.IndentedBlock) else [node.body]:
+        inner = free_reads(stmt) if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else None
+        body_reads, body_writes = reads_writes(stmt)
+        reads |= body_reads | (inner or set())
+        local |= body_writes
+    return reads - local

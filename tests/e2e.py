@@ -123,13 +123,15 @@ def assert_trained(job: Job, world_size: int):
     assert job.count(f"seconds used for training on {world_size} process(es).") == 1, job.explain()
 
 
-# A rank's lines that record how its launcher (torchrun, the rank's parent) was started: argv and environment.
+# A rank's lines that record how its launcher (torchrun, the rank's parent) was started (argv and environment), its
+# process id, and the rank's own environment.
 LAUNCHER_PROBE = (
     "import json as _json, os as _os, psutil as _psutil\n"
     "if _os.environ.get('RANK') == '0':\n"
     "    _launcher = _psutil.Process(_os.getppid())\n"
     "    with open('launcher.json', 'w') as _fh:\n"
-    "        _json.dump({'argv': _launcher.cmdline(), 'env': _launcher.environ()}, _fh)\n")
+    "        _json.dump({'argv': _launcher.cmdline(), 'env': _launcher.environ(), 'pid': _launcher.pid,\n"
+    "                    'rank_env': dict(_os.environ)}, _fh)\n")
 
 
 def launcher_seen(folder: Path) -> dict:

@@ -400,11 +400,13 @@ def test_t4_class_summary_pairs_each_round_and_checks_the_whole_gpu_losses():
     def run(rnd, name, rate, losses=(12.6, 12.5), step=3.0):
         return {"gib": 15.0, "round": rnd, "run": name, "losses": list(losses),
                 "rate": {"samples_per_s": rate, "median_step_s": step} if rate else {"returncode": 1}}
-    runs = [run(0, "one", 2.0), run(0, "whole", 4.0, (12.6, 12.51), 1.5), run(0, "self", 3.8),
+    runs = [dict(run(0, "one", 2.0), script_wall_s=150.0), run(0, "whole", 4.0, (12.6, 12.51), 1.5),
+            dict(run(0, "self", 3.8), script_wall_s=100.0),
             run(1, "self", 4.2), run(1, "one", 2.0), run(1, "whole", 4.1, (12.6, float("nan"))),
             run(2, "one", None), run(2, "self", 4.0)]
     out = kaggle_t4.summary(runs)
     assert out["15gib-round0"]["self_over_one"] == 1.9 and out["15gib-round1"]["self_over_one"] == 2.1
+    assert out["15gib-round0"]["one_wall_over_self"] == 1.5 and "one_wall_over_self" not in out["15gib-round1"]
     assert "self_over_one" not in out["15gib-round2"]  # a failed run pairs with nothing
     assert out["self_over_one_median"] == 2.0
     assert out["15gib-round0"]["one_vs_whole_losses"]["max_rel_diff"] == 0.0008

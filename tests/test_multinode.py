@@ -145,7 +145,8 @@ OWN_DISKS = [
     "!echo shell >> shell.log\n",
     "from datasets import load_dataset\nfrom transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, "
     "TrainingArguments\nfrom transformers import DataCollatorForLanguageModeling\n",
-    "tokenizer = AutoTokenizer.from_pretrained('tiny-llama')\nmodel = AutoModelForCausalLM.from_pretrained('tiny-llama')\n"
+    "base = AutoModelForCausalLM.from_pretrained('tiny-llama')\nbase.save_pretrained('base')\n",  # what each machine loads
+    "tokenizer = AutoTokenizer.from_pretrained('tiny-llama')\nmodel = AutoModelForCausalLM.from_pretrained('base')\n"
     "ds = load_dataset('json', data_files = 'rows.jsonl', split = 'train')\n"
     "ds = ds.map(lambda b: tokenizer(b['text']), batched = True, remove_columns = ['text'])\n",
     "args = TrainingArguments(output_dir = 'out', per_device_train_batch_size = 1, max_steps = 2, save_strategy = 'no',\n"
@@ -159,8 +160,9 @@ OWN_DISKS = [
 def test_machines_without_shared_storage(tmp_path):
     """Two nodes, each in its own folder with its own Hugging Face cache (as two machines with their own disks, the
     base model on each): %%writefile, `!` commands and data preparation run once on each machine, into its own
-    folder and cache; the save after training once per job, on rank 0's machine; the 4 ranks agree; the machine
-    that does not see rank 0's folder says what that means."""
+    folder and cache; a save that every rank loads back before training once on each machine; the save after
+    training once per job, on rank 0's machine; the 4 ranks agree; the machine that does not see rank 0's folder
+    says what that means."""
     import nbddp
 
     from conftest import make_notebook
@@ -178,6 +180,7 @@ def test_machines_without_shared_storage(tmp_path):
         assert len((folder / "rows.jsonl").read_text().splitlines()) == 8, folder
         assert (folder / "shell.log").read_text() == "shell\n", folder  # once per machine
         assert list((folder / "hf" / "datasets").iterdir()), folder  # each machine's own cache, filled there
+        assert (folder / "base" / "config.json").is_file(), folder  # saved there, then loaded by its ranks
     assert (folders[0] / "trained" / "adapter_config.json").is_file() or \
         (folders[0] / "trained" / "config.json").is_file(), node0.explain()
     assert not (folders[1] / "trained").exists(), node1.explain()  # once per job
@@ -186,6 +189,29 @@ def test_machines_without_shared_storage(tmp_path):
     assert len(said) == 1 and "rank 2's machine" in said[0], node1.explain()
     assert "does not see" not in node0.stderr, node0.explain()
     assert not list(folders[0].glob(".nbddp-shared-*")), "rank 0's marker is removed at the end"
+
+
+def test_a_rank_that_fails_stops_the_other_machine(tmp_path):
+    """Rank 2 fails while rank 0 waits for it at a barrier on the other machine: node 1's launcher stops its own
+    ranks, and rank 0's machine learns it from the store and stops too, in seconds, saying why (each launcher sees
+    only its own machine's ranks: without that, machine 0 waits forever)."""
+    import nbddp
+
+    from conftest import make_notebook
+
+    cells = ["import os\nif os.environ['RANK'] == '2':\n    raise ValueError('rank 2 cannot go on')\n",
+             "print('rank 0 goes on')\n"]  # rank-0 work: the other ranks wait for it at a barrier
+    folders = [tmp_path / f"machine{node}" for node in range(NODES)]
+    for folder in folders:
+        folder.mkdir()
+        (folder / SCRIPT).write_text(nbddp.convert(make_notebook(*cells)), encoding="utf-8")
+    node0, node1 = run_two_nodes(folders, timeout=150)
+    assert node1.returncode != 0 and "ValueError: rank 2 cannot go on" in node1.stderr, node1.explain()
+    assert node0.returncode != 0, node0.explain()
+    said = [line for line in node0.stderr.splitlines() if line.startswith("nbddp: rank 2 failed")]
+    assert any(line.startswith("nbddp: rank 2 failed (ValueError: rank 2 cannot go on); rank 0 stops too")
+               for line in said), node0.explain()
+    assert max(node0.seconds, node1.seconds) < 120, (node0.seconds, node1.seconds)
 
 
 # ---- the %%torchrun magic ----

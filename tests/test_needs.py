@@ -122,3 +122,65 @@ def test_a_name_a_block_binds_anew_is_every_ranks_there():
     assert out[1] == ("def fit():\n    with open(f'r{rank}.json', 'w') as fh:\n        json.dump(rows, fh)\n"
                       "    for fh in files:\n        fh.flush()\n    if NBDDP_IS_MAIN:\n        print('fit')\n"
                       "    return trainer.train()\n")
+
+
+def on_each_machine(code, word, path="base"):
+    return once(code, word) + f'nbddp_share_files("{path}")\n'  # a copy for machines without rank 0's storage
+
+
+LOAD_BASE = "model = AutoModelForCausalLM.from_pretrained('./base')\n" + TRAIN
+LOADED = "model = AutoModelForCausalLM.from_pretrained('./base', device_map=nbddp_device_map())\n" + TRAIN
+BUILD = "base = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2))\n"
+
+
+@pytest.mark.parametrize("cells, expected", [
+    # built and saved in one cell, loaded from the folder by every rank in the next
+    ([BUILD + "base.save_pretrained('base')\n", LOAD_BASE],
+     [BUILD + on_each_machine("base.save_pretrained('base')\n", "save_pretrained"), LOADED]),
+    # the path through a name, split over cells, written `./base/` in one place and `base` in the other
+    (["OUT = 'base/'\n", BUILD, "base.save_pretrained(OUT)\n", LOAD_BASE],
+     ["OUT = 'base/'\n", BUILD, on_each_machine("base.save_pretrained(OUT)\n", "save_pretrained"), LOADED]),
+    # saved inside the notebook's own function, by keyword
+    (["def build():\n    m = LlamaForCausalLM(LlamaConfig())\n    m.save_pretrained(save_directory='base')\n",
+      "build();\n", LOAD_BASE],
+     ["def build():\n    m = LlamaForCausalLM(LlamaConfig())\n    m.save_pretrained(save_directory='base')\n",
+      on_each_machine("build();\n", "build"), LOADED]),
+    # a tensor saved with torch.save and read back with torch.load
+    (["import torch\nw = torch.randn(4)\ntorch.save(w, 'w.pt')\n",
+      "w0 = torch.load('w.pt')\nmodel.init(w0)\n" + TRAIN],
+     ["import torch\nw = torch.randn(4)\n" + on_each_machine("torch.save(w, 'w.pt')\n", "save", "w.pt"),
+      "w0 = torch.load('w.pt')\nmodel.init(w0)\n" + TRAIN]),
+])
+def test_a_save_that_training_loads_back_is_made_on_every_rank_and_copied_to_each_machine(cells, expected):
+    """What a save writes and training reads back by its path is what training needs: every rank makes it; rank 0
+    saves it, and machines that do not see rank 0's storage get a copy (runtime/share.py)."""
+    out, report = convert(*cells)
+    assert out == expected
+    assert any("machines that do not see rank 0's storage get a copy" in n.text for n in report.changes)
+
+
+@pytest.mark.parametrize("cells", [
+    [BUILD + "base.save_pretrained('base')\n" + DONE, "model = AutoModelForCausalLM.from_pretrained('other')\n" + TRAIN],
+    [BUILD + "base.push_to_hub('me/base')\n" + DONE, "model = AutoModelForCausalLM.from_pretrained('me/base')\n" + TRAIN],
+    [BUILD + "for name in ('a', 'base'):\n    base.save_pretrained(name)\n" + DONE, LOAD_BASE],  # a path it cannot read
+])
+def test_a_save_that_nothing_loads_an_upload_and_an_unknown_path_stay_once_per_job(cells):
+    out, _ = convert(*cells)
+    assert "nbddp_share_files" not in "".join(out)
+    assert out[0].startswith("if NBDDP_IS_MAIN:\n    base = LlamaForCausalLM")  # training does not need it: once
+
+
+def test_a_save_after_training_stays_on_rank_0():
+    cells = [BUILD + "base.save_pretrained('base')\n", LOAD_BASE, "model.save_pretrained('base')\n"]
+    out, _ = convert(*cells)
+    assert out[2] == cells[2]  # after training's end: rank 0 alone
+
+
+def test_a_save_two_functions_deep_is_followed_and_recursion_ends():
+    chain = ["def a():\n    m = LlamaForCausalLM(LlamaConfig())\n    m.save_pretrained('base')\n", "def b():\n    a()\n",
+             "b();\n", LOAD_BASE]
+    out, _ = convert(*chain)
+    assert out[2] == on_each_machine("b();\n", "b") and out[3] == LOADED
+    recursive = ["def a(n):\n    if n:\n        b(n - 1)\n    m.save_pretrained('base')\n", "def b(n):\n    a(n)\n",
+                 "b(2);\n", LOAD_BASE]  # a and b call each other: the analysis ends (it once recursed without end)
+    assert convert(*recursive)[0][3] == LOADED

@@ -159,14 +159,20 @@ def test_the_script_starts_as_many_processes_as_asked(tmp_path, env, under_torch
     env = _sleeper(tmp_path, **env)
     argv, run_env = (torchrun_launch("train_ddp.py", 2, env) if under_torchrun
                      else ([sys.executable, "train_ddp.py"], env))
-    done = subprocess.run(argv, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
+    job = subprocess.Popen(argv, cwd=tmp_path, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 0, err[-3000:]
     assert sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.glob("pid-*")) == files
     said = "nbddp: 0 GPUs: running as 2 processes (NBDDP_NPROC=1 for one)"
-    assert done.stdout.count(said) == int(launches), done.stdout
-    if launches:  # the script became torchrun as nbddp's recipe says, as `nbddp run` would start it
+    assert out.count(said) == int(launches), out
+    if launches:  # the script itself became torchrun (torch imported once), with nbddp's recipe: `nbddp run`'s
+        seen = launcher_seen(tmp_path)
+        assert seen["pid"] == job.pid and seen["argv"] == argv, seen["argv"]
         recipe = launch.build("train_ddp.py", 2, python=sys.executable, cpus=launch.cpu_count(), env=env)
-        assert launcher_seen(tmp_path) == {"argv": recipe.argv, "env": {**env, **recipe.env, "NBDDP_MODE": "ddp"}}
+        assert {name: seen["rank_env"].get(name) for name in recipe.env} == recipe.env
+        assert seen["rank_env"]["NBDDP_MODE"] == "ddp" and seen["rank_env"]["LOCAL_WORLD_SIZE"] == "2"
+        assert recipe.argv[recipe.argv.index("torch.distributed.run") + 1] == "--standalone"
+        assert seen["rank_env"]["TORCHELASTIC_RUN_ID"] != "none"  # --standalone: a run id of its own
 
 
 @pytest.mark.ddp
@@ -245,3 +251,38 @@ def test_the_process_group_is_up_before_the_notebook_can_use_it(tmp_path, cells,
     done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert expected in done.stdout and "sum 2.0 initialized True" in done.stdout, done.stdout
+
+
+class FakeNvml:
+    """NVML's calls as fit.py makes them, on 2 GPUs with handles 100 and 101 (by index) or 200 (by UUID)."""
+
+    def nvmlDeviceGetCount_v2(self, count):
+        count._obj.value = 2
+        return 0
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index, handle):
+        handle._obj.value = 100 + index.value
+        return 0 if index.value < 2 else 1
+
+    def nvmlDeviceGetHandleByUUID(self, uuid, handle):
+        handle._obj.value = 200
+        return 0 if uuid == b"GPU-1a2b" else 1
+
+
+@pytest.mark.parametrize("visible, order, handles", [
+    (None, None, [100, 101]),            # every GPU
+    ("1,0", None, [101, 100]),           # every GPU, in another order: the same set, whatever CUDA's order
+    ("1", None, None),                   # a subset in CUDA's own order (fastest first): NVML's index may differ
+    ("1", "PCI_BUS_ID", [101]),          # the same order as NVML's
+    ("GPU-1a2b", None, [200]),           # by UUID
+    ("GPU-ffff", None, None),            # a UUID NVML does not know
+    ("MIG-3c4d", None, None),            # a MIG instance: CUDA is asked instead
+])
+def test_free_memory_comes_from_nvml_only_where_its_gpus_are_cudas(monkeypatch, visible, order, handles):
+    for name, value in (("CUDA_VISIBLE_DEVICES", visible), ("CUDA_DEVICE_ORDER", order)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    found = fit._nbddp_nvml_handles(FakeNvml())
+    assert (None if found is None else [h.value for h in found]) == handles

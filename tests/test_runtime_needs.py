@@ -133,8 +133,8 @@ def test_each_carried_module_says_why_in_one_line():
 
 
 @pytest.mark.parametrize("notebook, most", [
-    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 870),
-    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 1005),
+    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 960),
+    (CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb", 1090),
 ])
 def test_lines_before_the_first_notebook_cell(notebook, most):
     """The default script starts with the notebook (its runtime is a file beside it); the single file (a Kaggle
@@ -204,8 +204,8 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
                   and ast.get_docstring(n) and len(n.body) > 1]
     assert documented == []
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
-        ["recipe", "launcher", "wait", "group", "hooks", "fit", "one_writer", "files", "agree", "ask", "ipython_forms",
-         "unsloth_group", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim",
+        ["recipe", "launcher", "wait", "group", "hooks", "fit", "one_writer", "files", "share", "agree", "ask",
+         "ipython_forms", "unsloth_group", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim",
          "global_batch", "balance", "loop"]
 
 

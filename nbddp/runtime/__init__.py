@@ -14,7 +14,7 @@ notebook itself does (a Trainer, Unsloth, a prompt).
 from typing import NamedTuple
 
 # Inlining order where no import decides it; a module's `from .x import` lines put x before it.
-MODULES = ("recipe", "launcher", "wait", "group", "fit", "hooks", "one_writer", "files", "agree", "ask", "ipython_forms", "unsloth_group",
+MODULES = ("recipe", "launcher", "wait", "group", "fit", "hooks", "one_writer", "files", "share", "agree", "ask", "ipython_forms", "unsloth_group",
            "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance",
            "loop")
 
@@ -40,6 +40,8 @@ HELPERS = {
     "nbddp_main_process_first": Helper("files", "data preparation: " + _FILES, True),
     "nbddp_shell": Helper("files", "a shell command: " + _FILES, True),
     "nbddp_write_file": Helper("files", "a %%writefile cell: " + _FILES, True),
+    "nbddp_share_files": Helper("share", "what rank 0 saved and every rank loads next, on machines without its "
+                                "storage", True),
     "nbddp_getoutput": Helper("files", "a shell command's output as a value"),
     "nbddp_expand": Helper("ipython_forms", _FORMS + ": $name and {expr} in a shell or magic line"),
     "nbddp_time": Helper("ipython_forms", _FORMS + ": %time of a value"),

@@ -5,6 +5,7 @@ transformers reads it: a local folder, else the hub cache or the hub) and each G
   `balanced`), at about one GPU's speed;
 - it fits nowhere: an error before loading, with the numbers.
 NBDDP_MODE=ddp|split|auto overrides (auto by default)."""
+import ctypes
 import json
 import os
 import sys
@@ -52,11 +53,62 @@ def _nbddp_config(model):
         return json.load(fh)
 
 
+class _NbddpNvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def _nbddp_nvml_handles(nvml):
+    """NVML's handles of the GPUs this process sees, or None where NVML's numbering may not be CUDA's (indices that
+    name a subset, in CUDA's own order; MIG instances) or a GPU is not found."""
+    count = ctypes.c_uint()
+    if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)):
+        return None
+    everyone = [str(i) for i in range(count.value)]
+    names = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(everyone)).split(",") if v.strip()]
+    if all(n.isdigit() for n in names) and (sorted(names) == sorted(everyone) or
+                                            os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"):
+        get, keys = nvml.nvmlDeviceGetHandleByIndex_v2, [ctypes.c_uint(int(n)) for n in names]
+    elif all(n.startswith("GPU-") for n in names):
+        get, keys = nvml.nvmlDeviceGetHandleByUUID, [n.encode() for n in names]
+    else:
+        return None
+    handles = [ctypes.c_void_p() for _ in keys]
+    if any(get(key, ctypes.byref(h)) for key, h in zip(keys, handles)):
+        return None
+    return handles
+
+
+def _nbddp_nvml_free_gib():
+    """Free GiB of each GPU this process sees, from NVML (the driver's own library): no CUDA context, so no GPU
+    memory held by the process that becomes the launcher. None where NVML cannot tell."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2():
+        return None
+    try:
+        handles, memory = _nbddp_nvml_handles(nvml), _NbddpNvmlMemory()
+        if not handles or len(handles) != torch.cuda.device_count():
+            return None
+        free = []
+        for h in handles:
+            if nvml.nvmlDeviceGetMemoryInfo(h, ctypes.byref(memory)):
+                return None
+            free.append(memory.free / NBDDP_GIB)
+        return free
+    finally:
+        nvml.nvmlShutdown()
+
+
 def _nbddp_free_gib(launched):
-    """Free GiB of each GPU the job uses (under a launcher this rank's alone: no CUDA context on the others' GPUs;
-    as a plain process the contexts go with it when it turns into the launcher)."""
-    gpus = [NBDDP_LOCAL_RANK] if launched else range(torch.cuda.device_count())
-    return [torch.cuda.mem_get_info(gpu)[0] / NBDDP_GIB for gpu in gpus]
+    """Free GiB of each GPU the job uses: under a launcher this rank's alone (no CUDA context on the others' GPUs);
+    as a plain process each GPU's from NVML, where it can tell (the process becomes the launcher and stays), else
+    from CUDA."""
+    if launched:
+        return [torch.cuda.mem_get_info(NBDDP_LOCAL_RANK)[0] / NBDDP_GIB]
+    return _nbddp_nvml_free_gib() or [torch.cuda.mem_get_info(gpu)[0] / NBDDP_GIB
+                                      for gpu in range(torch.cuda.device_count())]
 
 
 def _nbddp_stop(text):

@@ -15,7 +15,8 @@ import torch
 import torch.distributed
 
 from .launcher import NBDDP_LAUNCHED, nbddp_nproc, nbddp_self_launch
-from .wait import NBDDP_ALONE, NBDDP_BARRIER_KEY, NBDDP_WAITS, nbddp_store, nbddp_store_barrier, nbddp_wait_until
+from .wait import (NBDDP_ALONE, NBDDP_BARRIER_KEY, NBDDP_WAITS, nbddp_say_failed, nbddp_store, nbddp_store_barrier,
+                   nbddp_wait_until)
 
 NBDDP_RANK = int(os.environ.get("RANK", "0"))
 NBDDP_LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
@@ -23,6 +24,8 @@ NBDDP_WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
 NBDDP_IS_MAIN = NBDDP_RANK == 0  # saving, pushing, generation and prints: once per job
 NBDDP_IS_LOCAL_MAIN = NBDDP_LOCAL_RANK == 0  # files and caches: once per machine
 NBDDP_DEVICE = f"cuda:{NBDDP_LOCAL_RANK}" if torch.cuda.is_available() else "cpu"
+NBDDP_OWN_STORAGE = [False]  # this machine does not see rank 0's working folder (_nbddp_check_shared_folder)
+NBDDP_CHECKED_KEY, NBDDP_OWN_STORAGE_KEY = "nbddp/machines-checked", "nbddp/machines-own-storage"  # counts
 NBDDP_MODE = "ddp"  # or "split": one process, the model over every GPU (nbddp_fit)
 # The group's collectives (training) wait this long for a late rank; waits for rank-0 work go through the store.
 # 1800 s is the Trainer's own ddp_timeout default (torch's NCCL default is 600 s).
@@ -160,10 +163,13 @@ def _nbddp_check_shared_folder():
     nbddp_wait_until(lambda: store.check(["nbddp/shared-marker"]), lambda: "rank 0's start")
     marker = store.get("nbddp/shared-marker").decode()
     if marker and not os.path.exists(marker):
+        NBDDP_OWN_STORAGE[0] = True
+        store.add(NBDDP_OWN_STORAGE_KEY, 1)
         print(f"nbddp: rank {NBDDP_RANK}'s machine does not see rank 0's working folder (no shared storage): saves and "
-              "what runs once per job are on rank 0's machine only; `!` commands, %%writefile, data preparation and "
-              "files every rank writes run on each machine; a file that one rank writes and every rank reads later "
-              "must be on shared storage", file=sys.stderr, flush=True)
+              "what runs once per job are on rank 0's machine only (what every rank loads after rank 0 saved it is "
+              "copied here); `!` commands, %%writefile, data preparation and files every rank writes run on each "
+              "machine", file=sys.stderr, flush=True)
+    store.add(NBDDP_CHECKED_KEY, 1)
 
 
 def nbddp_collective_barrier():
@@ -221,6 +227,8 @@ def nbddp_teardown():
         ok = failure is None or isinstance(failure, NbddpRest)
         if NBDDP_ALONE[0] or isinstance(failure, NbddpRest):
             ok = _nbddp_rest_ended(ok)
+        elif not ok:
+            nbddp_say_failed(failure)
         if ok:
             for check in NBDDP_AT_TEARDOWN:
                 check()

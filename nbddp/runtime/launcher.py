@@ -33,9 +33,28 @@ def nbddp_nproc():
 
 
 def nbddp_self_launch(nproc):
-    """Replace this process by torchrun running this script as `nproc` processes (the mode is decided: DDP)."""
+    """Become torchrun running this script as `nproc` processes (the mode is decided: DDP): torch's own launcher
+    (torch.distributed.run's main) in this process, which has torch imported already; the script's status is the
+    job's. Where this process holds a CUDA context (the GPUs' free memory read through CUDA), it is replaced by
+    a fresh torchrun instead, which leaves the GPUs' memory to the ranks."""
     print(f"nbddp: {torch.cuda.device_count()} GPUs: running as {nproc} processes (NBDDP_NPROC=1 for one)", flush=True)
     argv, env = nbddp_launch(sys.argv[0], nproc, python=sys.executable, cpus=nbddp_cpu_count(), env=os.environ,
                              script_args=sys.argv[1:])
     os.environ.update(env, NBDDP_MODE="ddp")
-    os.execv(argv[0], argv)
+    if torch.cuda.is_initialized():
+        os.execv(argv[0], argv)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main
+
+    status = 0
+    try:
+        main(argv[argv.index("torch.distributed.run") + 1:])
+    except ChildFailedError as exc:
+        print(exc, file=sys.stderr)  # torchrun's account: which rank failed first, how, where its output is
+        status = 1
+    except SignalException as exc:  # stopped (Ctrl-C, SIGTERM): torchrun has stopped the ranks
+        status = 128 + int(exc.sigval)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # as a torchrun started in its place would: nothing of the script runs after the job

@@ -13,6 +13,7 @@ NBDDP_STORE_WAIT = os.environ.get("NBDDP_STORE_WAIT", "1").strip().lower() not i
 NBDDP_WAITS = [0]  # barriers this rank has passed; every rank counts the same ones
 NBDDP_BARRIER_KEY = "nbddp/barrier/{}/{}"  # (barrier number, rank): that rank has reached it
 NBDDP_ALONE = [False]  # rank 0 after training's end (group.nbddp_rest_on_rank0): no one to wait for
+NBDDP_FAILED_KEY = "nbddp/failed"  # "rank|error" of the first rank that failed
 
 
 def nbddp_store():
@@ -25,11 +26,35 @@ def nbddp_store():
         return None
 
 
+def nbddp_say_failed(failure):
+    """This rank failed: say so in the store, where the ranks waiting for it (on any machine) look."""
+    store = nbddp_store()
+    try:
+        if store is not None and not store.check([NBDDP_FAILED_KEY]):
+            store.set(NBDDP_FAILED_KEY, f"{torch.distributed.get_rank()}|{type(failure).__name__}: {failure}"[:400])
+    except Exception:  # the store's host is gone: nobody is left to tell
+        pass
+
+
+def _nbddp_stop_if_failed(store):
+    """Another rank failed (nbddp_say_failed): this one stops too, saying which and why. A launcher stops the
+    ranks of its own machine when one fails, but not those of the other machines, which would wait forever."""
+    if store is not None and store.check([NBDDP_FAILED_KEY]):
+        rank, what = store.get(NBDDP_FAILED_KEY).decode().split("|", 1)
+        if int(rank) != torch.distributed.get_rank():
+            print(f"nbddp: rank {rank} failed ({what}); rank {torch.distributed.get_rank()} stops too (rank {rank}'s "
+                  "output says more, on its machine)", file=sys.stderr, flush=True)
+            raise SystemExit(1)
+
+
 def nbddp_wait_until(ready, waiting_for):
-    """Poll `ready()` in growing steps (1 ms to 0.5 s); after NBDDP_WAIT_NOTICE seconds, print once the line that
-    `waiting_for()` gives (None: say nothing)."""
-    start, step, said = time.monotonic(), 0.001, False
+    """Poll `ready()` in growing steps (1 ms to 0.5 s), stopping where another rank failed (checked from the first
+    0.5 s step on); after NBDDP_WAIT_NOTICE seconds, print once the line that `waiting_for()` gives (None: say
+    nothing)."""
+    start, step, said, store = time.monotonic(), 0.001, False, nbddp_store()
     while not ready():
+        if step >= 0.5:
+            _nbddp_stop_if_failed(store)
         if not said and time.monotonic() - start >= NBDDP_WAIT_NOTICE:
             said, line = True, waiting_for()
             if line:

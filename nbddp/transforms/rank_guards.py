@@ -29,6 +29,7 @@ from .hoist import hoist
 
 USES = "uses"
 ONCE = "once"  # training does not need it (nbddp.needs)
+SHARE = "nbddp_share_files"  # what rank 0 saved, to the machines that do not see its storage
 VERBS = {SAVE: "saves", PUSH: "pushes", GENERATE: "generates", DISPLAY: "displays", MEMORY: "reads GPU memory",
          TRACK: "logs"}
 
@@ -79,6 +80,9 @@ class _Guards:
         self.waits: set = set()  # cells with a barrier after a guard
         self.hoisted: set = set()  # ids of the bodies of statements that show a collective's result (hoist.py)
         self.once: set = set()  # ids of top-level statements training does not need (nbddp.needs)
+        self.files: dict = {}  # id of a top-level save whose files training reads later -> paths (nbddp.needs)
+        self.for_machines: dict = {}  # id of the body of such a save, taken -> its paths
+        self.machine_cells: set = set()  # cells with such a save
         self.rest: set = set()  # ids of the statements after training's end: rank 0 runs them alone
         self.unneeded: set = set()  # cells with statements training does not need
         self.calls: dict = {}  # id of a top-level statement -> its live calls (nbddp.needs read them)
@@ -161,6 +165,8 @@ class _Guards:
                 self.reasons.setdefault(self.cell, []).extend(text for k, text, _ in why if USES not in k)
             return returned or LEAVE
         if why:
+            if not nested and id(stmt) in self.files:
+                self.for_machines[id(stmt.body)] = self.files[id(stmt)]
             self.taken[id(stmt.body)] = (frozenset().union(*(k for k, _, _ in why)), why[0][2])
             self.reasons.setdefault(self.cell, []).extend(text for k, text, _ in why if USES not in k)
             self.tainted |= writes
@@ -217,6 +223,7 @@ class _Guards:
     def wrap(self, group, nested):
         kinds = frozenset().union(*(self.taken[id(s.body)][0] for s in group))
         guard = cst.If(test=cst.Name("NBDDP_IS_MAIN"), body=cst.IndentedBlock(body=group))
+        paths = sorted({p for s in group for p in self.for_machines.get(id(s.body), ())})  # saved, then loaded
         if (TRACK in kinds and kinds <= {TRACK, USES}) or (nested and not kinds & {SAVE, PUSH, GENERATE}):
             return [guard]  # nothing another rank waits for, or a barrier on every pass of a loop
         self.waits.add(self.cell)
@@ -224,7 +231,12 @@ class _Guards:
         what = next((w for k, w in words if k & {SAVE, PUSH, GENERATE}), words[0][1] if words else None)
         calls = [c for s in group for c in live_calls(s)]
         what = what or (parts(code_of(calls[0].func))[-1] if calls else "rank 0")
-        return [guard, _barrier(what)]
+        if not paths:
+            return [guard, _barrier(what)]
+        self.machine_cells.add(self.cell)
+        share = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(SHARE), args=[
+            cst.Arg(cst.SimpleString(repr(p).replace("'", '"'))) for p in paths]))])
+        return [guard, _barrier(what), share]
 
     def say(self):
         for cell in sorted(set(self.reasons) | set(self.used), key=lambda c: c or 0):
@@ -233,12 +245,15 @@ class _Guards:
                 f": {shown}" if shown else "")
             if self.used.get(cell):
                 text += f"; also what reads {', '.join(sorted(self.used[cell]))} (exists on rank 0 only)"
+            if cell in self.machine_cells:
+                text += ("; every rank loads what it saves next: machines that do not see rank 0's storage get a "
+                         "copy")
             self.report.change(cell, text + ("; the other ranks wait at a barrier" if cell in self.waits else ""))
 
 
 class RankGuards(TreeStep):
     name = "rank-guards"
-    inserts = ("NBDDP_IS_MAIN", "nbddp_barrier", "nbddp_no_context", REST)
+    inserts = ("NBDDP_IS_MAIN", "nbddp_barrier", "nbddp_no_context", SHARE, REST)
 
     def run(self, tree, ctx):
         guards = _Guards(tree, ctx)
@@ -258,7 +273,7 @@ def _plan(body, guards, tree, ctx) -> list:
     guards.calls = plan.calls
     if plan.end is None:
         return body
-    guards.once = plan.once
+    guards.once, guards.files = plan.once, plan.files
     rest = body[plan.end + 1:]
     guards.rest = {id(stmt) for stmt in rest}
     if plan.marked or not rest:

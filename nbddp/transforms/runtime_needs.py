@@ -191,13 +191,15 @@ def needs(facts: _Facts) -> dict[str, str]:
     if sized_loads(facts):
         why["fit"] = "the notebook loads a model: DDP if it fits one GPU, else one process split over all of them"
     helpers = {module: sorted(n for n in facts.names if n in HELPERS and HELPERS[n].module == module)
-               for module in ("files", "ipython_forms", "loop")}  # the steps' helpers of these modules (HELPERS)
+               for module in ("files", "share", "ipython_forms", "loop")}  # the steps' helpers of these (HELPERS)
     forms = helpers["ipython_forms"] + sorted(facts.ipython)
     if forms:
         why["ipython_forms"] = f"the notebook uses what IPython gives it ({', '.join(forms)}): in the script too"
     used = helpers["files"]
     if used:
         why["files"] += f"; the notebook calls {', '.join(used)}: once per machine, the other ranks wait"
+    if helpers["share"]:
+        why["share"] = "the notebook loads what it saved: machines that do not see rank 0's storage get a copy"
     unsloth = bool(facts.modules & {"unsloth", "unsloth_zoo"})
     if facts.trainer and (facts.checkpointing or unsloth) and facts.own_ddp:
         why["strategy"] = (f"gradient checkpointing and {facts.own_ddp[0]}: DDP's graph settings chosen at run time "

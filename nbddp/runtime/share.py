@@ -1,0 +1,68 @@
+"""What rank 0 saved and every rank loads next, on every machine: a notebook that builds or downloads a model, saves
+it and loads it back (`save_pretrained("./base")`, then `from_pretrained("./base")`) saves it on rank 0 once; where a
+machine of the job does not see rank 0's working folder (no shared storage: group._nbddp_check_shared_folder), the
+saved files go to that machine's first rank over the process group, in chunks, after the others have waited for
+rank 0's save. On one machine, or where every machine shares rank 0's storage, it does nothing."""
+import os
+
+import torch
+import torch.distributed
+
+from .group import (NBDDP_CHECKED_KEY, NBDDP_IS_LOCAL_MAIN, NBDDP_IS_MAIN, NBDDP_LOCAL_RANK, NBDDP_OWN_STORAGE,
+                    NBDDP_OWN_STORAGE_KEY, NBDDP_WORLD_SIZE, nbddp_barrier, nbddp_dist)
+from .wait import nbddp_store, nbddp_wait_until
+
+NBDDP_CHUNK = 64 * 2 ** 20  # bytes per broadcast
+
+
+def _nbddp_some_machine_lacks_storage():
+    """Whether a machine of this job does not see rank 0's working folder (each machine's first rank checked at the
+    start and counted itself in the store)."""
+    store, per_machine = nbddp_store(), int(os.environ.get("LOCAL_WORLD_SIZE", NBDDP_WORLD_SIZE))
+    machines = NBDDP_WORLD_SIZE // max(per_machine, 1)
+    if store is None or machines <= 1:
+        return False
+    nbddp_wait_until(lambda: int(store.add(NBDDP_CHECKED_KEY, 0)) >= machines - 1, lambda: "the machines' checks")
+    return int(store.add(NBDDP_OWN_STORAGE_KEY, 0)) > 0
+
+
+def _nbddp_files_under(paths):
+    """(path, size) of every file at or below these paths, as rank 0 sees them."""
+    found = []
+    for path in paths:
+        if os.path.isfile(path):
+            found.append((path, os.path.getsize(path)))
+        for where, _, names in os.walk(path):
+            found += [(os.path.join(where, n), os.path.getsize(os.path.join(where, n))) for n in sorted(names)]
+    return found
+
+
+def nbddp_share_files(*paths):
+    """Every rank calls it after rank 0 saved `paths` (files or folders) and the others waited: the first rank of
+    each machine without rank 0's storage writes the same files at the same paths, and every rank goes on once all
+    copies are written."""
+    if not (nbddp_dist() and _nbddp_some_machine_lacks_storage()):
+        return
+    manifest = [_nbddp_files_under(paths) if NBDDP_IS_MAIN else None]
+    torch.distributed.broadcast_object_list(manifest, src=0)
+    nccl = torch.distributed.get_backend() == "nccl"
+    device = torch.device("cuda", NBDDP_LOCAL_RANK) if nccl else torch.device("cpu")
+    receives = NBDDP_IS_LOCAL_MAIN and NBDDP_OWN_STORAGE[0]
+    for path, size in manifest[0]:
+        source = open(path, "rb") if NBDDP_IS_MAIN else None  # noqa: SIM115
+        if receives:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        target = open(f"{path}.nbddp-part", "wb") if receives else None  # noqa: SIM115
+        for offset in range(0, size, NBDDP_CHUNK):
+            count = min(NBDDP_CHUNK, size - offset)
+            chunk = (torch.frombuffer(bytearray(source.read(count)), dtype=torch.uint8).to(device) if source
+                     else torch.empty(count, dtype=torch.uint8, device=device))
+            torch.distributed.broadcast(chunk, src=0)
+            if target:
+                target.write(chunk.cpu().numpy().tobytes())
+        for fh in (source, target):
+            if fh:
+                fh.close()
+        if target:
+            os.replace(f"{path}.nbddp-part", path)
+    nbddp_barrier("the copies of what rank 0 saved")  # every copy whole before any rank loads it
