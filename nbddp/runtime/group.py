@@ -25,7 +25,8 @@ NBDDP_IS_MAIN = NBDDP_RANK == 0  # saving, pushing, generation and prints: once 
 NBDDP_IS_LOCAL_MAIN = NBDDP_LOCAL_RANK == 0  # files and caches: once per machine
 NBDDP_DEVICE = f"cuda:{NBDDP_LOCAL_RANK}" if torch.cuda.is_available() else "cpu"
 NBDDP_OWN_STORAGE = [False]  # this machine does not see rank 0's working folder (_nbddp_check_shared_folder)
-NBDDP_CHECKED_KEY, NBDDP_OWN_STORAGE_KEY = "nbddp/machines-checked", "nbddp/machines-own-storage"  # counts
+NBDDP_CHECKED = [False]  # this rank ran that check (the process group was started by nbddp)
+NBDDP_CHECKED_KEY, NBDDP_OWN_STORAGE_KEY = "nbddp/ranks-checked", "nbddp/machines-own-storage"  # counts
 NBDDP_MODE = "ddp"  # or "split": one process, the model over every GPU (nbddp_fit)
 # The group's collectives (training) wait this long for a late rank; waits for rank-0 work go through the store.
 # 1800 s is the Trainer's own ddp_timeout default (torch's NCCL default is 600 s).
@@ -147,11 +148,12 @@ def nbddp_dist():
 
 def _nbddp_check_shared_folder():
     """Several machines: rank 0 leaves a marker in its working folder, and each other machine's first rank looks
-    for it in its own; where it is missing (no shared storage), that rank says what runs where."""
+    for it in its own; where it is missing (no shared storage), that rank says what runs where. Every rank then
+    counts itself in the store (share.py waits for the whole count)."""
     store, per_machine = nbddp_store(), int(os.environ.get("LOCAL_WORLD_SIZE", NBDDP_WORLD_SIZE))
-    if store is None or NBDDP_WORLD_SIZE <= per_machine or not NBDDP_IS_LOCAL_MAIN:
+    if store is None:
         return
-    if NBDDP_IS_MAIN:
+    if NBDDP_IS_MAIN and NBDDP_WORLD_SIZE > per_machine:
         marker = os.path.abspath(f".nbddp-shared-{os.getpid()}")
         try:
             open(marker, "w").close()  # noqa: SIM115
@@ -159,17 +161,18 @@ def _nbddp_check_shared_folder():
         except OSError:  # a folder rank 0 cannot write to: nothing to tell
             marker = ""
         store.set("nbddp/shared-marker", os.path.basename(marker))
-        return
-    nbddp_wait_until(lambda: store.check(["nbddp/shared-marker"]), lambda: "rank 0's start")
-    marker = store.get("nbddp/shared-marker").decode()
-    if marker and not os.path.exists(marker):
-        NBDDP_OWN_STORAGE[0] = True
-        store.add(NBDDP_OWN_STORAGE_KEY, 1)
-        print(f"nbddp: rank {NBDDP_RANK}'s machine does not see rank 0's working folder (no shared storage): saves and "
-              "what runs once per job are on rank 0's machine only (what every rank loads after rank 0 saved it is "
-              "copied here); `!` commands, %%writefile, data preparation and files every rank writes run on each "
-              "machine", file=sys.stderr, flush=True)
+    elif NBDDP_IS_LOCAL_MAIN and NBDDP_WORLD_SIZE > per_machine:
+        nbddp_wait_until(lambda: store.check(["nbddp/shared-marker"]), lambda: "rank 0's start")
+        marker = store.get("nbddp/shared-marker").decode()
+        if marker and not os.path.exists(marker):
+            NBDDP_OWN_STORAGE[0] = True
+            store.add(NBDDP_OWN_STORAGE_KEY, 1)
+            print(f"nbddp: rank {NBDDP_RANK}'s machine does not see rank 0's working folder (no shared storage): saves "
+                  "and what runs once per job are on rank 0's machine only (what every rank loads after rank 0 saved "
+                  "it is copied here); `!` commands, %%writefile, data preparation and files every rank writes run on "
+                  "each machine", file=sys.stderr, flush=True)
     store.add(NBDDP_CHECKED_KEY, 1)
+    NBDDP_CHECKED[0] = True
 
 
 def nbddp_collective_barrier():

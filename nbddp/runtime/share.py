@@ -8,21 +8,20 @@ import os
 import torch
 import torch.distributed
 
-from .group import (NBDDP_CHECKED_KEY, NBDDP_IS_LOCAL_MAIN, NBDDP_IS_MAIN, NBDDP_LOCAL_RANK, NBDDP_OWN_STORAGE,
-                    NBDDP_OWN_STORAGE_KEY, NBDDP_WORLD_SIZE, nbddp_barrier, nbddp_dist)
+from .group import (NBDDP_CHECKED, NBDDP_CHECKED_KEY, NBDDP_IS_LOCAL_MAIN, NBDDP_IS_MAIN, NBDDP_LOCAL_RANK,
+                    NBDDP_OWN_STORAGE, NBDDP_OWN_STORAGE_KEY, NBDDP_WORLD_SIZE, nbddp_barrier, nbddp_dist)
 from .wait import nbddp_store, nbddp_wait_until
 
 NBDDP_CHUNK = 64 * 2 ** 20  # bytes per broadcast
 
 
 def _nbddp_some_machine_lacks_storage():
-    """Whether a machine of this job does not see rank 0's working folder (each machine's first rank checked at the
-    start and counted itself in the store)."""
-    store, per_machine = nbddp_store(), int(os.environ.get("LOCAL_WORLD_SIZE", NBDDP_WORLD_SIZE))
-    machines = NBDDP_WORLD_SIZE // max(per_machine, 1)
-    if store is None or machines <= 1:
+    """Whether a machine of this job does not see rank 0's working folder: each machine's first rank checked when
+    the group started, and every rank counted itself in the store after its machine's check."""
+    store = nbddp_store()
+    if store is None or not NBDDP_CHECKED[0]:  # a group the notebook started itself: nothing was checked
         return False
-    nbddp_wait_until(lambda: int(store.add(NBDDP_CHECKED_KEY, 0)) >= machines - 1, lambda: "the machines' checks")
+    nbddp_wait_until(lambda: int(store.add(NBDDP_CHECKED_KEY, 0)) >= NBDDP_WORLD_SIZE, lambda: "the machines' checks")
     return int(store.add(NBDDP_OWN_STORAGE_KEY, 0)) > 0
 
 
