@@ -130,7 +130,7 @@ def session(tmp_path_factory):
         pids = done["pids"] = _pids(kernel.run("%ddp"))
         kernel.km.shutdown_kernel(now=True)  # a forced restart: the kernel is killed, nothing in it runs again
         killed = time.monotonic()
-        for key, watched, seconds in (("left", pids[1:], 10), ("torchrun left", pids[:1], 30)):
+        for key, watched, seconds in (("left", pids[1:], 10), ("torchrun left", pids[:1], 75)):
             while any(_alive(pid) for pid in watched) and time.monotonic() < killed + seconds:
                 time.sleep(0.2)
             done[key] = [pid for pid in watched if _alive(pid)]
@@ -260,9 +260,10 @@ def test_a_rank_that_dies_ends_the_session_and_its_processes_and_says_so(session
 def test_a_killed_kernel_leaves_no_rank_or_torchrun(session):
     assert len(session["pids"]) == 3, session["pids"]  # torchrun, then the two ranks
     assert session["left"] == [], "a rank outlived the kernel by 10 s"
-    # torchrun gets SIGTERM from the kernel's death and its ranks are gone: it ends, its shutdown taking a few seconds
-    # more when the machine is busy (once 10 s were not enough in a whole-suite run on 2 cores)
-    assert session["torchrun left"] == [], "torchrun outlived the kernel by 30 s"
+    # torchrun gets SIGTERM from the kernel's death and its ranks are gone: it ends, usually within a second; its
+    # shutdown has waits of its own of up to 30 s (closing its processes, its rendezvous), and once in a whole-suite
+    # run on 2 cores it took over 30 s: the bound is for a torchrun that does not end at all
+    assert session["torchrun left"] == [], "torchrun outlived the kernel by 75 s"
     # its log folder stays behind (nothing in the kernel ran again), named so that the next job clears it
     assert [name for name in session["logs left"] if "-session-" in name], session["logs left"]
     assert session["logs swept"] == []
