@@ -9,6 +9,9 @@ Step 2, on a 2-GPU machine after bench/gpu_env.sh --models llama32_3b --datasets
 Each script runs as a Kaggle Script runs it, `python script` on cores 0-3, the order alternating by round; the rank
 probe gives each rank's start (seconds after the script's), and rank 0 writes its launcher's process id and
 nvidia-smi's list of processes holding GPU memory.
+`parts` times what a launch is made of, each a fresh `python3 -c` on cores 0-3 (python alone, `import torch`, with
+the free memory of GPUs 0 and 1 read through CUDA, with `torch.cuda.device_count()`, `torchrun --help`):
+    python3 bench/launch_start.py parts --rounds 3 --out $OUT/parts.json
 """
 from __future__ import annotations
 
@@ -78,6 +81,24 @@ def run(scripts, rounds, out):
                    "runs": results}, fh, indent=1)
 
 
+PARTS = {"python": "pass", "import torch": "import torch",
+         "import torch, CUDA free memory of GPUs 0,1": "import torch; [torch.cuda.mem_get_info(d) for d in range(2)]",
+         "import torch, device_count": "import torch; torch.cuda.device_count()"}
+
+
+def parts(rounds, out):
+    times = {}
+    for _ in range(rounds):
+        for name, argv in [(n, ["-c", code]) for n, code in PARTS.items()] + [
+                ("torchrun --help", ["-m", "torch.distributed.run", "--help"])]:
+            t0 = time.time()
+            subprocess.run(["taskset", "-c", "0-3", sys.executable, *argv], check=True, stdout=subprocess.DEVNULL)
+            times.setdefault(name, []).append(round(time.time() - t0, 2))
+    with open(out, "w") as fh:
+        json.dump({"machine": os.environ.get("BENCH_MACHINE"), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                   "seconds": times}, fh, indent=1)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -88,7 +109,12 @@ def main(argv=None):
     r.add_argument("--scripts", default=".gpurun/launch")
     r.add_argument("--rounds", type=int, default=3)
     r.add_argument("--out", required=True)
+    t = sub.add_parser("parts")
+    t.add_argument("--rounds", type=int, default=3)
+    t.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.cmd == "parts":
+        return parts(args.rounds, args.out)
     return make(args.checkout, args.dest) if args.cmd == "make" else run(args.scripts, args.rounds, args.out)
 
 

@@ -18,8 +18,8 @@ statement may change a value it assigns an attribute or item of (`tok.pad_token 
 tracker's log), or passes to a call whose value it drops (`random.shuffle(rows)`, `PatchFastRL("GRPO",
 FastLanguageModel)`; not to a call that writes its arguments out, `np.save(path, arr)`, and not a string, number or
 path: `os.makedirs(out_dir)`). A function or class is needed where what training needs reads its name; then so is
-what its body reads. Files count as values where their path is a literal: a save of a folder that a needed
-`from_pretrained` (or `load_from_disk`, `torch.load`) reads later is needed, and so is what it saves (the save itself
+what its body reads. Files count as values where their path is a literal: a save of a folder whose path a needed
+call is given later (`from_pretrained`, `open`, `np.load`, any library's reader) is needed, and so is what it saves (the save itself
 stays rank-0 work; machines without rank 0's storage get a copy: nbddp.transforms.rank_guards). Everything else runs once, whatever it calls: a file written by a library nbddp has no name
 for, a folder made, a download, an upload. Where a guarded statement and a needed one share a name the scan cannot
 see (`globals()`, a value read through a string), the names say nothing: the runtime's nets hold (one writer, the
@@ -32,9 +32,9 @@ import libcst as cst
 
 from .cst_helpers import LiveVisitor, is_if_false, names_in
 from .rank_conditions import RANK_NAMES, RANK_VARIABLES, is_rank_test
-from .reads_writes import file_of, free_reads, reads_writes
+from .reads_writes import file_of, files_named, free_reads, reads_writes
 from .runtime import HELPERS
-from .vocabulary import COLLECTIVE, EMITS, MAIN_ONLY, SAVE, SYNC, is_process_config, parts, reads_path
+from .vocabulary import COLLECTIVE, EMITS, MAIN_ONLY, SAVE, SYNC, is_process_config, parts
 
 REST = "nbddp_rest_on_rank0"  # the runtime's line where training ends (nbddp/runtime/group.py)
 SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
@@ -67,7 +67,7 @@ class _Changes(LiveVisitor):
         self.changed: set[str] = set()
         self.config = self.together = self.imports = self.rank = False
         self.drops: set = set()  # calls whose value the statement drops
-        self.loads: set = set()  # `file:<path>` of what it reads by path (from_pretrained, torch.load, ...)
+        self.loads: set = set()  # `file:<path>` of the paths its calls are given (what they may read)
         self.saves: set = set()  # `file:<path>` of what it saves by path
         self.calls: list = []  # its live calls (nbddp.cst_helpers.live_calls)
 
@@ -121,10 +121,10 @@ class _Changes(LiveVisitor):
         if any(is_process_config(m) for m in meanings):
             self.config = True
         effects, definitions = self.scan.effects.of_call(node), self.names.definitions(func)
-        reads = any(reads_path(m) for m in meanings)
-        if reads or (SAVE in effects and not definitions):  # a file read or saved by its path
-            path = file_of(node, meanings, self.names)
-            (self.loads if reads else self.saves).update([path] if path else [])
+        if SAVE in effects and not definitions:  # a file saved by its path
+            self.saves.update(filter(None, [file_of(node, meanings, self.names)]))
+        else:  # any other call given a path may read it, whatever its library
+            self.loads |= files_named(node, self.names)
         for definition in definitions:  # the notebook's own function: what its body saves
             self.saves |= self.scan.saved_by(definition)
         if effects & MAIN_ONLY:

@@ -4,7 +4,8 @@
                         later (only their names are bound); a comprehension's or lambda's own names are its own.
   header_of(stmt)    -> the parts of a compound statement that run before its blocks decide anything.
   free_reads(node)   -> the names a def or class reads from outside it
-  file_of(call, ...) -> the file or folder a call reads or writes by a literal path, as a name (`file:<path>`)
+  file_of(call, ...) -> the file or folder a saving call writes by a literal path, as a name (`file:<path>`)
+  files_named(call)  -> every literal path a call is given, as such names (what it may read)
 
 Used by the rank guards (what reads a value made on rank 0 only), nbddp.needs (what training needs, transitively)
 and nbddp.tree.Tree.visit (the statements that name an alias of given names). What a name means is nbddp.meanings.
@@ -143,16 +144,26 @@ def header_of(stmt) -> list:
     return []
 
 
+def _as_file(text):
+    return f"file:{posixpath.normpath(text)}" if isinstance(text, str) and text else None
+
+
 def file_of(call: cst.Call, meanings, names):
-    """`file:<path>` of the literal path (or a name last assigned one) that a call reads or writes: its first
+    """`file:<path>` of the literal path (or a name last assigned one) that a saving call writes: its first
     argument, `torch.save`'s second, or a path keyword (nbddp.vocabulary.PATH_KEYWORDS); else None."""
     if "torch.save" in meanings:
         value = arguments(call, "obj", "f")[1]
     else:
         value = next((a.value for a in call.args if a.keyword is None and not a.star), None) or next(
             (a.value for a in call.args if a.keyword is not None and a.keyword.value in PATH_KEYWORDS), None)
-    text = names.literal(value) if value is not None else None
-    return f"file:{posixpath.normpath(text)}" if isinstance(text, str) and text else None
+    return _as_file(names.literal(value)) if value is not None else None
+
+
+def files_named(call: cst.Call, names) -> set:
+    """`file:<path>` of every literal string (or name last assigned one) a call is given: what any call may read,
+    whatever library it belongs to (`open(p)`, `np.load(p)`, `from_pretrained(p)`)."""
+    found = (_as_file(names.literal(arg.value)) for arg in call.args if not arg.star)
+    return {name for name in found if name}
 
 
 def free_reads(node) -> set[str]:

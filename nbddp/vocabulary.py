@@ -41,9 +41,8 @@ MODEL_SUFFIXES = (
     "ForVision2Seq", "ForAudioClassification", "ForImageClassification", "ForCTC",
 )
 SAVE_PREFIXES = ("save_pretrained", "save_lora", "save_model")
-PATH_READS = frozenset({"from_pretrained", "load_from_disk", "load_adapter"})  # and torch.load: a file read by path
 PATH_KEYWORDS = ("pretrained_model_name_or_path", "model_name", "model_id", "save_directory", "output_dir",
-                 "dataset_path", "file", "f", "path")  # where a reader or a saver takes its path by keyword
+                 "dataset_path", "file", "f", "path")  # where a saver takes its path by keyword
 DATA_WRITES = frozenset({"save_to_disk", "to_csv", "to_json", "to_parquet"})  # a dataset's or DataFrame's files
 GENERATION = frozenset({"generate", "fast_generate", "for_inference", "TextStreamer", "print_trainable_parameters"})
 GENERATION_TASKS = frozenset({"text-generation", "text2text-generation", "image-text-to-text", "summarization",
@@ -74,12 +73,6 @@ SCHEDULERS = ("lr_scheduler", "scheduler", "Scheduler", "_schedule")
 def parts(meaning: str) -> list[str]:
     """`a.b().c` -> ['a', 'b', 'c']."""
     return meaning.replace("()", "").replace("[]", "").split(".")
-
-
-def reads_path(meaning: str) -> bool:
-    """A call that reads a file or folder by its path: a `from_pretrained` of any class, `load_from_disk`,
-    `load_adapter`, `torch.load`."""
-    return parts(meaning)[-1] in PATH_READS or meaning == "torch.load"
 
 
 def is_model_class(owner: str, root: str = "") -> bool:

@@ -129,6 +129,7 @@ def on_each_machine(code, word, path="base"):
 
 
 LOAD_BASE = "model = AutoModelForCausalLM.from_pretrained('./base')\n" + TRAIN
+TRAIN_ARGS = "trainer = Trainer(model=model, args=args)\nstats = trainer.train()\n"
 LOADED = "model = AutoModelForCausalLM.from_pretrained('./base', device_map=nbddp_device_map())\n" + TRAIN
 BUILD = "base = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2))\n"
 
@@ -150,6 +151,15 @@ BUILD = "base = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2))\n"
       "w0 = torch.load('w.pt')\nmodel.init(w0)\n" + TRAIN],
      ["import torch\nw = torch.randn(4)\n" + on_each_machine("torch.save(w, 'w.pt')\n", "save", "w.pt"),
       "w0 = torch.load('w.pt')\nmodel.init(w0)\n" + TRAIN]),
+    # read back by readers nbddp has no name for: `open` under json, a library of the notebook's own
+    (["import json\ncfg = {'lr': 1}\nwith open('cfg.json', 'w') as fh:\n    json.dump(cfg, fh)\n",
+      "args = json.load(open('cfg.json'))\n" + TRAIN_ARGS],
+     ["import json\ncfg = {'lr': 1}\n" + on_each_machine("with open('cfg.json', 'w') as fh:\n    json.dump(cfg, fh)\n",
+                                                         "open", "cfg.json"),
+      "args = json.load(open('cfg.json'))\n" + TRAIN_ARGS]),
+    (["import torch\nw = torch.randn(4)\ntorch.save(w, 'w.pt')\n", "import mylib\nmodel.init(mylib.read('w.pt'))\n" + TRAIN],
+     ["import torch\nw = torch.randn(4)\n" + on_each_machine("torch.save(w, 'w.pt')\n", "save", "w.pt"),
+      "import mylib\nmodel.init(mylib.read('w.pt'))\n" + TRAIN]),
 ])
 def test_a_save_that_training_loads_back_is_made_on_every_rank_and_copied_to_each_machine(cells, expected):
     """What a save writes and training reads back by its path is what training needs: every rank makes it; rank 0

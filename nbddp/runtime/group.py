@@ -150,10 +150,11 @@ def _nbddp_check_shared_folder():
     """Several machines: rank 0 leaves a marker in its working folder, and each other machine's first rank looks
     for it in its own; where it is missing (no shared storage), that rank says what runs where. Every rank then
     counts itself in the store (share.py waits for the whole count)."""
-    store, per_machine = nbddp_store(), int(os.environ.get("LOCAL_WORLD_SIZE", NBDDP_WORLD_SIZE))
+    store = nbddp_store()
     if store is None:
         return
-    if NBDDP_IS_MAIN and NBDDP_WORLD_SIZE > per_machine:
+    several = NBDDP_WORLD_SIZE > int(os.environ.get("LOCAL_WORLD_SIZE", NBDDP_WORLD_SIZE))  # machines
+    if NBDDP_IS_MAIN and several:
         marker = os.path.abspath(f".nbddp-shared-{os.getpid()}")
         try:
             open(marker, "w").close()  # noqa: SIM115
@@ -161,7 +162,7 @@ def _nbddp_check_shared_folder():
         except OSError:  # a folder rank 0 cannot write to: nothing to tell
             marker = ""
         store.set("nbddp/shared-marker", os.path.basename(marker))
-    elif NBDDP_IS_LOCAL_MAIN and NBDDP_WORLD_SIZE > per_machine:
+    elif NBDDP_IS_LOCAL_MAIN and several:
         nbddp_wait_until(lambda: store.check(["nbddp/shared-marker"]), lambda: "rank 0's start")
         marker = store.get("nbddp/shared-marker").decode()
         if marker and not os.path.exists(marker):
