@@ -25,12 +25,35 @@ import libcst as cst
 from libcst.metadata import BuiltinAssignment, GlobalScope, ImportAssignment, MetadataWrapper, ScopeProvider
 
 from .cst_helpers import dotted
+from .entries import PASS_THROUGH
 
 MAX_MEANINGS, MAX_DEPTH = 12, 12
 PARTIALS = frozenset({"functools.partial", "partial"})
 # What IPython adds to the builtins of the process it runs in (where %%torchrun and %ddp convert): the notebook's own
 # names, as in a script, not Python's builtins (libcst asks the live `builtins` module).
 IPYTHON_BUILTINS = frozenset({"display", "get_ipython"})
+
+
+class _Returns(cst.CSTVisitor):
+    """The values a function's own `return` statements give (not those of functions and classes inside it)."""
+
+    def __init__(self):
+        self.values = []
+
+    def visit_Return(self, node):
+        if node.value is not None:
+            self.values.append(node.value)
+
+    def visit_FunctionDef(self, node):
+        return False
+
+    visit_ClassDef = visit_Lambda = visit_FunctionDef
+
+
+def _returns(definition: cst.FunctionDef) -> list:
+    found = _Returns()
+    definition.body.visit(found)
+    return found.values
 
 
 class _Bindings(cst.CSTVisitor):
@@ -127,7 +150,9 @@ class Names:
             called = self.meanings(expr.func, depth + 1)
             if called & PARTIALS and expr.args:  # partial(f, ...) is f, with some arguments given
                 return set(self.meanings(expr.args[0].value, depth + 1))
-            return {f"{m}()" for m in called}
+            if called & PASS_THROUGH and expr.args and expr.args[0].keyword is None:  # gives back its argument
+                return set(self.meanings(expr.args[0].value, depth + 1)) | {f"{m}()" for m in called}
+            return {f"{m}()" for m in called} | self._returned(expr.func, depth)
         if isinstance(expr, cst.Subscript):
             return {f"{m}[]" for m in self.meanings(expr.value, depth + 1)}
         if not isinstance(expr, cst.Name):
@@ -149,6 +174,22 @@ class Names:
                     self._visiting.discard(assignment.node)
             else:
                 found.add(expr.value)  # a def, a parameter, a loop variable: its own name
+                if isinstance(assignment.node, cst.ClassDef):  # and a class of the notebook's is what it derives from
+                    found |= {m for base in assignment.node.bases for m in self.meanings(base.value, depth + 1)}
+        return found
+
+    def _returned(self, func, depth) -> set:
+        """What calling the notebook's own function gives: its `return` values' meanings (`make_trainer()` is
+        `trl.SFTTrainer()` where the function returns one)."""
+        found = set()
+        for definition in self.definitions(func, depth + 1):
+            if isinstance(definition, cst.FunctionDef) and definition not in self._visiting:
+                self._visiting.add(definition)
+                try:
+                    for value in _returns(definition):
+                        found |= set(self.meanings(value, depth + 1))
+                finally:
+                    self._visiting.discard(definition)
         return found
 
     def bindings(self, name: cst.Name) -> list:

@@ -1,18 +1,20 @@
 """What training needs: of the notebook's top-level statements, which every rank runs and where training ends.
 
     plan = training_needs(body, names, effects)
-    plan.end   -> the index in `body` of the last statement every rank must run together (training, evaluation, a
-                  custom loop's steps, torch.distributed, a model load; nbddp.vocabulary's SYNC, through the
-                  notebook's own functions), or None where there is none; what follows it runs on rank 0 alone
+    plan.end   -> the index in `body` of the last statement every rank must run together (nbddp.training_end:
+                  training, a collective, a later test of the rank), or None where there is none; what follows it
+                  runs on rank 0 alone
     plan.once  -> the statements before it that training does not need (by identity): they run on rank 0
     plan.files -> the saves before it whose files what training needs reads later (id -> paths): each machine
                   needs them
     plan.calls -> each statement's live calls, as the analysis read them (id -> calls)
 
 The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
-collectives, nbddp's own helpers, what names the rank: `open(f"log-{rank}.txt", "w")`), the process's set-up
-(imports, definitions, the environment, seeds, warnings, logging, torch's flags, a library's patches:
-`is_process_config`), and, transitively, every earlier statement that binds or may change a value those read. A
+collectives, nbddp's own helpers, what reads the rank or the world size by meaning: `open(f"log-{dist.get_rank()}.txt",
+"w")`, nbddp.rank_conditions), the process's set-up (imports, definitions, the environment, seeds, warnings,
+logging, torch's flags: nbddp.entries.is_process_config; and a module function of a library that training's own
+objects come from, called for its effect alone: `PatchFastRL("GRPO", FastLanguageModel)`, `datasets.disable_caching()`;
+the same call of any other library is an effect and runs once), what a test of the rank reads, and, transitively, every earlier statement that binds or may change a value those read. A
 statement may change a value it assigns an attribute or item of (`tok.pad_token = ...`), calls a method of
 (`rows.append(x)`, unless the method is one of the vocabulary's rank-0 kinds: a save, a push, generation, a print, a
 tracker's log), or passes to a call whose value it drops (`random.shuffle(rows)`, `PatchFastRL("GRPO",
@@ -31,12 +33,13 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from .cst_helpers import LiveVisitor, is_if_false, names_in
-from .rank_conditions import RANK_NAMES, RANK_VARIABLES, is_rank_test
-from .reads_writes import file_of, files_named, free_reads, reads_writes
+from .entries import EMITS, is_process_config, library_of
+from .rank_conditions import is_rank_test, reads_rank
+from .reads_writes import file_of, files_named, free_reads, imported_names, imported_packages, reads_writes
 from .runtime import HELPERS
-from .vocabulary import COLLECTIVE, EMITS, MAIN_ONLY, SAVE, SYNC, is_process_config, parts
+from .training_end import is_own_guard, training_end
+from .vocabulary import COLLECTIVE, CONFIG, MAIN_ONLY, SAVE, parts
 
-REST = "nbddp_rest_on_rank0"  # the runtime's line where training ends (nbddp/runtime/group.py)
 SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
 PATHS = frozenset({"pathlib.Path", "pathlib.PurePath", "os.path.join", "os.path.abspath", "os.path.expanduser",
                    "os.path.dirname", "os.path.basename", "os.getcwd", "builtins.str", "builtins.int"})
@@ -65,22 +68,17 @@ class _Changes(LiveVisitor):
     def __init__(self, scan):
         self.scan, self.names = scan, scan.names
         self.changed: set[str] = set()
-        self.config = self.together = self.imports = self.rank = False
+        self.config = self.together = self.imports = False
         self.drops: set = set()  # calls whose value the statement drops
         self.loads: set = set()  # `file:<path>` of the paths its calls are given (what they may read)
         self.saves: set = set()  # `file:<path>` of what it saves by path
         self.calls: list = []  # its live calls (nbddp.cst_helpers.live_calls)
+        self.configures: set = set()  # CONFIG, and the libraries of the module functions it calls for their effect
 
     def visit_Import(self, node):
         self.imports = True  # `try: import x / except ImportError: ...`: a statement that imports is set-up
 
     visit_ImportFrom = visit_Import
-
-    def visit_Name(self, node):
-        self.rank = self.rank or node.value in RANK_NAMES  # what names the rank is each rank's own
-
-    def visit_SimpleString(self, node):
-        self.rank = self.rank or node.evaluated_value in RANK_VARIABLES
 
     def _target(self, target):
         if isinstance(target, (cst.Tuple, cst.List)):
@@ -119,14 +117,17 @@ class _Changes(LiveVisitor):
             self.together = True
         meanings = self.names.meanings(func)
         if any(is_process_config(m) for m in meanings):
-            self.config = True
+            self.configures.add(CONFIG)
+        elif node in self.drops:  # called for what it does to the process: set-up where training's libraries are
+            self.configures.update(filter(None, map(library_of, meanings)))
         effects, definitions = self.scan.effects.of_call(node), self.names.definitions(func)
         if SAVE in effects and not definitions:  # a file saved by its path
             self.saves.update(filter(None, [file_of(node, meanings, self.names)]))
         else:  # any other call given a path may read it, whatever its library
             self.loads |= files_named(node, self.names)
-        for definition in definitions:  # the notebook's own function: what its body saves
+        for definition in definitions:  # the notebook's own function: what its body saves and sets up
             self.saves |= self.scan.saved_by(definition)
+            self.configures |= self.scan.set_up_by(definition)
         if effects & MAIN_ONLY:
             return
         for definition in definitions:  # and what it changes
@@ -145,11 +146,12 @@ class _Changes(LiveVisitor):
 class _Scan:
     def __init__(self, names, effects, body):
         self.names, self.effects = names, effects
-        self.modules = _modules(body)
+        self.modules = imported_names(body)
         self.read: dict = {}
-        self.defs: dict = {}  # a function of the notebook -> the outside names it may change
-        self.saves: dict = {}  # a function of the notebook -> the files it saves (`file:<path>`)
+        self.defs: dict = {}  # what a function of the notebook's body does (a _Changes set) -> function -> its union
         self.aliases = _aliases(body)
+        self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
+        self.packages = imported_packages(body) | {"torch"}
 
     def seen(self, stmt) -> _Changes:
         """One pass over a statement's live code."""
@@ -159,27 +161,31 @@ class _Scan:
             self.read[id(stmt)] = changes
         return self.read[id(stmt)]
 
+    def _by(self, definition, what: str) -> set:
+        """The union of `what` (a _Changes set) over the statements of a function of the notebook's body, once per
+        function (a recursive function: what is known so far)."""
+        definition = self.names.orig(definition)
+        cache = self.defs.setdefault(what, {})
+        if definition not in cache:
+            cache[definition] = set()
+            if isinstance(definition, cst.FunctionDef):
+                cache[definition] = set().union(*(getattr(self.seen(s), what) for s in definition.body.body
+                                                  if not isinstance(s, (cst.FunctionDef, cst.ClassDef))))
+        return cache[definition]
+
     def changed_by(self, definition) -> set[str]:
         """The outside names a function of the notebook may change when it runs (`random.shuffle(rows)` in its
         body changes the notebook's `rows`)."""
-        definition = self.names.orig(definition)
-        if definition not in self.defs:
-            self.defs[definition] = set()  # a recursive function: what is known so far
-            if isinstance(definition, cst.FunctionDef):
-                changed = set().union(*(self.seen(s).changed for s in definition.body.body
-                                        if not isinstance(s, (cst.FunctionDef, cst.ClassDef))))
-                self.defs[definition] = changed & free_reads(definition)
-        return self.defs[definition]
+        return self._by(definition, "changed") & free_reads(self.names.orig(definition))
 
     def saved_by(self, definition) -> set[str]:
         """The files a function of the notebook saves at literal paths when it runs."""
-        definition = self.names.orig(definition)
-        if definition not in self.saves:
-            self.saves[definition] = set()  # a recursive function: what is known so far
-            if isinstance(definition, cst.FunctionDef):
-                self.saves[definition] = set().union(*(self.seen(s).saves for s in definition.body.body
-                                                       if not isinstance(s, (cst.FunctionDef, cst.ClassDef))))
-        return self.saves[definition]
+        return self._by(definition, "saves")
+
+    def set_up_by(self, definition) -> set[str]:
+        """The set-up a function of the notebook does when it runs: the libraries of the functions it calls for their
+        effect, and CONFIG where it sets up the process (nbddp.vocabulary.is_process_config)."""
+        return self._by(definition, "configures")
 
     def imported(self, name: str) -> bool:
         """A name the notebook binds by an import (a module or a library's class), not a value it made."""
@@ -210,16 +216,27 @@ class _Scan:
                                                              for s in stmt.body):
             return reads, writes, True, True
         changes = self.seen(stmt)
-        seed = changes.config or changes.together or changes.imports or changes.rank or any(
-            COLLECTIVE in self.effects.of_call(c) for c in changes.calls)
+        seed = changes.config or changes.together or changes.imports or \
+            bool(changes.configures & (self.libraries | {CONFIG})) or \
+            bool(reads_rank(stmt, self.names)) or any(COLLECTIVE in self.effects.of_call(c) for c in changes.calls)
         whole = isinstance(stmt, cst.SimpleStatementLine) and all(
             isinstance(s, (cst.Assign, cst.AnnAssign)) for s in stmt.body)
         changed = changes.changed | set().union(*(self.aliases.get(name, ()) for name in changes.changed))
         return reads | changes.loads, writes | changed | changes.saves, seed, whole and not changed
 
-    def sync(self, stmt) -> bool:
-        return not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and any(
-            SYNC in self.effects.of_call(c) for c in self.seen(stmt).calls)
+    def kinds(self, stmt) -> frozenset:
+        """What a statement's calls do (nothing for a def or class: it runs when called)."""
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            return frozenset()
+        return frozenset().union(*(self.effects.of_call(c) for c in self.seen(stmt).calls))
+
+    def learn_libraries(self, body):
+        """The libraries training's own objects come from: those of the calls every rank makes together (the model's
+        loader, the trainer, the data) and of the trainer's configuration, and torch."""
+        for stmt in body:
+            for call in self.seen(stmt).calls if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else ():
+                if self.effects.of_call(call) & {COLLECTIVE, CONFIG}:
+                    self.libraries.update(set(map(library_of, self.names.meanings(call.func))) & self.packages)
 
 
 def _aliases(body) -> dict:
@@ -240,34 +257,14 @@ def _aliases(body) -> dict:
     return found
 
 
-def _modules(body) -> set[str]:
-    found: set[str] = set()
-    for stmt in body:
-        if isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, (cst.Import, cst.ImportFrom)):
-                    found |= reads_writes(small)[1]
-    return found
-
-
-def _is_rest(stmt) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and any(
-        isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and isinstance(s.value.func, cst.Name)
-        and s.value.func.value == REST for s in stmt.body)
-
-
 def training_needs(body, names, effects) -> Plan:
     scan = _Scan(names, effects, body)
     plan = Plan()
-    for i, stmt in enumerate(body):
-        if _is_rest(stmt):
-            plan.end, plan.marked = i, True
-            break
-        if not is_if_false(stmt) and scan.sync(stmt):
-            plan.end = i
+    plan.end, plan.marked = training_end(body, scan.kinds, names)
     plan.calls = {key: seen.calls for key, seen in scan.read.items()}
     if plan.end is None:
         return plan
+    scan.learn_libraries(body[:plan.end + 1])
     needed: set[str] = set()
     for stmt in reversed(body[:plan.end + 1]):
         if is_if_false(stmt) or isinstance(stmt, cst.SimpleStatementLine) and \
@@ -275,8 +272,8 @@ def training_needs(body, names, effects) -> Plan:
             continue  # left as the notebook has it; a `del` follows what it deletes (rank_guards' taint)
         reads, changes, seed, whole = scan.facts(stmt)
         files = sorted(name[5:] for name in changes & needed if name.startswith("file:"))  # saved, then read
-        if is_rank_test(stmt, names):  # left as it is; what it saves is made before it
-            needed |= reads if files else set()
+        if is_rank_test(stmt, names):  # left as it is: every rank tests it, any may run its body; what it saves is
+            needed |= reads if files or not is_own_guard(stmt) else set()  # made before it (nbddp's guard: rank 0's)
             continue
         if files:
             plan.files[id(stmt)] = files

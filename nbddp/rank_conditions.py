@@ -1,34 +1,113 @@
-"""Conditions that pick one process: an `if` that tests the rank, so its body already runs per process (the rank
-guards, nbddp.needs and the other steps leave it as it is)."""
+"""What reads the rank or the world size, by what it reads: a value of torch.distributed, the launcher's environment
+(`os.environ["RANK"]`, `os.getenv("WORLD_SIZE")`), an attribute of a value that accelerate, a Trainer, its arguments
+or Lightning made (`accelerator.is_main_process`, `trainer.args.world_size`), nbddp's own rank names, the notebook's
+names bound to one of those (`main = dist.get_rank() == 0`), and the notebook's functions that return one. A name
+alone says nothing: a LoRA `rank = 16` is a number.
+
+    reads_rank(node, names)    -> {"rank", "world"}: what of the job's shape the node reads (empty: nothing)
+    is_rank_test(node, names)  -> an `if` whose test reads the rank: its body already runs per process (the rank guards,
+                                  nbddp.needs and the other steps leave it as it is)
+"""
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
-from .cst_helpers import names_in
+from .meanings import _returns
+from .entries import is_entry, is_trainer
+from .vocabulary import CONFIG, kinds
 
-# Names that only ever appear in a test that picks one process: code under such an `if` is already guarded.
-RANK_NAMES = frozenset({
-    "NBDDP_IS_MAIN", "NBDDP_RANK", "NBDDP_LOCAL_RANK", "is_main_process", "is_local_main_process",
-    "is_world_process_zero", "is_main", "get_rank", "rank", "local_rank", "global_rank", "RANK",
-    "LOCAL_RANK", "process_index", "local_process_index", "should_save",
-})
-RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK"})  # torchrun's environment
+RANK, WORLD = "rank", "world"
+# nbddp's runtime names (what a converted script reads): converting converted code keeps their meaning.
+OWN = {"NBDDP_IS_MAIN": RANK, "NBDDP_RANK": RANK, "NBDDP_LOCAL_RANK": RANK, "NBDDP_IS_LOCAL_MAIN": RANK,
+       "NBDDP_WORLD_SIZE": WORLD}
+DISTRIBUTED = {"torch.distributed.get_rank": RANK, "torch.distributed.get_node_local_rank": RANK,
+               "torch.distributed.get_world_size": WORLD}
+ENVIRONMENT = {"RANK": RANK, "LOCAL_RANK": RANK, "GROUP_RANK": RANK, "NODE_RANK": RANK, "WORLD_SIZE": WORLD,
+               "LOCAL_WORLD_SIZE": WORLD}  # what torchrun sets
+ENVIRONMENT_READS = frozenset({"os.environ", "os.environ.get", "os.getenv", "os.environ.__getitem__"})
+# The classes whose values know the job's shape, by qualified name, and the attributes that tell it.
+STATE_CLASSES = frozenset({"accelerate.Accelerator", "accelerate.PartialState", "accelerate.state.PartialState",
+                           "accelerate.state.AcceleratorState", "lightning.Fabric",
+                           "lightning.fabric.Fabric", "lightning.Trainer", "pytorch_lightning.Trainer",
+                           "transformers.TrainingArguments"})
+ATTRIBUTES = {"process_index": RANK, "local_process_index": RANK, "is_main_process": RANK,
+              "is_local_main_process": RANK, "is_last_process": RANK, "is_world_process_zero": RANK,
+              "is_local_process_zero": RANK, "global_rank": RANK, "local_rank": RANK, "node_rank": RANK,
+              "is_global_zero": RANK, "should_save": RANK, "should_log": RANK,
+              "num_processes": WORLD, "world_size": WORLD, "n_gpu": WORLD}
+MAX_DEPTH = 4
 
 
-def is_rank_test(node, names=None) -> bool:
-    """An `if` whose test mentions a rank or main-process flag, or reads the launcher's rank from the environment
-    (`os.environ["RANK"]`, `os.getenv("LOCAL_RANK")`), also through the values of the names it reads where `names`
-    (nbddp.meanings.Names) is given (`main = int(os.environ["RANK"]) == 0`, then `if main:`): its body is already
-    per-process."""
-    return isinstance(node, cst.If) and _is_rank_expr(node.test, names, 0)
+def _of_value(meaning: str) -> str | None:
+    """What a meaning reads of the job's shape: `accelerate.Accelerator().process_index` -> rank."""
+    if meaning in DISTRIBUTED:
+        return DISTRIBUTED[meaning]
+    names = meaning.split(".")
+    if len(names) < 2 or names[-1] not in ATTRIBUTES:
+        return None
+    owner = ".".join(names[:-1])
+    if owner.endswith(".args") or owner.endswith(".state"):  # a Trainer's arguments or the accelerator's state
+        owner = owner.rsplit(".", 1)[0]
+    if "." not in owner and "(" not in owner and "[" not in owner:  # a parameter, a name bound in another cell
+        return ATTRIBUTES[names[-1]]  # (`state.is_world_process_zero` in a callback): what it is, unknown
+    if not owner.endswith("()"):
+        return None
+    made_by = owner[:-2]
+    if is_entry(made_by, STATE_CLASSES) or is_trainer(made_by) or CONFIG in kinds([made_by]):
+        return ATTRIBUTES[names[-1]]
+    return None
 
 
-def _is_rank_expr(expr, names, depth) -> bool:
-    strings = {s.evaluated_value for s in m.findall(expr, m.SimpleString())}
-    if names_in(expr) & RANK_NAMES or strings & RANK_VARIABLES:
-        return True
-    if names is None or depth >= 3:
-        return False
-    values = (names.value(name) for name in m.findall(expr, m.Name()))
-    return any(value is not None and _is_rank_expr(value, names, depth + 1) for value in values)
+class _Reads(cst.CSTVisitor):
+    def __init__(self, names, depth):
+        self.names, self.depth, self.found = names, depth, set()
+
+    def visit_Name(self, node):
+        if node.value in OWN:
+            self.found.add(OWN[node.value])
+        elif self.depth < MAX_DEPTH:
+            value = self.names.value(node)
+            if value is not None:
+                self.found |= _reads(value, self.names, self.depth + 1)
+
+    def visit_Attribute(self, node):
+        self.found |= {w for w in map(_of_value, self.names.meanings(node)) if w}
+
+    def visit_Call(self, node):
+        meanings = self.names.meanings(node.func)
+        self.found |= {DISTRIBUTED[m] for m in meanings if m in DISTRIBUTED}
+        self.found |= {w for w in map(_of_value, meanings) if w}  # trainer.is_world_process_zero()
+        if meanings & ENVIRONMENT_READS and node.args:
+            self._environment(node.args[0].value)
+        if self.depth < MAX_DEPTH:  # the notebook's own function that returns the rank
+            for definition in self.names.definitions(node.func):
+                if isinstance(definition, cst.FunctionDef):
+                    for value in _returns(definition):
+                        self.found |= _reads(value, self.names, self.depth + 1)
+
+    def visit_Subscript(self, node):
+        if self.names.meanings(node.value) & ENVIRONMENT_READS and len(node.slice) == 1 and \
+                isinstance(node.slice[0].slice, cst.Index):
+            self._environment(node.slice[0].slice.value)
+
+    def _environment(self, key):
+        value = self.names.literal(key)
+        if isinstance(value, str) and value in ENVIRONMENT:
+            self.found.add(ENVIRONMENT[value])
+
+
+def _reads(node, names, depth) -> set:
+    reads = _Reads(names, depth)
+    node.visit(reads)
+    return reads.found
+
+
+def reads_rank(node, names) -> frozenset:
+    """What of the job's shape (RANK, WORLD) the node reads, by meaning (see the module's docstring)."""
+    return frozenset(_reads(node, names, 0))
+
+
+def is_rank_test(node, names) -> bool:
+    """An `if` whose test reads the rank (`if accelerator.is_main_process:`, `if int(os.environ["RANK"]) == 0:`,
+    `if main:` after `main = dist.get_rank() == 0`): its body is already per-process."""
+    return isinstance(node, cst.If) and RANK in reads_rank(node.test, names)

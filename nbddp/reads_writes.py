@@ -185,3 +185,26 @@ def free_reads(node) -> set[str]:
         reads |= body_reads | (inner or set())
         local |= body_writes
     return reads - local
+
+
+def _imports(body):
+    for stmt in body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            yield from (small for small in stmt.body if isinstance(small, (cst.Import, cst.ImportFrom)))
+
+
+def imported_names(body) -> set[str]:
+    """The names the top-level imports of `body` bind."""
+    return set().union(*(reads_writes(small)[1] for small in _imports(body)))
+
+
+def imported_packages(body) -> set[str]:
+    """The packages the top-level imports of `body` import from (`numpy` of `import numpy as np`, `unsloth` of
+    `from unsloth import …`); not relative imports."""
+    found = set()
+    for small in _imports(body):
+        if isinstance(small, cst.Import):
+            found |= {cst.Module([]).code_for_node(alias.name).split(".")[0] for alias in small.names}
+        elif small.module is not None and not small.relative:
+            found.add(cst.Module([]).code_for_node(small.module).split(".")[0])
+    return found

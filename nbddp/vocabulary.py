@@ -7,26 +7,33 @@ for `ds.map(...)` after `ds = load_dataset(...)`; a name the notebook never bind
 `()` after a part marks a value made by calling it. `kinds(meanings)` answers what the call is, as a set of:
 
 LOAD (a model loader), PEFT (get_peft_model), DATA (dataset loading, map, filter, split: main-process-first),
-COLLECTIVE (work every rank must do together: train/evaluate/predict, Trainer construction, from_pretrained,
-get_peft_model, dataset loading and mapping, torch.distributed, a backward pass, an optimizer step), SYNC (the
-collectives but dataset work: where the last one ends, training ends; nbddp.needs), SAVE, PUSH,
+COLLECTIVE (work every rank must do together: building a trainer and its train/fit/evaluate/predict, the trainer
+known by its qualified class (nbddp.entries.TRAINERS; for a value nbddp cannot follow, a parameter, by the method's
+name), a model load, get_peft_model, dataset loading and mapping, torch.distributed's and accelerate's collectives,
+building an Accelerator or DDP, a backward pass, an optimizer step), SYNC (the collectives but dataset work and set-up),
+TRAINS (of SYNC, what trains or talks to every rank, not a model load: the last one ends training; nbddp.needs),
+SAVE, PUSH,
 GENERATE, DISPLAY, PRINT, MEMORY (GPU memory stats), TRACK (an experiment tracker: a run's start, log, finish),
 BACKWARD (`loss.backward()`, `accelerator.backward(loss)`), STEP (an optimizer's `.step()`), OWN_DDP (the notebook
 distributes training itself: DistributedDataParallel, FSDP, accelerate's Accelerator, Fabric), CONFIG (a trainer
 config: TrainingArguments, SFTConfig, ...), SEEDED (a split or shuffle, which takes a seed), AMP (the deprecated
 torch.cuda.amp), DEVICE (`.to`, `.cuda`, `set_device`, `torch.device`).
 
-`is_process_config(meaning)` says whether a call sets up the process (environment, seeds, warnings, logging,
-torch's flags, a library's patches), which every rank does. `prompt(meanings, ...)` says whether a call asks the user for a value (input(), getpass(), a library's login).
+nbddp.entries holds the tables of qualified names and `is_process_config` (the process's set-up by qualified
+name: the environment, warnings, logging, torch's flags, Python's and NumPy's seeds). `prompt(meanings, ...)` says whether a call asks the user for a value (input(), getpass(), a library's login).
 
 MAIN_ONLY holds the kinds that run on global rank 0 only; LIGHT those that need no barrier after them inside loops
 and function bodies (nothing another rank reads later).
 """
 from __future__ import annotations
 
+from .entries import (OWN_DISTRIBUTION, TORCH_DISTRIBUTED_FACTS, TRAINER_WORK, UNRESOLVED_TOGETHER, is_collective_entry,
+                      is_entry, is_trainer, made_by_trainer, parts, unresolved)
+
 LOAD, PEFT, DATA, COLLECTIVE = "load", "peft", "data", "collective"
 SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK = "save", "push", "generate", "display", "print", "memory", "track"
 BACKWARD, STEP, CONFIG, SYNC = "backward", "step", "config", "sync"
+TRAINS = "trains"  # of SYNC: trains or talks to every rank (not a model load): the last such statement ends training
 SEEDED, AMP, DEVICE = "seeded", "amp", "device"  # a split or shuffle; torch.cuda.amp; what names a device
 ENV = "env"  # a statement that names CUDA_VISIBLE_DEVICES (nbddp.tree's statement facts)
 OWN_DDP = "own-ddp"  # the notebook distributes training itself: torch's DDP or FSDP, accelerate, Lightning's Fabric
@@ -49,8 +56,6 @@ GENERATION_TASKS = frozenset({"text-generation", "text2text-generation", "image-
                               "translation", "automatic-speech-recognition", "text-to-audio", "text-to-speech"})
 CUDA_MEMORY = frozenset({"max_memory_reserved", "max_memory_allocated", "memory_reserved", "memory_allocated",
                          "get_device_properties", "memory_summary", "mem_get_info"})
-TOGETHER = frozenset({"train", "fit", "evaluate", "predict", "barrier", "all_reduce", "broadcast", "gather", "all_gather",
-                      "reduce_scatter", "nbddp_barrier", "from_pretrained", "get_peft_model"})
 DATA_FUNCTIONS = frozenset({"load_dataset", "load_from_disk", "train_test_split"})
 DATA_METHODS = frozenset({"map", "filter"})
 NOT_DATASETS = frozenset({"builtins", "multiprocessing", "concurrent", "pandas", "numpy", "torch", "itertools",
@@ -65,14 +70,7 @@ TRL_CONFIGS = frozenset({
 })
 OPTIMIZER_HOMES = ("torch.optim.", "bitsandbytes.optim.", "bnb.optim.", "transformers.AdamW", "optim.")
 OPTIMIZER_NAMES = frozenset({"optimizer", "optim", "opt", "scaler"})  # scaler.step(opt): a GradScaler steps it
-OWN_DISTRIBUTION = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "Accelerator", "Fabric",
-                              "notebook_launcher"})
 SCHEDULERS = ("lr_scheduler", "scheduler", "Scheduler", "_schedule")
-
-
-def parts(meaning: str) -> list[str]:
-    """`a.b().c` -> ['a', 'b', 'c']."""
-    return meaning.replace("()", "").replace("[]", "").split(".")
 
 
 def is_model_class(owner: str, root: str = "") -> bool:
@@ -109,15 +107,19 @@ def _kinds_of(meaning: str) -> set[str]:
         found |= {LOAD, COLLECTIVE, SYNC}
     if tail == "get_peft_model":
         found |= {PEFT, COLLECTIVE, SYNC}
-    if tail in TOGETHER or (tail.endswith("Trainer") and root != "tokenizers") or (
-            meaning.startswith("torch.distributed.") and tail not in ("get_rank", "get_world_size", "is_initialized")):
-        found |= {COLLECTIVE} if tail == "nbddp_barrier" else {COLLECTIVE, SYNC}  # nbddp's wait for rank-0 work
+    receiver = meaning[:-len(tail) - 1] if method else ""
+    if meaning == "nbddp_barrier":  # nbddp's wait for rank-0 work
+        found.add(COLLECTIVE)
+    if is_trainer(meaning) or (tail in TRAINER_WORK and made_by_trainer(receiver)) or is_collective_entry(meaning) or (
+            meaning.startswith("torch.distributed.") and tail not in TORCH_DISTRIBUTED_FACTS) or (
+            tail in UNRESOLVED_TOGETHER and unresolved(names)):
+        found |= {COLLECTIVE, SYNC, TRAINS}
     if tail in DATA_FUNCTIONS or (method and tail in DATA_METHODS and root not in NOT_DATASETS):
         found |= {DATA, COLLECTIVE}
     if tail == "backward" and method:
-        found |= {BACKWARD, COLLECTIVE, SYNC}
+        found |= {BACKWARD, COLLECTIVE, SYNC, TRAINS}
     if tail == "step" and method and is_optimizer(".".join(meaning.split(".")[:-1])):
-        found |= {STEP, COLLECTIVE, SYNC}
+        found |= {STEP, COLLECTIVE, SYNC, TRAINS}
     if tail.startswith(SAVE_PREFIXES) or meaning == "torch.save" or (method and tail in DATA_WRITES):
         found.add(SAVE)
     if tail.startswith("push_to_hub"):
@@ -134,8 +136,8 @@ def _kinds_of(meaning: str) -> set[str]:
         found.add(CONFIG)
     if tail == "train_test_split" or (tail == "shuffle" and method and root not in ("builtins", "random")):
         found.add(SEEDED)
-    if tail in OWN_DISTRIBUTION:
-        found.add(OWN_DDP)
+    if is_entry(meaning, OWN_DISTRIBUTION):
+        found |= {OWN_DDP, COLLECTIVE}
     if meaning.startswith("torch.cuda.amp."):
         found.add(AMP)
     if tail in ("to", "cuda", "set_device", "device"):
@@ -157,28 +159,6 @@ def is_optimizer(receiver: str) -> bool:
         return False
     return receiver.startswith(OPTIMIZER_HOMES) or parts(receiver)[-1] in OPTIMIZER_NAMES or "GradScaler" in receiver or (
         "optim" in receiver and receiver.endswith(")"))
-
-
-CONFIG_HOMES = ("os.environ", "os.putenv", "os.unsetenv", "os.chdir", "sys.path", "warnings.", "logging.",
-                "torch.backends.", "torch._dynamo.config", "torch._inductor.config",
-                "gc.", "torch.cuda.empty_cache", "torch.cuda.reset_peak_memory_stats")  # and each rank's memory
-CONFIG_WORDS = ("seed", "patch", "deterministic")  # set_seed, manual_seed_all, PatchFastRL, use_deterministic_…
-CONFIG_PREFIXES = ("set_", "disable_", "enable_")  # torch.set_float32_matmul_precision, datasets.disable_caching
-EMITS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log", "showwarning"})
-
-
-def is_process_config(meaning: str) -> bool:
-    """A call that sets up the process rather than computing or writing something: the environment, the working
-    folder, seeds, warning and logging set-up, torch's flags, the process's memory (gc, the CUDA cache), a library's
-    configuration function or patch (a function of a module, not a method of a value the notebook made). Every rank
-    does it."""
-    names = parts(meaning)
-    if meaning.startswith(CONFIG_HOMES) or meaning in ("os.environ", "sys.path"):
-        return names[-1] not in EMITS
-    if "(" in meaning or "[" in meaning or names[0] == "builtins":
-        return False
-    tail = names[-1].lower()
-    return any(word in tail for word in CONFIG_WORDS) or tail.startswith(CONFIG_PREFIXES)
 
 
 def is_file_write(meanings, path, mode) -> bool:

@@ -1,4 +1,6 @@
-"""The GPU harness's CPU-checkable parts: the GRPO stand-in's short completions and the runner's scheduling."""
+"""The GPU harness's CPU-checkable parts: the GRPO stand-in's short completions and the runner's scheduling.
+
+Out of the default run (they check bench/, not the product, and take two minutes): `python -m pytest -m bench`."""
 import json
 import os
 import signal
@@ -8,6 +10,8 @@ import sys
 import pytest
 
 from e2e import torchrun_launch
+
+pytestmark = pytest.mark.bench
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 sys.path.insert(0, BENCH)
@@ -252,9 +256,9 @@ def test_plain_script_is_the_notebook_without_ddp_changes():
 
     import plain_script
 
-    from conftest import CORPUS
+    from conftest import need_corpus
 
-    text = plain_script.plain_script(str(CORPUS / "Kaggle-Llama3.1_(8B)-Alpaca.ipynb"))
+    text = plain_script.plain_script(str(need_corpus("Kaggle-Llama3.1_(8B)-Alpaca")))
     ast.parse(text)
     assert "# %% cell 7" in text
     assert not [line for line in text.splitlines() if line.lstrip().startswith(("!", "%"))]  # no shell, no magics

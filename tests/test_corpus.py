@@ -10,7 +10,7 @@ import ast
 import nbformat
 import pytest
 
-from conftest import CORPUS_NOTEBOOKS, corpus_ids
+from conftest import CORPUS_NOTEBOOKS, corpus_ids, need_corpus
 
 MAIN_ONLY_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora", "save_model")
 MAIN_ONLY_NAMES = {"generate", "fast_generate"}
@@ -277,6 +277,7 @@ def test_the_rule_checker_catches_each_broken_rule():
 
 
 def test_the_corpus_is_there():
+    need_corpus()
     assert len(CORPUS_NOTEBOOKS) >= 30, "the shared corpus of Unsloth notebooks is missing or incomplete"
 
 

@@ -74,7 +74,7 @@ def test_rank_failed_error_message_and_exit_status():
 
 def test_a_launch_is_unbuffered_and_never_turns_nvls_on():
     env = launch.launch_env({"PATH": "/bin"}, 2, 8)
-    assert env == {"PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "4"}
+    assert env == {"PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "4", "PYTHONHASHSEED": "0"}
     assert "OMP_NUM_THREADS" not in launch.launch_env({"OMP_NUM_THREADS": "3"}, 2, 8)  # the user's stays
     assert "NCCL_NVLS_ENABLE" not in launch.launch_env({"NCCL_NVLS_ENABLE": "0"}, 1, 8)
     assert launch.launch_env({}, 1, 8, all_ranks=True)["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank ${rank}] "
@@ -96,7 +96,7 @@ def test_plan_is_the_recipe_with_this_process_facts(monkeypatch, tmp_path):
     own = str(tmp_path / f"nbddp-logs-{os.getpid()}")
     assert job.argv[3:] == ["--standalone", "--nproc_per_node=2", "--log-dir", own, "--redirects", "1:3",
                             "--max-restarts=1", "s.py", "a"]
-    assert job.env == {"PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0"}
+    assert job.env == {"PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "PYTHONHASHSEED": "0"}
     assert executor.plan("s.py", 2, extra=["--log-dir", "/mine"]).argv[5:7] == ["--redirects", "1:3"]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS
+from conftest import need_corpus
 from nbddp.writer import STAMP
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -51,7 +51,7 @@ NOTEBOOKS = [
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_golden(name, converted):
-    notebook = CORPUS / f"{name}.ipynb"
+    notebook = need_corpus(name)
     assert notebook.exists(), f"{notebook} is not in the corpus"
     script = without_setup(converted(notebook).script)  # converted(): nbddp.convert(notebook, script_name=…)
     golden = GOLDEN / f"{name}.py"
@@ -71,7 +71,7 @@ def test_golden_is_the_public_api():
     """The cached conversion the goldens use is exactly what `nbddp.convert` returns."""
     import nbddp
 
-    notebook = CORPUS / f"{NOTEBOOKS[-1]}.ipynb"
+    notebook = need_corpus(NOTEBOOKS[-1])
     assert notebook.exists(), f"{notebook} is not in the corpus"
     script = nbddp.convert(notebook, script_name="train_ddp.py")
     assert without_setup(script) == (GOLDEN / f"{NOTEBOOKS[-1]}.py").read_text(encoding="utf-8")
@@ -86,7 +86,7 @@ def test_golden_is_the_public_api():
     ("Llama3.2_(1B_and_3B)-Conversational", "installs", 'pip install --no-deps unsloth_zoo bitsandbytes'),
 ])
 def test_reports_say_what_changed_and_what_to_check(name, kind, words, converted):
-    notebook = CORPUS / f"{name}.ipynb"
+    notebook = need_corpus(name)
     assert notebook.exists(), f"{notebook} is not in the corpus"
     report = converted(notebook).report
     entries = report.installs if kind == "installs" else [n.text for n in getattr(report, kind)]

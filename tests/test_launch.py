@@ -18,11 +18,12 @@ def test_a_launch_is_torchrun_with_the_given_interpreter_and_what_it_sets():
     job = build(2, script_args=["--lr", 1e-4], routed=False)
     assert job.argv == [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py",
                         "--lr", "0.0001"]
-    assert job.env == {"PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "4"}  # 8 cores / 2
+    assert job.env == {"PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "4",  # 8 cores / 2
+                       "PYTHONHASHSEED": "0"}
 
 
 def test_the_environment_keeps_what_the_user_set():
-    job = build(3, env={"OMP_NUM_THREADS": "7", "NCCL_NVLS_ENABLE": "0"}, cpus=2)
+    job = build(3, env={"OMP_NUM_THREADS": "7", "NCCL_NVLS_ENABLE": "0", "PYTHONHASHSEED": "5"}, cpus=2)
     assert job.env == {"PYTHONUNBUFFERED": "1"}
     assert build(3, cpus=2).env["OMP_NUM_THREADS"] == "1"  # never 0 threads
     assert build(2, all_ranks=True).env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank ${rank}] "

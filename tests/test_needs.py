@@ -53,11 +53,37 @@ def test_what_training_does_not_need_runs_once(before, word):
     "import warnings\nwarnings.filterwarnings('ignore')\n" + DONE,
     "import logging\nlogging.basicConfig(level=logging.INFO)\n" + DONE,
     "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\ntorch.set_float32_matmul_precision('high')\n" + DONE,
-    "from unsloth import PatchFastRL, FastLanguageModel\nPatchFastRL('GRPO', FastLanguageModel)\n" + DONE,
     "import os\nwith open(f\"log-{os.environ['RANK']}.txt\", 'w') as fh:\n    fh.write('mine')\n",  # the rank's own
 ])
 def test_set_up_and_what_names_the_rank_run_on_every_rank(setup):
     assert convert(setup, TRAIN)[0] == [setup, TRAIN]
+
+
+UNSLOTH_TRAIN = "trainer = UnslothTrainer(model=model, train_dataset=ds)\nstats = trainer.train()\n"
+
+
+@pytest.mark.parametrize("setup", [
+    "from unsloth import PatchFastRL, FastLanguageModel, UnslothTrainer\nPatchFastRL('GRPO', FastLanguageModel)\n",
+    "import unsloth as us\nfrom unsloth import UnslothTrainer\ndef prepare():\n    us.PatchFastRL('GRPO', us.FastModel)\n"
+    "prepare()\n",  # through the notebook's own function and an alias
+    "import torch\nfrom unsloth import UnslothTrainer\ntorch.manual_seed(3)\n",
+])
+def test_a_function_of_a_library_training_comes_from_called_for_its_effect_runs_on_every_rank(setup):
+    assert convert(setup + DONE, UNSLOTH_TRAIN)[0] == [setup + DONE, UNSLOTH_TRAIN]
+
+
+@pytest.mark.parametrize("before, word", [
+    ("from jobqueue import dispatch_jobs\ndispatch_jobs(['a', 'b'])\n", "dispatch_jobs"),  # "patch" inside a word
+    ("import chattool as ct\nct.set_topic('fine-tuning')\n", "set_topic"),                # "set_" of another library
+    ("import seedbank\nfor name in ['a', 'b']:\n    seedbank.enable_seed_log(name)\n", "enable_seed_log"),  # in a loop
+])
+def test_a_library_training_does_not_come_from_runs_once_whatever_its_names_say(before, word):
+    *lines, = textwrap.dedent(before).splitlines(keepends=True)
+    imports = "".join(line for line in lines if line.startswith(("import ", "from ")))
+    rest = "".join(line for line in lines if not line.startswith(("import ", "from ")))
+    (cell, train), report = convert("from unsloth import UnslothTrainer\n" + before + DONE, UNSLOTH_TRAIN)
+    assert cell == "from unsloth import UnslothTrainer\n" + imports + once(rest, word) + DONE
+    assert train == UNSLOTH_TRAIN
 
 
 TRAIN_ROWS = "ds = Dataset.from_dict({'text': rows})\n" + TRAIN

@@ -156,10 +156,10 @@ UNCHANGED = [
     '    args = SFTConfig(output_dir="o")\n    ds = load_dataset("x")\n',
     'if False: model.push_to_hub_merged("me/m", tok, token = "T")\n',
     'if NBDDP_IS_MAIN:\n    model.save_pretrained("x")\n    print("saved")\n',
-    'if rank == 0:\n    model.save_pretrained("x")\n',
+    'import torch.distributed as dist\nrank = dist.get_rank()\nif rank == 0:\n    model.save_pretrained("x")\n',
     'import os\nif int(os.environ.get("RANK", "0")) == 0:\n    model.save_pretrained("x")\n',  # a barrier there: a hang
     'import os\nmain = int(os.environ["RANK"]) == 0\nif main:\n    model.save_pretrained("x")\n',  # through its value
-    'is_zero = dist.get_rank() == 0\nif is_zero and epoch > 0:\n    torch.save(model.state_dict(), "x.pt")\n',
+    'from torch import distributed as dist\nis_zero = dist.get_rank() == 0\nif is_zero and epoch > 0:\n    torch.save(model.state_dict(), "x.pt")\n',
     'if trainer.is_world_process_zero():\n    trainer.save_model("x")\n',
     'args = SFTConfig(output_dir="o", ddp_find_unused_parameters=True)\n',
     'with nbddp_main_process_first():\n    ds = load_dataset("x")\n',

@@ -37,6 +37,46 @@ def nbddp_main_process_first():
         nbddp_barrier("data preparation")
 
 
+# What torchrun gives each rank to find the others: a program a shell line starts is not one of this job's ranks.
+NBDDP_RANK_ENVIRONMENT = frozenset({
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+})
+
+
+def nbddp_child_environment():
+    """The environment of a program the notebook starts: this process's, without the job's rank variables."""
+    return {name: value for name, value in os.environ.items() if name not in NBDDP_RANK_ENVIRONMENT}
+
+
+def nbddp_children_outside_the_job():
+    """Programs the notebook starts (a `!` line, subprocess, os.system) without an environment of their own get this
+    process's without the job's rank variables: a training script the notebook runs (`!python train.py`, accelerate
+    or torch.distributed inside it) is one process of its own, as in the notebook, instead of waiting forever for
+    ranks of this job that never come. A child given its own `env=` keeps it."""
+    if NBDDP_WORLD_SIZE == 1 or getattr(subprocess.Popen.__init__, "_nbddp_outside", False):
+        return
+    init = subprocess.Popen.__init__
+
+    def __init__(self, args, *rest, **kwargs):
+        if len(rest) < 10 and kwargs.get("env") is None:  # env: the tenth parameter after args
+            kwargs["env"] = nbddp_child_environment()
+        init(self, args, *rest, **kwargs)
+
+    __init__._nbddp_outside = True
+    subprocess.Popen.__init__ = __init__
+
+    def system(command):
+        status = subprocess.call(command, shell=True)  # os.system's wait status, from subprocess's return code
+        return status << 8 if status >= 0 else -status
+
+    os.system = system
+
+
+NBDDP_AT_START.append(nbddp_children_outside_the_job)
+
+
 def nbddp_shell(command, shell=True):
     """A notebook `!command`: runs once per machine (local rank 0) while the other ranks wait."""
     if NBDDP_IS_LOCAL_MAIN:

@@ -19,6 +19,15 @@ class NbddpAccumulation(int):
     """A gradient_accumulation_steps value nbddp already decided (never divided twice)."""
 
 
+def nbddp_batch_as_written(steps):
+    """A gradient_accumulation_steps the notebook computes from the world size itself: kept as it is."""
+    if isinstance(steps, int) and not isinstance(steps, NbddpAccumulation) and NBDDP_WORLD_SIZE > 1:
+        nbddp_say("global-batch", f"{NBDDP_WORLD_SIZE} processes: the notebook sets its batch from the world size "
+                                  f"itself; gradient_accumulation_steps {steps} kept as it computes it")
+        return NbddpAccumulation(steps)
+    return steps
+
+
 def nbddp_batch_mode():
     """`keep` or `scale`, from NBDDP_BATCH."""
     mode = os.environ.get("NBDDP_BATCH", "keep").strip().lower() or "keep"

@@ -57,6 +57,7 @@ def nbddp_start(mode="ddp", group=True, batch=None):
     it (`group=False` where the notebook imports Unsloth: unsloth_group starts it right after that import).
     `batch`: the script's default for NBDDP_BATCH (global_batch.py)."""
     global NBDDP_MODE
+    nbddp_same_hash_seed()
     if batch:
         os.environ.setdefault("NBDDP_BATCH", batch)
     NBDDP_MODE, nproc = mode, nbddp_nproc()
@@ -77,6 +78,20 @@ def nbddp_start(mode="ddp", group=True, batch=None):
         nbddp_dist()
 
 
+def nbddp_same_hash_seed():
+    """Every rank hashes strings alike, so a set or dict of strings has one order on every rank (data built by
+    iterating one is the same everywhere): nbddp's launches set PYTHONHASHSEED=0 (recipe.py); under another launcher
+    (plain torchrun, accelerate) a rank without it starts again, before anything of the notebook ran, with it set.
+    A PYTHONHASHSEED the user set is kept."""
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # a rank of a job, as its launcher started it
+    if not launched or "PYTHONHASHSEED" in os.environ or not getattr(sys, "orig_argv", None):
+        return
+    os.environ["PYTHONHASHSEED"] = "0"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
 def nbddp_same_random_state():
     """Every rank starts from one random state (Python's, NumPy's, torch's), the same for all ranks of a job and new
     for each job: randomness the notebook leaves unseeded (a shuffle, a sample, a split) gives every rank the same
@@ -91,6 +106,22 @@ def nbddp_same_random_state():
         import numpy
 
         numpy.random.seed(seed)
+        _nbddp_seeded_generators(numpy.random, seed)
+
+
+def _nbddp_seeded_generators(module, seed):
+    """NumPy's `default_rng()` without a seed draws one from the OS on each rank: here the n-th such generator is
+    seeded from the job's seed and n, the same on every rank (a generator given a seed is left as it is)."""
+    made, default_rng = [0], module.default_rng
+
+    @functools.wraps(default_rng)
+    def same_default_rng(seed_=None, *args, **kwargs):
+        if seed_ is None and not args and not kwargs:
+            made[0] += 1
+            seed_ = [seed, made[0]]
+        return default_rng(seed_, *args, **kwargs)
+
+    module.default_rng = same_default_rng
 
 
 def nbddp_quiet_others():

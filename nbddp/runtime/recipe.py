@@ -18,10 +18,11 @@ def nbddp_has_flag(flags, names):
 
 
 def nbddp_launch_env(env, nproc, cpus, all_ranks=False):
-    """What a launch sets on top of `env`: unbuffered output; NVLink multicast off and the cores shared out as
-    OMP_NUM_THREADS (torchrun would set 1 and print a banner) where `env` does not set them; with all_ranks, the rank
-    prefix and NBDDP_ALL_RANKS (every rank's logging and progress bars too: group.nbddp_start)."""
-    ours = {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": str(max(1, cpus // max(1, nproc)))}
+    """What a launch sets on top of `env`: unbuffered output; NVLink multicast off, the cores shared out as
+    OMP_NUM_THREADS (torchrun would set 1 and print a banner) and one string hash on every rank (PYTHONHASHSEED=0)
+    where `env` does not set them; with all_ranks, the rank prefix and NBDDP_ALL_RANKS (every rank's logging and
+    progress bars too: group.nbddp_start)."""
+    ours = {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": str(max(1, cpus // max(1, nproc))), "PYTHONHASHSEED": "0"}
     prefix = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": NBDDP_RANK_PREFIX, "NBDDP_ALL_RANKS": "1"} if all_ranks else {}
     return {"PYTHONUNBUFFERED": "1", **{name: ours[name] for name in ours if name not in env}, **prefix}
 

@@ -2,6 +2,7 @@
 never in a collective of the group. A collective waits only as long as the group's timeout (NCCL's watchdog then
 kills the rank); a rank polling the store can wait for hours, says once what it waits for, and still dies at once
 when torchrun stops the job because rank 0 failed."""
+import atexit
 import os
 import sys
 import time
@@ -14,6 +15,8 @@ NBDDP_WAITS = [0]  # barriers this rank has passed; every rank counts the same o
 NBDDP_BARRIER_KEY = "nbddp/barrier/{}/{}"  # (barrier number, rank): that rank has reached it
 NBDDP_ALONE = [False]  # rank 0 after training's end (group.nbddp_rest_on_rank0): no one to wait for
 NBDDP_FAILED_KEY = "nbddp/failed"  # "rank|error" of the first rank that failed
+NBDDP_GONE_KEY = "nbddp/failed/gone"  # that rank has said all it had to say (its traceback) and is leaving
+NBDDP_GONE_WAIT = 30  # seconds a stopping rank waits for it at most (a rank killed without Python's exit says nothing)
 
 
 def nbddp_store():
@@ -32,8 +35,25 @@ def nbddp_say_failed(failure):
     try:
         if store is not None and not store.check([NBDDP_FAILED_KEY]):
             store.set(NBDDP_FAILED_KEY, f"{torch.distributed.get_rank()}|{type(failure).__name__}: {failure}"[:400])
+            atexit.register(_nbddp_say_gone, store)
     except Exception:  # the store's host is gone: nobody is left to tell
         pass
+
+
+def _nbddp_say_gone(store):
+    """At this failed rank's exit, once its traceback is out: the ranks it stopped may leave now. Leaving first, they
+    would be the launcher's "first observed failure" and the report would blame a rank that only stopped."""
+    try:
+        store.set(NBDDP_GONE_KEY, "1")
+    except Exception:
+        pass
+
+
+def _nbddp_gone(store):
+    try:
+        return store.check([NBDDP_GONE_KEY])
+    except Exception:  # the store went with the failed rank
+        return True
 
 
 def _nbddp_stop_if_failed(store):
@@ -44,6 +64,9 @@ def _nbddp_stop_if_failed(store):
         if int(rank) != torch.distributed.get_rank():
             print(f"nbddp: rank {rank} failed ({what}); rank {torch.distributed.get_rank()} stops too (rank {rank}'s "
                   "output says more, on its machine)", file=sys.stderr, flush=True)
+            deadline = time.monotonic() + NBDDP_GONE_WAIT
+            while not _nbddp_gone(store) and time.monotonic() < deadline:  # its launcher usually stops this rank first
+                time.sleep(0.1)
             raise SystemExit(1)
 
 

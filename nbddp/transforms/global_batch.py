@@ -3,7 +3,9 @@
 The script keeps the notebook's global batch at run time (nbddp/runtime/global_batch.py): each rank accumulates
 `gradient_accumulation_steps / N` where N divides it, else N times the samples train a step and rank 0 says so.
 `--scale-batch` makes N times the samples the script's default (NBDDP_BATCH=keep|scale decides at run time). The
-notebook's code is not changed.
+notebook's code is not changed, but where a config's batch or accumulation already follows the world size (the
+notebook adapts it itself: `gradient_accumulation_steps = 8 // accelerator.num_processes`): then its accumulation is
+marked as decided (`nbddp_batch_as_written(...)`), so the runtime leaves it as the notebook computes it.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import math
 
 import libcst as cst
 
-from ..cst_helpers import has_star_kwargs, keyword
+from ..cst_helpers import add_keyword, has_star_kwargs, keyword
+from ..rank_conditions import WORLD, reads_rank
 from ..tree import TreeTransformer
 from ..vocabulary import CONFIG
 from .base import TreeStep, call_kinds
@@ -20,6 +23,7 @@ from .trainer_args import config_name
 ACCUMULATION, PER_DEVICE = "gradient_accumulation_steps", "per_device_train_batch_size"
 DEFAULTS = {ACCUMULATION: 1, PER_DEVICE: 8}  # transformers' TrainingArguments defaults
 COUNTS = (2, 4)  # the process counts the report gives numbers for (Kaggle's and Colab's 2 GPUs, a 4-GPU box)
+AS_WRITTEN = "nbddp_batch_as_written"
 GENERATION = "generation_batch_size"  # TRL's GRPO and RLOO: must divide by per_device_train_batch_size x processes
 
 
@@ -67,9 +71,38 @@ def generation_batch(call: cst.Call, batch) -> str | None:
             f"a multiple of {batch * math.lcm(*COUNTS)}")
 
 
+def _adapted(call: cst.Call, names) -> list:
+    """The keywords of a config whose values follow the world size (the notebook adapts its batch itself)."""
+    found = []
+    for name in (PER_DEVICE, ACCUMULATION):
+        arg = keyword(call, name)
+        if arg is not None and WORLD in reads_rank(arg.value, names):
+            found.append(name)
+    return found
+
+
+def _as_written(call: cst.Call) -> cst.Call:
+    """The config with its accumulation marked as the notebook's own (the default 1 written out where absent)."""
+    arg = keyword(call, ACCUMULATION)
+    if arg is None:
+        return add_keyword(call, ACCUMULATION, cst.Call(cst.Name(AS_WRITTEN), [cst.Arg(cst.Integer("1"))]))
+    value = arg.value
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == AS_WRITTEN:
+        return call  # converting converted code
+    args = [a.with_changes(value=cst.Call(cst.Name(AS_WRITTEN), [cst.Arg(value)])) if a is arg else a
+            for a in call.args]
+    return call.with_changes(args=args)
+
+
 class _Report(TreeTransformer):
     def leave_Call(self, original, updated):
         if CONFIG in call_kinds(self.names, original):
+            adapted = _adapted(original, self.names)
+            if adapted and not has_star_kwargs(original):
+                self.report.change(self.cell, f"{config_name(original)}: {' and '.join(adapted)} follow{'s' if len(adapted) == 1 else ''} the world "
+                                              "size already: the notebook's batch is kept as it computes it (nbddp "
+                                              "does not divide the accumulation again)")
+                return _as_written(updated)
             batch, steps = _literal(original, PER_DEVICE), _literal(original, ACCUMULATION)
             self.report.change(self.cell, f"{config_name(original)}: "
                                           f"{effective(batch, steps, self.options.scale_batch)}")
@@ -81,5 +114,6 @@ class _Report(TreeTransformer):
 
 class GlobalBatch(TreeStep):
     name = "global-batch"
+    inserts = (AS_WRITTEN,)
     rewriter = _Report
     wants = frozenset({CONFIG})

@@ -19,7 +19,7 @@ from ..errors import ConversionError
 from .base import Context
 from .expansion import UNEXPANDED, line_expression
 from .markers import marker
-from .shell import is_install, is_launch, one_line
+from .shell import OWN_PROCESS, is_install, is_launch, one_line, runs_python
 
 DROP_QUIETLY = frozenset({
     "matplotlib", "load_ext", "reload_ext", "unload_ext", "autoreload", "aimport", "config", "pinfo", "pinfo2",
@@ -207,6 +207,8 @@ class IPythonCalls(cst.CSTTransformer):
             self.installs += 1
             return [marker(f"removed `!{command}` (install; see the header)")]
         self.ctx.report.change(self.cell, f"`!{one_line(command, 60)}` runs once per node (local rank 0), the others wait")
+        if runs_python(command):
+            self.ctx.report.change(self.cell, f"`!{one_line(command, 60)}` {OWN_PROCESS}")
         return [call_stmt("nbddp_shell", line_expression(command))]
 
     def _line_magic(self, name: str, line: str):

@@ -18,7 +18,7 @@ from .base import Context, Transform
 from .expansion import line_expression
 from .ipython_calls import IPythonCalls
 from .markers import MARK, Tidy, is_marker
-from .shell import install_lines, is_launch, script_lines
+from .shell import OWN_PROCESS, install_lines, is_launch, one_line, runs_python, script_lines
 
 BODY_MAGICS = frozenset({"time", "timeit", "prun", "debug", "memit", "ipytest"})
 CAPTURE_FLAGS = {"--no-stdout": "stdout", "--no-stderr": "stderr", "--no-display": "display"}
@@ -170,6 +170,8 @@ class Magics(Transform):
                                       "and convert the notebook that trains (or run that script by itself: nbddp "
                                       "launches it)", step=self.name, cell=cell, line=launch)
             report.change(cell, f"`%%{name}` cell runs once per node (local rank 0), the others wait")
+            for command in filter(runs_python, script_lines(body)):
+                report.change(cell, f"`{one_line(command, 60)}` {OWN_PROCESS}")
             return MARK + f"%%{name}\n" + cst.Module([cst.parse_statement(f"nbddp_shell({body!r}, shell='/bin/bash')\n")]).code
         if name in DISPLAY_CELL_MAGICS:
             report.change(cell, f"removed the `%%{name}` display cell")

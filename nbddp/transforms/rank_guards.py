@@ -20,7 +20,8 @@ from ..cells import starts_cell
 from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, names_in,
                            regroup, statement_blocks)
 from ..effects import Effects
-from ..needs import REST, training_needs
+from ..needs import training_needs
+from ..training_end import REST
 from ..rank_conditions import is_rank_test
 from ..reads_writes import header_of, reads_writes
 from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_generation_pipeline, parts

@@ -47,6 +47,19 @@ def is_launch(command: str) -> bool:
         python and len(words) > 2 and words[1] == "-m" and words[2] in LAUNCH_MODULES)
 
 
+def runs_python(command: str) -> bool:
+    """A command that runs a Python program (`python train.py`, `python -m pkg`, `!{sys.executable} script.py`):
+    not an install, not a launch of a distributed job."""
+    words = _words(command)
+    tool = words[0].rsplit("/", 1)[-1] if words else ""
+    python = tool in PYTHONS or tool.startswith("python3.") or tool.strip("{}").endswith("executable")
+    return python and len(words) > 1 and not is_install(command) and not is_launch(command)
+
+
+OWN_PROCESS = ("runs a Python program: it starts in one process of its own, outside this job (without the job's rank "
+               "variables), as in the notebook")
+
+
 def script_lines(script: str) -> list[str]:
     """The logical lines of a shell script: backslash continuations joined, blanks dropped."""
     lines, pending = [], ""

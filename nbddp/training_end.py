@@ -1,0 +1,54 @@
+"""Where training ends: of the notebook's top-level statements, the last one every rank must run together. After it,
+rank 0 runs the rest of the notebook alone (nbddp_rest_on_rank0, the runtime's line, written by the rank guards).
+
+    training_end(body, kinds, names) -> (index of the last such statement or None, the notebook has the line already)
+
+The last statement that trains or talks to every rank (nbddp.vocabulary's TRAINS: a trainer's work, a backward pass
+or an optimizer step, torch.distributed's or accelerate's collectives, through the notebook's own functions); a
+model loaded after it only to try it out does not count (with no training at all, the last model load ends it); and
+a later statement that reads the rank or the world size (the notebook's own per-rank logic: `if rank == 1: ...`,
+accelerate's `process_index`) moves the end to it, so it runs on every rank as written.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from .cst_helpers import is_if_false
+from .rank_conditions import reads_rank
+from .vocabulary import SYNC, TRAINS
+
+REST = "nbddp_rest_on_rank0"  # the runtime's line where training ends (nbddp/runtime/group.py)
+
+
+def is_own_guard(stmt) -> bool:
+    """`if NBDDP_IS_MAIN:`, nbddp's own guard of rank-0 work (converting converted code)."""
+    return isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Name) and stmt.test.value == "NBDDP_IS_MAIN"
+
+
+def is_rest(stmt) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and isinstance(s.value.func, cst.Name)
+        and s.value.func.value == REST for s in stmt.body)
+
+
+def training_end(body, kinds, names):
+    """(index, marked); `kinds(stmt)`: what a statement's calls do (nbddp.vocabulary's kinds)."""
+    trains = loads = None
+    for i, stmt in enumerate(body):
+        if is_rest(stmt):
+            return i, True
+        if is_if_false(stmt):
+            continue
+        found = kinds(stmt)
+        if TRAINS in found:
+            trains = i
+        elif SYNC in found:
+            loads = i
+    end = trains if trains is not None else loads
+    if end is None:
+        return None, False
+    for i in range(len(body) - 1, end, -1):
+        if not is_if_false(body[i]) and not isinstance(body[i], (cst.FunctionDef, cst.ClassDef)) and \
+                reads_rank(body[i], names):
+            return i, False
+    return end, False

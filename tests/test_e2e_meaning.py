@@ -1,0 +1,84 @@
+"""End to end on CPU, 2 ranks (gloo), started by plain torchrun (no nbddp launcher sets anything): a notebook's own
+multi-process code keeps its meaning and every rank computes the same values (issue 47).
+
+The notebook trains with accelerate (its `prepare` is the data parallelism, its `wait_for_everyone` after the loop
+meets every rank), then each rank records what it computed: after training, a test of the rank that runs on rank 1
+only, and values each process would compute for itself (a set of strings' order, an unseeded NumPy generator).
+It writes a training script with `%%writefile` and runs it with `!python`, and starts it again through subprocess
+from its own function: the script would join a process group of WORLD_SIZE processes if it saw this job's.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from e2e import assert_clean_exit, run_notebook
+
+pytestmark = pytest.mark.ddp
+
+CHILD = (
+    "%%writefile child.py\n"
+    "import os, sys\n"
+    "if int(os.environ.get('WORLD_SIZE', '1')) > 1:  # a rank of some job: wait for the others\n"
+    "    import torch.distributed as dist\n"
+    "    dist.init_process_group('gloo')\n"
+    "with open(f'child-{sys.argv[1]}.txt', 'a') as fh:\n"
+    "    fh.write(os.environ.get('WORLD_SIZE', 'alone') + '\\n')\n"
+)
+
+CELLS = [
+    "import json, os, subprocess, sys\nimport numpy as np\nimport torch\nfrom accelerate import Accelerator\n"
+    "acc = Accelerator(cpu = True)\n",
+    CHILD,
+    "!python child.py shell\n",
+    "def run_child(how):\n    subprocess.run([sys.executable, 'child.py', how], check = True, timeout = 60)\n"
+    "run_child('subprocess')\n",
+    "tags = {'alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta', 'theta'}\norder = list(tags)\n"
+    "rng = np.random.default_rng()\nnoise = rng.normal(size = 3).tolist()\n",
+    "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr = 0.1)\n"
+    "model, opt = acc.prepare(model, opt)\n",
+    "for step in range(3):\n    x = torch.full((2, 4), float(acc.process_index + step + len(order[0])))\n"
+    "    loss = model(x).pow(2).mean() + 0 * sum(noise)\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
+    "acc.wait_for_everyone()\nweights = acc.unwrap_model(model).weight.tolist()\n",
+    "with open(f'rank{acc.process_index}.json', 'w') as fh:\n"
+    "    json.dump({'order': order, 'noise': noise, 'weights': weights}, fh)\n",
+    "if acc.process_index == 1:\n    open('rank1-after-training.txt', 'w').write('here')\n",
+    "print('DONE', flush = True)\n",
+]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("meaning")
+    return run_notebook(CELLS, cwd, timeout=180)
+
+
+def test_the_job_ends_without_a_hang(job):
+    done, conversion = job
+    assert_clean_exit(done)
+    assert done.count("DONE") == 1, done.explain()
+    script = conversion.script[conversion.script.index("# %% cell 1"):]
+    assert script.index("acc.wait_for_everyone()") < script.index("if acc.process_index == 1:") < \
+        script.index("nbddp_rest_on_rank0()"), "the rank test after the loop is before training's end"
+
+
+def test_a_rank_test_after_training_runs_on_that_rank(job):
+    done, _ = job
+    assert (done.cwd / "rank1-after-training.txt").read_text() == "here", done.explain()
+
+
+def test_every_rank_computes_the_same_values_and_trains_one_model(job):
+    done, _ = job
+    first, second = (json.loads((done.cwd / f"rank{r}.json").read_text()) for r in range(2))
+    assert first["order"] == second["order"], "a set of strings iterated in another order on rank 1"
+    assert first["noise"] == second["noise"], "np.random.default_rng() drew another seed on rank 1"
+    assert first["weights"] == second["weights"]
+
+
+def test_a_script_the_notebook_starts_is_one_process_of_its_own(job):
+    done, conversion = job
+    for how in ("shell", "subprocess"):
+        assert (done.cwd / f"child-{how}.txt").read_text() == "alone\n", done.explain()  # once, not in the job
+    assert "`!python child.py shell` runs a Python program: it starts in one process of its own" in \
+        conversion.report.format()

@@ -1,0 +1,143 @@
+"""Before/after tests for deciding by meaning (issue 47): rank and world tests by what they read, training's end by
+what trains, training by the trainer's qualified class, a batch the notebook adapts to the world size kept, a
+script the notebook runs outside the job. Each idiom in several spellings (a function, an alias, over cells), beside
+what must not change. Converting converted code changes nothing more (nbddp.needs' tests' `convert`).
+"""
+from __future__ import annotations
+
+import pytest
+
+from test_needs import convert, once
+from test_transforms import REST
+
+SAVE = 'model.save_pretrained("out")\n'
+TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=ds)\nstats = trainer.train()\n"
+
+
+def _kept(cells):
+    """The notebook's cells after conversion, the runtime's line of training's end left out."""
+    out, report = convert(*cells)
+    return [cell.replace(REST, "") for cell in out], out, report
+
+
+@pytest.mark.parametrize("test", [
+    "from accelerate import Accelerator\nacc = Accelerator()\nmain = acc.is_main_process\nif main:\n",
+    "import os\ndef my_rank():\n    return int(os.environ.get('LOCAL_RANK', '0'))\nif my_rank() == 0:\n",
+    "import torch.distributed as D\nif D.get_rank() == 0:\n",
+    "if trainer.args.process_index == 0:\n",
+])
+def test_a_test_of_the_rank_by_what_it_reads_is_left_as_it_is(test):
+    cell = test + "    " + SAVE
+    cells, _, _ = _kept([TRAIN, cell])
+    assert cells == [TRAIN, cell]
+
+
+@pytest.mark.parametrize("lora", ["rank = 16\n", "local_rank = 8\n", "def rank():\n    return 16\n"])
+def test_a_name_alone_is_no_rank_test(lora):
+    test = "if rank() > 8:\n" if "def" in lora else f"if {lora.split()[0]} > 4:\n"
+    (cell, train), report = convert(lora + test + "    " + SAVE, TRAIN)
+    assert "NBDDP_IS_MAIN" in cell, "a LoRA rank is a number: the save under it is rank-0 work"
+
+
+@pytest.mark.parametrize("after", [
+    "if acc.process_index == 1:\n    open('one.txt', 'w').write('x')\n",
+    "import os\nif int(os.environ['RANK']) == 1:\n    raise ValueError('rank 1 stops')\n",
+    "def is_last():\n    return acc.process_index == acc.num_processes - 1\nif is_last():\n    print('last')\n",
+])
+def test_per_rank_code_after_training_runs_on_every_rank(after):
+    head = "from accelerate import Accelerator\nacc = Accelerator()\n"
+    out, _ = convert(head + TRAIN, "print('trained')\n", after, "print('end')\n")
+    assert out[2] == after + REST and REST not in out[0] + out[1], out  # as it is, then training's end
+
+
+def test_the_waits_of_a_notebook_written_for_accelerate_meet_every_rank():
+    loop = ("for x, y in data:\n    loss = loss_fn(model(x), y)\n    accelerator.backward(loss)\n    opt.step()\n"
+            "    opt.zero_grad()\n")
+    cells = ["from accelerate import Accelerator\naccelerator = Accelerator()\n"
+             "model, opt, data = accelerator.prepare(model, opt, data)\n", loop,
+             "accelerator.wait_for_everyone()\nunwrapped = accelerator.unwrap_model(model)\n",
+             "print('done')\n"]
+    out, _ = convert(*cells)
+    assert out[2].startswith("accelerator.wait_for_everyone()\n" + REST) and REST not in "".join(out[:2]), out
+
+
+@pytest.mark.parametrize("later", [
+    "from unsloth import FastLanguageModel\nmodel2, tok2 = FastLanguageModel.from_pretrained('out')\n",
+    "from transformers import AutoModelForCausalLM as AM\ndef load(path):\n    return AM.from_pretrained(path)\n"
+    "tried = load('out')\n",
+    "from peft import PeftModel\nfor path in ['out']:\n    tried = PeftModel.from_pretrained(model, path)\n",
+])
+def test_a_model_loaded_after_training_to_try_it_out_does_not_move_trainings_end(later):
+    out, _ = convert(TRAIN, later + "print('tried')\n")
+    assert out[0].endswith(REST), out
+
+
+def test_a_model_loaded_then_trained_again_moves_trainings_end():
+    again = "from unsloth import FastLanguageModel\nmodel2, tok2 = FastLanguageModel.from_pretrained('out')\n" \
+            "trainer2 = SFTTrainer(model=model2, train_dataset=ds)\nstats2 = trainer2.train()\n"
+    out, _ = convert(TRAIN, again, "print('done')\n")
+    assert not out[0].endswith(REST) and out[1].endswith(REST), out
+
+
+@pytest.mark.parametrize("cells", [
+    ["from sklearn.linear_model import LogisticRegression\nprobe = LogisticRegression()\nprobe.fit(X, y)\n"],
+    ["import sklearn.cluster as sc\nkm = sc.KMeans(3)\nfor _ in range(2):\n    km.fit(X)\n"],
+    ["import torch\nnet = torch.nn.Linear(2, 2)\nnet.train()\n"],
+])
+def test_fit_and_train_of_values_that_are_not_trainers_are_not_training(cells):
+    out, _ = convert(TRAIN, *cells)
+    assert out[0].endswith(REST), out
+
+
+@pytest.mark.parametrize("cells", [
+    ["from trl import SFTTrainer\ndef make():\n    return SFTTrainer(model=model, train_dataset=ds)\n",
+     "t = make()\n", "t.train()\n"],
+    ["import trl\nclass MyTrainer(trl.SFTTrainer):\n    pass\n", "t = MyTrainer(model=model)\nt.train()\n"],
+    ["from lightning import Trainer as LT\nrunner = LT(max_epochs=1)\n", "runner.fit(module)\n"],
+    ["from unsloth.chat_templates import train_on_responses_only\nfrom trl import SFTTrainer\n"
+     "t = SFTTrainer(model=model)\nt = train_on_responses_only(t)\n", "t.train()\n"],
+])
+def test_training_through_a_function_a_subclass_or_another_library(cells):
+    out, _ = convert(*cells, "print('done')\n")
+    assert out[-2].endswith(REST) and REST not in "".join(out[:-2]), out
+
+
+@pytest.mark.parametrize("cells, written", [
+    (["import os\nworld = int(os.environ.get('WORLD_SIZE', 1))\n",
+      "from trl import SFTConfig\nargs = SFTConfig(output_dir='o', gradient_accumulation_steps=8 // world)\n"],
+     "gradient_accumulation_steps=nbddp_batch_as_written(8 // world)"),
+    (["from accelerate import PartialState\nfrom transformers import TrainingArguments as TA\n",
+      "args = TA(output_dir='o', per_device_train_batch_size=16 // PartialState().num_processes)\n"],
+     "gradient_accumulation_steps=nbddp_batch_as_written(1)"),
+    (["import torch.distributed as dist\ndef n():\n    return dist.get_world_size() if dist.is_initialized() else 1\n",
+      "from trl import GRPOConfig\nsteps = max(1, 4 // n())\nargs = GRPOConfig(output_dir='o', gradient_accumulation_steps=steps)\n"],
+     "gradient_accumulation_steps=nbddp_batch_as_written(steps)"),
+])
+def test_a_batch_the_notebook_adapts_to_the_world_size_is_kept_as_written(cells, written):
+    out, report = convert(*cells)
+    assert written in out[1], out[1]
+    assert "follow" in report.format() and "the world size already" in report.format()
+
+
+def test_a_batch_of_literals_is_left_to_the_runtime():
+    out, _ = convert("from trl import SFTConfig\nargs = SFTConfig(output_dir='o', gradient_accumulation_steps=4)\n")
+    assert "nbddp_batch_as_written" not in out[0]
+
+
+@pytest.mark.parametrize("cell, said", [
+    ("!python train.py --epochs 1\n", "`!python train.py --epochs 1` runs a Python program"),
+    ("import sys\n!{sys.executable} -u train.py\n", "-u train.py` runs a Python program"),
+    ("%%bash\ncd work\npython3 -m mypkg.train\n", "`python3 -m mypkg.train` runs a Python program"),
+])
+def test_a_python_program_the_notebook_runs_is_said_to_run_outside_the_job(cell, said):
+    _, report = convert(cell)
+    assert said in report.format() and "outside this job" in report.format()
+
+
+def test_other_shell_lines_are_not_said_to_run_outside_the_job():
+    _, report = convert("!ls -la\n!pip install x\n")
+    assert "outside this job" not in report.format()
+
+
+def test_once_helper_is_shared():
+    assert once("x()\n", "x") == 'if NBDDP_IS_MAIN:\n    x()\nnbddp_barrier("x")\n'
