@@ -89,6 +89,15 @@ def is_collective_entry(meaning: str) -> bool:
     return "." in meaning and _entry_key(meaning) in COLLECTIVE_KEYS
 
 
+# Values each process computes for itself: the clock, a uuid, the OS's entropy, the process's id. Where training
+# needs one, rank 0's is given to every rank (nbddp.needs' shares).
+PER_PROCESS = frozenset({
+    "time.time", "time.time_ns", "time.localtime", "time.gmtime", "time.ctime", "time.asctime", "time.strftime",
+    "time.monotonic", "time.perf_counter", "datetime.datetime.now", "datetime.datetime.utcnow",
+    "datetime.datetime.today", "datetime.date.today", "uuid.uuid1", "uuid.uuid4", "os.urandom", "os.getpid",
+    "secrets.token_hex", "secrets.token_bytes", "secrets.token_urlsafe", "secrets.randbits", "secrets.randbelow",
+    "secrets.choice", "random.SystemRandom",
+})
 CONFIG_HOMES = ("os.environ", "os.putenv", "os.unsetenv", "os.chdir", "sys.path", "warnings.", "logging.",
                 "torch.backends.", "torch._dynamo.config", "torch._inductor.config",
                 "gc.", "torch.cuda.empty_cache", "torch.cuda.reset_peak_memory_stats")  # and each rank's memory

@@ -8,42 +8,43 @@
     plan.files -> the saves before it whose files what training needs reads later (id -> paths): each machine
                   needs them
     plan.calls -> each statement's live calls, as the analysis read them (id -> calls)
+    plan.shares -> statements training needs that generate (rank-0 work) or compute a value each process would
+                  compute for itself (the clock, a uuid: nbddp.entries.PER_PROCESS) -> the names they bind that
+                  training reads: rank 0 runs the statement, every rank gets its values (nbddp_share_values)
+    plan.differs -> such statements that bind no value to give (`random.seed(time.time())`): id -> what it calls
 
 The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
 collectives, nbddp's own helpers, what reads the rank or the world size by meaning: `open(f"log-{dist.get_rank()}.txt",
 "w")`, nbddp.rank_conditions), the process's set-up (imports, definitions, the environment, seeds, warnings,
 logging, torch's flags: nbddp.entries.is_process_config; and a module function of a library that training's own
 objects come from, called for its effect alone: `PatchFastRL("GRPO", FastLanguageModel)`, `datasets.disable_caching()`;
-the same call of any other library is an effect and runs once), what a test of the rank reads, and, transitively, every earlier statement that binds or may change a value those read. A
-statement may change a value it assigns an attribute or item of (`tok.pad_token = ...`), calls a method of
-(`rows.append(x)`, unless the method is one of the vocabulary's rank-0 kinds: a save, a push, generation, a print, a
-tracker's log), or passes to a call whose value it drops (`random.shuffle(rows)`, `PatchFastRL("GRPO",
-FastLanguageModel)`; not to a call that writes its arguments out, `np.save(path, arr)`, and not a string, number or
-path: `os.makedirs(out_dir)`). A function or class is needed where what training needs reads its name; then so is
-what its body reads. Files count as values where their path is a literal: a save of a folder whose path a needed
-call is given later (`from_pretrained`, `open`, `np.load`, any library's reader) is needed, and so is what it saves (the save itself
-stays rank-0 work; machines without rank 0's storage get a copy: nbddp.transforms.rank_guards). Everything else runs once, whatever it calls: a file written by a library nbddp has no name
-for, a folder made, a download, an upload. Where a guarded statement and a needed one share a name the scan cannot
-see (`globals()`, a value read through a string), the names say nothing: the runtime's nets hold (one writer, the
-same random state on every rank)."""
+the same call of any other library is an effect and runs once), what a test of the rank reads, and, transitively,
+every earlier statement that binds or may change a value those read (nbddp.changes says what a statement may
+change). A function or class is needed where what training needs reads its name; then so is what its body reads.
+Files count as values where their path is a literal: a save of a folder whose path a needed call is given later
+(`from_pretrained`, `open`, `np.load`, any library's reader) is needed, and so is what it saves (the save itself stays
+rank-0 work; machines without rank 0's storage get a copy: nbddp.transforms.rank_guards). A needed statement that
+generates, or reads the clock, a uuid or the OS's entropy, runs on rank 0 and gives its values to every rank
+(plan.shares). Everything else runs once, whatever it calls: a file written by a library nbddp has no name for, a
+folder made, a download, an upload. Where a guarded statement and a needed one share a name the scan cannot see
+(`globals()`, a value read through a string), the names say nothing: the runtime's nets hold (one writer, the same
+random state on every rank)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .cst_helpers import LiveVisitor, is_if_false, names_in
-from .entries import EMITS, is_process_config, library_of
+from .changes import Changes, base_name
+from .cst_helpers import is_if_false, names_in
+from .entries import library_of
 from .rank_conditions import is_rank_test, reads_rank
-from .reads_writes import file_of, files_named, free_reads, imported_names, imported_packages, reads_writes
-from .runtime import HELPERS
+from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
 from .training_end import is_own_guard, training_end
-from .vocabulary import COLLECTIVE, CONFIG, MAIN_ONLY, SAVE, parts
+from .vocabulary import COLLECTIVE, CONFIG, GENERATE, OWN_VALUE
 
-SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
 PATHS = frozenset({"pathlib.Path", "pathlib.PurePath", "os.path.join", "os.path.abspath", "os.path.expanduser",
                    "os.path.dirname", "os.path.basename", "os.getcwd", "builtins.str", "builtins.int"})
-WRITES_OUT = ("save", "dump", "write", "to_", "export", "upload", "download", "log", "print", "show", "display")
 
 
 @dataclass
@@ -53,94 +54,8 @@ class Plan:
     once: set = field(default_factory=set)  # ids of the statements that run on rank 0 only
     files: dict = field(default_factory=dict)  # id of a save -> the paths it writes that training reads later
     calls: dict = field(default_factory=dict)  # id of each statement read -> its live calls
-
-
-def _base(expr) -> str | None:
-    """`a` of `a`, `a.b.c`, `a[0].b`."""
-    while isinstance(expr, (cst.Attribute, cst.Subscript)):
-        expr = expr.value
-    return expr.value if isinstance(expr, cst.Name) else None
-
-
-class _Changes(LiveVisitor):
-    """Names whose values a statement may change in place, and whether it sets up the process."""
-
-    def __init__(self, scan):
-        self.scan, self.names = scan, scan.names
-        self.changed: set[str] = set()
-        self.config = self.together = self.imports = False
-        self.drops: set = set()  # calls whose value the statement drops
-        self.loads: set = set()  # `file:<path>` of the paths its calls are given (what they may read)
-        self.saves: set = set()  # `file:<path>` of what it saves by path
-        self.calls: list = []  # its live calls (nbddp.cst_helpers.live_calls)
-        self.configures: set = set()  # CONFIG, and the libraries of the module functions it calls for their effect
-
-    def visit_Import(self, node):
-        self.imports = True  # `try: import x / except ImportError: ...`: a statement that imports is set-up
-
-    visit_ImportFrom = visit_Import
-
-    def _target(self, target):
-        if isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._target(element.value)
-        elif isinstance(target, (cst.Attribute, cst.Subscript)):
-            base = _base(target)
-            if base is not None:
-                self.changed.add(base)
-                self.config = self.config or self.scan.imported(base)
-
-    def visit_Assign(self, node):
-        for target in node.targets:
-            self._target(target.target)
-
-    def visit_AugAssign(self, node):
-        self._target(node.target)
-
-    def visit_AnnAssign(self, node):
-        self._target(node.target)
-
-    def visit_Expr(self, node):
-        value = node.value
-        if isinstance(value, cst.Call):
-            self.drops.add(value)
-            shown = value.args[0].value if isinstance(value.func, cst.Name) and value.func.value in SHOWS and \
-                value.args else None
-            if isinstance(shown, cst.Call):  # `nbddp_show(random.shuffle(rows))`: the cell's last line, its value
-                self.drops.add(shown)         # dropped in the notebook (None) and shown in the script
-
-    def visit_Call(self, node):
-        self.calls.append(node)
-        func = node.func
-        if isinstance(func, cst.Name) and func.value.startswith("nbddp_") and (
-                func.value not in HELPERS or HELPERS[func.value].together):  # nbddp's helpers every rank calls
-            self.together = True
-        meanings = self.names.meanings(func)
-        if any(is_process_config(m) for m in meanings):
-            self.configures.add(CONFIG)
-        elif node in self.drops:  # called for what it does to the process: set-up where training's libraries are
-            self.configures.update(filter(None, map(library_of, meanings)))
-        effects, definitions = self.scan.effects.of_call(node), self.names.definitions(func)
-        if SAVE in effects and not definitions:  # a file saved by its path
-            self.saves.update(filter(None, [file_of(node, meanings, self.names)]))
-        else:  # any other call given a path may read it, whatever its library
-            self.loads |= files_named(node, self.names)
-        for definition in definitions:  # the notebook's own function: what its body saves and sets up
-            self.saves |= self.scan.saved_by(definition)
-            self.configures |= self.scan.set_up_by(definition)
-        if effects & MAIN_ONLY:
-            return
-        for definition in definitions:  # and what it changes
-            self.changed |= self.scan.changed_by(definition)
-        receiver = _base(func.value) if isinstance(func, cst.Attribute) else None
-        if receiver is not None and not self.scan.imported(receiver) and func.attr.value not in EMITS:
-            self.changed.add(receiver)
-        tail = parts(next(iter(meanings)))[-1].lower() if meanings else ""
-        if node in self.drops and not tail.startswith(WRITES_OUT):
-            for arg in node.args:
-                base = _base(arg.value)
-                if base is not None and not self.scan.immutable(arg.value):
-                    self.changed.add(base)
+    shares: dict = field(default_factory=dict)  # id of a statement rank 0 runs for every rank -> the names to give
+    differs: dict = field(default_factory=dict)  # id of a needed statement whose value differs by rank -> its call
 
 
 class _Scan:
@@ -153,10 +68,10 @@ class _Scan:
         self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
         self.packages = imported_packages(body) | {"torch"}
 
-    def seen(self, stmt) -> _Changes:
+    def seen(self, stmt) -> Changes:
         """One pass over a statement's live code."""
         if id(stmt) not in self.read:
-            changes = _Changes(self)
+            changes = Changes(self)
             stmt.visit(changes)
             self.read[id(stmt)] = changes
         return self.read[id(stmt)]
@@ -176,7 +91,8 @@ class _Scan:
     def changed_by(self, definition) -> set[str]:
         """The outside names a function of the notebook may change when it runs (`random.shuffle(rows)` in its
         body changes the notebook's `rows`)."""
-        return self._by(definition, "changed") & free_reads(self.names.orig(definition))
+        changed = self._by(definition, "changed")  # empty but for a def
+        return changed & free_reads(self.names.orig(definition)) if changed else changed
 
     def saved_by(self, definition) -> set[str]:
         """The files a function of the notebook saves at literal paths when it runs."""
@@ -246,15 +162,29 @@ def _aliases(body) -> dict:
     for stmt in body:
         pairs = []
         if isinstance(stmt, cst.For):
-            pairs = [(target, _base(stmt.iter)) for target in names_in(stmt.target)]
+            pairs = [(target, base_name(stmt.iter)) for target in names_in(stmt.target)]
         elif isinstance(stmt, cst.SimpleStatementLine):
-            pairs = [(t.target.value, _base(s.value)) for s in stmt.body if isinstance(s, cst.Assign)
+            pairs = [(t.target.value, base_name(s.value)) for s in stmt.body if isinstance(s, cst.Assign)
                      for t in s.targets if isinstance(t.target, cst.Name)
                      and isinstance(s.value, (cst.Name, cst.Attribute, cst.Subscript))]
         for name, other in pairs:
             if other is not None and other != name:
                 found.setdefault(name, set()).update({other} | found.get(other, set()))
     return found
+
+
+def _share(plan, stmt, scan, names):
+    """A statement training needs that generates or computes a value of its own process: rank 0's values of
+    `names`, given to every rank (plan.shares), or where it binds none, a line in the report (plan.differs)."""
+    found = scan.kinds(stmt)
+    if not found & {GENERATE, OWN_VALUE} or COLLECTIVE in found:
+        return
+    changes = scan.seen(stmt)
+    names = [name for name in names if name in changes.mutated or name in reads_writes(stmt)[1]]
+    if names:
+        plan.shares[id(stmt)] = names
+    elif OWN_VALUE in found:
+        plan.differs[id(stmt)] = next(c for c in scan.seen(stmt).calls if OWN_VALUE in scan.effects.of_call(c))
 
 
 def training_needs(body, names, effects) -> Plan:
@@ -278,6 +208,7 @@ def training_needs(body, names, effects) -> Plan:
         if files:
             plan.files[id(stmt)] = files
         if seed or changes & needed:
+            _share(plan, stmt, scan, sorted(n for n in changes & needed if not n.startswith("file:")))
             if whole:
                 needed -= changes
             needed |= reads

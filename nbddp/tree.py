@@ -15,6 +15,7 @@ import libcst as cst
 
 from .cells import MARKER, cell_at, cell_number, marker_number, starts_cell
 from .cst_helpers import is_if_false, names_in, parse
+from .effects import Effects
 from .meanings import Names
 from .reads_writes import reads_writes
 from .vocabulary import AMP, DEVICE, ENV, kinds
@@ -135,6 +136,11 @@ class Tree:
     @cached_property
     def names(self) -> Names:
         return Names(self.first, self._seen.watch)
+
+    @cached_property
+    def effects(self) -> Effects:
+        """What the notebook's calls do through its own functions (nbddp.effects), computed once for every step."""
+        return Effects(self.names)
 
     def facts(self, stmt) -> frozenset:
         """What a top-level statement holds (see _Facts), read once from the first tree."""

@@ -27,12 +27,13 @@ and function bodies (nothing another rank reads later).
 """
 from __future__ import annotations
 
-from .entries import (OWN_DISTRIBUTION, TORCH_DISTRIBUTED_FACTS, TRAINER_WORK, UNRESOLVED_TOGETHER, is_collective_entry,
+from .entries import (OWN_DISTRIBUTION, PER_PROCESS, TORCH_DISTRIBUTED_FACTS, TRAINER_WORK, UNRESOLVED_TOGETHER, is_collective_entry,
                       is_entry, is_trainer, made_by_trainer, parts, unresolved)
 
 LOAD, PEFT, DATA, COLLECTIVE = "load", "peft", "data", "collective"
 SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK = "save", "push", "generate", "display", "print", "memory", "track"
 BACKWARD, STEP, CONFIG, SYNC = "backward", "step", "config", "sync"
+OWN_VALUE = "own-value"  # a value each process computes for itself (the clock, a uuid, entropy): nbddp.entries
 TRAINS = "trains"  # of SYNC: trains or talks to every rank (not a model load): the last such statement ends training
 SEEDED, AMP, DEVICE = "seeded", "amp", "device"  # a split or shuffle; torch.cuda.amp; what names a device
 ENV = "env"  # a statement that names CUDA_VISIBLE_DEVICES (nbddp.tree's statement facts)
@@ -136,6 +137,8 @@ def _kinds_of(meaning: str) -> set[str]:
         found.add(CONFIG)
     if tail == "train_test_split" or (tail == "shuffle" and method and root not in ("builtins", "random")):
         found.add(SEEDED)
+    if meaning in PER_PROCESS:
+        found.add(OWN_VALUE)
     if is_entry(meaning, OWN_DISTRIBUTION):
         found |= {OWN_DDP, COLLECTIVE}
     if meaning.startswith("torch.cuda.amp."):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import nbddp
-from e2e import SCRIPT, Job, assert_adapter_saved_once, assert_clean_exit, assert_trained, run_job
+from e2e import MAX_STEPS, SCRIPT, Job, assert_adapter_saved_once, assert_clean_exit, assert_trained, run_job
 from tinymodels import EXAMPLE_NOTEBOOK, save_tiny_llama
 
 pytestmark = pytest.mark.ddp
@@ -57,16 +57,23 @@ def test_torchrun_two_processes_exit_cleanly(ddp_job):
     assert ddp_job.count("nbddp: 2 processes, this one is rank 0") == 1, ddp_job.explain()
 
 
-def test_an_accumulation_of_1_says_the_processes_scale_the_batch_and_what_to_change(ddp_job):
-    assert ddp_job.count("nbddp: 2 processes train 2 x 1 x 2 = 4 samples a step, 2 times the notebook's of 2: "
-                         "gradient_accumulation_steps 1 does not divide by 2; to keep the notebook's batch, make it a "
-                         "multiple of 2") == 1, ddp_job.explain()
+def test_an_accumulation_of_1_keeps_the_batch_by_splitting_it(ddp_job):
+    assert ddp_job.count("nbddp: 2 processes keep the notebook's batch of 2: per_device_train_batch_size 2 -> 1 per "
+                         "rank (gradient_accumulation_steps 1 does not divide by 2)") == 1, ddp_job.explain()
 
 
 def test_torchrun_two_processes_train_as_one_ddp_job(ddp_job):
-    # Two ranks that each trained alone would log every step twice and reach only epoch 0.75.
+    # Two ranks that each trained alone would log every step twice; each takes 1 of the notebook's 2 samples a step.
     assert "parallel_mode != ParallelMode.DISTRIBUTED" not in ddp_job.stderr, ddp_job.explain()
-    assert_trained(ddp_job, world_size=2)
+    assert_trained(ddp_job, world_size=2, per_device=1)
+
+
+def test_two_ranks_train_with_one_process_losses_step_by_step(ddp_job, plain_job):
+    """The example as the README converts it (accumulation 1): the notebook's batch of 2 split over 2 ranks."""
+    ones, twos = plain_job.trainer_logs(), ddp_job.trainer_logs()
+    assert len(ones) == len(twos) == MAX_STEPS, ddp_job.explain()
+    for a, b in zip(ones, twos):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-3), (ones, twos)
 
 
 def test_torchrun_saves_and_generates_on_rank_0_only(ddp_job):

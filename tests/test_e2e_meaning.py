@@ -3,7 +3,8 @@ multi-process code keeps its meaning and every rank computes the same values (is
 
 The notebook trains with accelerate (its `prepare` is the data parallelism, its `wait_for_everyone` after the loop
 meets every rank), then each rank records what it computed: after training, a test of the rank that runs on rank 1
-only, and values each process would compute for itself (a set of strings' order, an unseeded NumPy generator).
+only, and values each process would compute for itself that training reads (a set of strings' order, an unseeded
+NumPy generator, samples a generator of the notebook's own draws from the OS's entropy, a uuid).
 It writes a training script with `%%writefile` and runs it with `!python`, and starts it again through subprocess
 from its own function: the script would join a process group of WORLD_SIZE processes if it saw this job's.
 """
@@ -36,13 +37,15 @@ CELLS = [
     "run_child('subprocess')\n",
     "tags = {'alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta', 'theta'}\norder = list(tags)\n"
     "rng = np.random.default_rng()\nnoise = rng.normal(size = 3).tolist()\n",
+    "import secrets, uuid\nclass Sampler:\n    def generate(self, n):\n        return [secrets.token_hex(4) for _ in range(n)]\n",
+    "synthetic = Sampler().generate(3)\nrun_id = uuid.uuid4().hex\n",
     "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr = 0.1)\n"
     "model, opt = acc.prepare(model, opt)\n",
     "for step in range(3):\n    x = torch.full((2, 4), float(acc.process_index + step + len(order[0])))\n"
-    "    loss = model(x).pow(2).mean() + 0 * sum(noise)\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
+    "    loss = model(x).pow(2).mean() + 0 * sum(noise) + 0 * len(synthetic + [run_id])\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
     "acc.wait_for_everyone()\nweights = acc.unwrap_model(model).weight.tolist()\n",
     "with open(f'rank{acc.process_index}.json', 'w') as fh:\n"
-    "    json.dump({'order': order, 'noise': noise, 'weights': weights}, fh)\n",
+    "    json.dump({'order': order, 'noise': noise, 'weights': weights, 'synthetic': synthetic, 'run': run_id}, fh)\n",
     "if acc.process_index == 1:\n    open('rank1-after-training.txt', 'w').write('here')\n",
     "print('DONE', flush = True)\n",
 ]
@@ -73,6 +76,7 @@ def test_every_rank_computes_the_same_values_and_trains_one_model(job):
     first, second = (json.loads((done.cwd / f"rank{r}.json").read_text()) for r in range(2))
     assert first["order"] == second["order"], "a set of strings iterated in another order on rank 1"
     assert first["noise"] == second["noise"], "np.random.default_rng() drew another seed on rank 1"
+    assert first["synthetic"] == second["synthetic"] and first["run"] == second["run"], "generated or drawn anew"
     assert first["weights"] == second["weights"]
 
 

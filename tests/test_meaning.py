@@ -141,3 +141,31 @@ def test_other_shell_lines_are_not_said_to_run_outside_the_job():
 
 def test_once_helper_is_shared():
     assert once("x()\n", "x") == 'if NBDDP_IS_MAIN:\n    x()\nnbddp_barrier("x")\n'
+
+
+GIVE_TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows)\nstats = trainer.train()\n"
+
+
+@pytest.mark.parametrize("cell, names", [
+    ("rows = []\nfor p in prompts:\n    out = model.generate(p)\n    rows.append(tok.decode(out[0]))\n", ["rows"]),
+    ("def synth(n):\n    return [tok.decode(model.generate(x)[0]) for x in range(n)]\nrows = synth(4)\n", ["rows"]),
+    ("import uuid\nrows = [f'run-{uuid.uuid4().hex}']\n", ["rows"]),
+    ("from datetime import datetime as dt\nstamp = dt.now().strftime('%H%M%S')\nrows = [stamp]\n", ["stamp"]),
+])
+def test_values_training_needs_that_each_rank_would_compute_alone_are_rank_0s_given_to_every_rank(cell, names):
+    (out, train), report = convert(cell, GIVE_TRAIN)
+    given = 'nbddp_share_values(globals(), ' + ", ".join(f'"{n}"' for n in names) + ')\n'
+    assert given in out and "if NBDDP_IS_MAIN:\n" in out, out
+    assert train == GIVE_TRAIN
+    assert f"every rank gets rank 0's {', '.join(names)}" in report.format()
+
+
+def test_a_value_of_its_own_that_training_needs_but_no_name_holds_is_reported():
+    (out, _), report = convert("import random, time\nrandom.seed(time.time())\n", GIVE_TRAIN)
+    assert "NBDDP_IS_MAIN" not in out
+    assert "`time.time()` gives each rank a value of its own" in report.format()
+
+
+def test_a_clock_read_training_does_not_need_is_left_to_rank_0():
+    (out, _), report = convert("import time\nstart = time.time()\nprint('started', start)\n", GIVE_TRAIN)
+    assert "nbddp_share_values" not in out and "gives each rank" not in report.format()

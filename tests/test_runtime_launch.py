@@ -223,7 +223,7 @@ def test_plain_python_trains_the_example_as_one_two_process_job(self_job):
     assert_clean_exit(self_job)
     assert self_job.count("nbddp: 0 GPUs: running as 2 processes") == 1, self_job.explain()
     assert self_job.count("nbddp: 2 processes, this one is rank 0") == 1, self_job.explain()
-    assert_trained(self_job, world_size=2)
+    assert_trained(self_job, world_size=2, per_device=1)
     assert_adapter_saved_once(self_job)
 
 

@@ -291,10 +291,14 @@ def test_the_notebooks_batch_is_kept_where_the_process_count_divides_the_accumul
         capsys.readouterr().out
     assert global_batch.nbddp_accumulation(global_batch.nbddp_accumulation(4)) == 2  # never divided twice
     hooks._NBDDP_SAID.clear()
-    assert global_batch.nbddp_accumulation(1, batch=2) == 1
+    assert global_batch.nbddp_keep_batch(1, batch=2) == (1, 1)  # the accumulation does not divide: the batch does
+    assert "2 processes keep the notebook's batch of 2: per_device_train_batch_size 2 -> 1 per rank " \
+           "(gradient_accumulation_steps 1 does not divide by 2)" in capsys.readouterr().out
+    hooks._NBDDP_SAID.clear()
+    assert global_batch.nbddp_keep_batch(1, batch=3) == (1, 3)  # neither divides
     said = capsys.readouterr().out
-    assert "2 processes train 2 x 1 x 2 = 4 samples a step, 2 times the notebook's of 2" in said
-    assert "make it a multiple of 2" in said  # what to change
+    assert "2 processes train 3 x 1 x 2 = 6 samples a step, 2 times the notebook's of 3" in said
+    assert "make it or per_device_train_batch_size a multiple of 2" in said  # what to change
     hooks._NBDDP_SAID.clear()
     monkeypatch.setenv("NBDDP_BATCH", "scale")
     assert global_batch.nbddp_accumulation(4, batch=2) == 4

@@ -155,9 +155,9 @@ def test_the_report_gives_the_batch_in_numbers_and_scale_batch_is_the_scripts_de
     assert any("2 x 4 = 8 samples per optimizer step on 1 process; 8 on 2 (2 x 2 per rank), 8 on 4 (2 x 1 per rank)"
                in n.text for n in kept.report.changes)
     one = convert_notebook(make_notebook(code.replace("= 4", "= 1")))
-    assert any("2 x 1 = 2 samples per optimizer step on 1 process; 4 on 2 (gradient_accumulation_steps 1 does not "
-               "divide by 2), 8 on 4 (gradient_accumulation_steps 1 does not divide by 4); an accumulation that the "
-               "process count divides keeps the notebook's batch" in n.text for n in one.report.changes)
+    assert any("2 x 1 = 2 samples per optimizer step on 1 process; 2 on 2 (1 x 1 per rank), 8 on 4 (neither "
+               "gradient_accumulation_steps 1 nor per_device_train_batch_size 2 divides by 4); an accumulation or a "
+               "batch that the process count divides keeps the notebook's batch" in n.text for n in one.report.changes)
     scaled = convert_notebook(make_notebook(code, "from trl import SFTTrainer\n"), options=Options(scale_batch=True))
     assert any("16 on 2, 32 on 4 (--scale-batch)" in n.text for n in scaled.report.changes)
     assert 'nbddp_start(batch="scale")' in scaled.script

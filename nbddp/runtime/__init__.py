@@ -42,6 +42,8 @@ HELPERS = {
     "nbddp_write_file": Helper("files", "a %%writefile cell: " + _FILES, True),
     "nbddp_share_files": Helper("share", "what rank 0 saved and every rank loads next, on machines without its "
                                 "storage", True),
+    "nbddp_share_values": Helper("share", "rank 0's values of a line training needs that generates or reads the "
+                                 "clock, given to every rank", True),
     "nbddp_getoutput": Helper("files", "a shell command's output as a value"),
     "nbddp_expand": Helper("ipython_forms", _FORMS + ": $name and {expr} in a shell or magic line"),
     "nbddp_time": Helper("ipython_forms", _FORMS + ": %time of a value"),

@@ -1,8 +1,9 @@
 """The notebook's global batch, kept by default: with N processes each rank accumulates
 `gradient_accumulation_steps / N` micro-batches, so an optimizer step sees the notebook's samples, as many steps
 train as the notebook asked for, and the results are one process's, in less time. Where N does not divide the
-accumulation (1, 3, ...), every rank accumulates the notebook's count: a step sees N times the samples (DDP's own
-semantics), and rank 0 says so with the numbers and what to change.
+accumulation (1, 3, ...) but divides `per_device_train_batch_size`, each rank takes `batch / N` samples a
+micro-batch instead (the same samples a step). Where N divides neither, every rank trains the notebook's batch: a
+step sees N times the samples (DDP's own semantics), and rank 0 says so with the numbers and what to change.
 
 Decided at run time, when N is known, for every TrainingArguments (and its subclasses: TRL's configs, Unsloth's):
 `NBDDP_BATCH=keep` (the default) or `scale` (N times the samples a step, the accumulation as written;
@@ -38,15 +39,25 @@ def nbddp_batch_mode():
 
 def nbddp_accumulation(steps, batch=None):
     """The accumulation of each rank for the notebook's `steps` (and per-device `batch`), said once on rank 0."""
+    return nbddp_keep_batch(steps, batch)[0]
+
+
+def nbddp_keep_batch(steps, batch=None):
+    """(accumulation, per-device batch) of each rank for the notebook's `steps` and `batch`, said once on rank 0."""
     world = NBDDP_WORLD_SIZE
     if isinstance(steps, NbddpAccumulation) or world == 1 or not isinstance(steps, int) or steps < 1:
-        return steps
+        return steps, batch
     size = f"{batch} x " if isinstance(batch, int) else "per_device_train_batch_size x "
     notebook = f" of {batch * steps}" if isinstance(batch, int) else ""
     if nbddp_batch_mode() == "keep" and steps % world == 0:
         nbddp_say("global-batch", f"{world} processes keep the notebook's batch{notebook}: gradient_accumulation_steps "
                                   f"{steps} -> {steps // world} per rank")
-        return NbddpAccumulation(steps // world)
+        return NbddpAccumulation(steps // world), batch
+    if nbddp_batch_mode() == "keep" and isinstance(batch, int) and batch % world == 0:
+        nbddp_say("global-batch", f"{world} processes keep the notebook's batch of {batch * steps}: "
+                                  f"per_device_train_batch_size {batch} -> {batch // world} per rank "
+                                  f"(gradient_accumulation_steps {steps} does not divide by {world})")
+        return NbddpAccumulation(steps), batch // world
     trained = f"{size}{steps} x {world}" + (f" = {batch * steps * world}" if isinstance(batch, int) else "")
     if nbddp_batch_mode() == "scale":
         nbddp_say("global-batch", f"{world} processes train {trained} samples a step (NBDDP_BATCH=scale; the notebook"
@@ -54,9 +65,8 @@ def nbddp_accumulation(steps, batch=None):
     else:
         nbddp_say("global-batch", f"{world} processes train {trained} samples a step, {world} times the notebook's"
                                   f"{notebook}: gradient_accumulation_steps {steps} does not divide by {world}; to keep "
-                                  f"the notebook's batch, make it a multiple of {world} (and per_device_train_batch_size "
-                                  "smaller to match)")
-    return NbddpAccumulation(steps)
+                                  f"the notebook's batch, make it or per_device_train_batch_size a multiple of {world}")
+    return NbddpAccumulation(steps), batch
 
 
 def _nbddp_patch_training_args(module):
@@ -67,8 +77,10 @@ def _nbddp_patch_training_args(module):
 
     @functools.wraps(post_init)
     def __post_init__(self, *a, **kw):
-        self.gradient_accumulation_steps = nbddp_accumulation(self.gradient_accumulation_steps,
-                                                              getattr(self, "per_device_train_batch_size", None))
+        batch = getattr(self, "per_device_train_batch_size", None)
+        self.gradient_accumulation_steps, batch = nbddp_keep_batch(self.gradient_accumulation_steps, batch)
+        if batch is not None:
+            self.per_device_train_batch_size = batch
         return post_init(self, *a, **kw)
 
     args_class.__post_init__ = __post_init__

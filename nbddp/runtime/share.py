@@ -1,4 +1,5 @@
-"""What rank 0 saved and every rank loads next, on every machine: a notebook that builds or downloads a model, saves
+"""What rank 0 made and every rank needs. Values: a statement training needs that generates, or reads the clock, a
+uuid or the OS's entropy, runs on rank 0, and every rank gets the values it bound (nbddp_share_values). Files: a notebook that builds or downloads a model, saves
 it and loads it back (`save_pretrained("./base")`, then `from_pretrained("./base")`) saves it on rank 0 once; where a
 machine of the job does not see rank 0's working folder (no shared storage: group._nbddp_check_shared_folder), the
 saved files go to that machine's first rank over the process group, in chunks, after the others have waited for
@@ -65,3 +66,13 @@ def nbddp_share_files(*paths):
         if target:
             os.replace(f"{path}.nbddp-part", path)
     nbddp_barrier("the copies of what rank 0 saved")  # every copy whole before any rank loads it
+
+
+def nbddp_share_values(namespace, *names):
+    """Every rank calls it after rank 0 ran a statement for every rank and the others waited: rank 0's values of
+    `names` in `namespace` (the notebook's globals), given to every rank (pickled over the process group)."""
+    if not nbddp_dist():
+        return
+    values = [{name: namespace[name] for name in names if name in namespace} if NBDDP_IS_MAIN else None]
+    torch.distributed.broadcast_object_list(values, src=0)
+    namespace.update(values[0])

@@ -18,7 +18,6 @@ import libcst.matchers as m
 
 from ..cells import starts_cell
 from ..cst_helpers import LiveVisitor, arguments, call_stmt, code_of, dotted, live_calls
-from ..effects import Effects
 from ..rank_conditions import is_rank_test
 from ..vocabulary import BACKWARD, OWN_DDP, STEP, is_optimizer, kinds, parts
 from .base import TreeStep, TreeTransformer
@@ -32,7 +31,7 @@ FOLLOW = 3  # assignments followed from an optimizer to the parameters it was bu
 class _Rewrite(TreeTransformer):
     def __init__(self, tree, ctx):
         super().__init__(tree, ctx)
-        self.effects = Effects(self.names)
+        self.effects = tree.effects
         self.functions: list[cst.FunctionDef] = []
         self.calls: dict[cst.FunctionDef, list] = {}  # a function -> its calls (_calls_of)
         self.holds: dict = {}  # a function -> whether it holds a training loop (_holds_loop)

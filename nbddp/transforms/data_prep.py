@@ -13,7 +13,6 @@ import libcst as cst
 from ..cells import starts_cell
 from ..cst_helpers import (DESCEND, LEAVE, TAKE, add_keyword, code_of, dotted, is_if_false, keyword, live_calls,
                            regroup, statement_blocks)
-from ..effects import Effects
 from ..vocabulary import COLLECTIVE, DATA, SEEDED, parts
 from .base import CallRewriter, TreeStep, call_kinds
 
@@ -52,7 +51,7 @@ class DataPrep(TreeStep):
 
     def run(self, tree, ctx):
         module = tree.visit(_Seeds(tree, ctx), frozenset({SEEDED}))
-        effects = Effects(tree.names)
+        effects = tree.effects
         wrapped: dict = {}
         cell = [None]
 

@@ -1,7 +1,8 @@
 """Step: say what each trainer config trains per optimizer step on 1, 2 and 4 processes; the script keeps it.
 
 The script keeps the notebook's global batch at run time (nbddp/runtime/global_batch.py): each rank accumulates
-`gradient_accumulation_steps / N` where N divides it, else N times the samples train a step and rank 0 says so.
+`gradient_accumulation_steps / N` where N divides it, else takes `per_device_train_batch_size / N` where N divides
+that, else N times the samples train a step and rank 0 says so.
 `--scale-batch` makes N times the samples the script's default (NBDDP_BATCH=keep|scale decides at run time). The
 notebook's code is not changed, but where a config's batch or accumulation already follows the world size (the
 notebook adapts it itself: `gradient_accumulation_steps = 8 // accelerator.num_processes`): then its accumulation is
@@ -49,9 +50,11 @@ def effective(batch, steps, scale: bool) -> str:
     said = []
     for n in COUNTS:
         said.append(f"{one} on {n} ({batch} x {steps // n} per rank)" if steps % n == 0 else
-                    f"{one * n} on {n} (gradient_accumulation_steps {steps} does not divide by {n})")
-    hint = "" if all(steps % n == 0 for n in COUNTS) else \
-        "; an accumulation that the process count divides keeps the notebook's batch"
+                    f"{one} on {n} ({batch // n} x {steps} per rank)" if batch % n == 0 else
+                    f"{one * n} on {n} (neither gradient_accumulation_steps {steps} nor per_device_train_batch_size "
+                    f"{batch} divides by {n})")
+    hint = "" if all(steps % n == 0 or batch % n == 0 for n in COUNTS) else \
+        "; an accumulation or a batch that the process count divides keeps the notebook's batch"
     return f"{batch} x {steps} = {one} samples per optimizer step on 1 process; {', '.join(said)}{hint}"
 
 

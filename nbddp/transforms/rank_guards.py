@@ -19,14 +19,13 @@ import libcst as cst
 from ..cells import starts_cell
 from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, names_in,
                            regroup, statement_blocks)
-from ..effects import Effects
-from ..needs import training_needs
 from ..training_end import REST
 from ..rank_conditions import is_rank_test
 from ..reads_writes import header_of, reads_writes
 from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_generation_pipeline, parts
 from .base import TreeStep
 from .hoist import hoist
+from .whole import GIVE, GIVEN, apply_plan, given_names, take_given
 
 USES = "uses"
 ONCE = "once"  # training does not need it (nbddp.needs)
@@ -72,7 +71,7 @@ class _Guards:
 
     def __init__(self, tree, ctx):
         self.tree, self.names, self.report, self.options = tree, tree.names, ctx.report, ctx.options
-        self.effects = Effects(tree.names)
+        self.effects = tree.effects
         self.tainted: set[str] = set()  # names bound on rank 0 only, so far in the notebook
         self.cell = None
         self.taken: dict = {}  # id of a taken statement's body (regroup moves its leading lines) -> (kinds, what)
@@ -87,6 +86,8 @@ class _Guards:
         self.rest: set = set()  # ids of the statements after training's end: rank 0 runs them alone
         self.unneeded: set = set()  # cells with statements training does not need
         self.calls: dict = {}  # id of a top-level statement -> its live calls (nbddp.needs read them)
+        self.shares: dict = {}  # id of a top-level statement rank 0 runs for every rank -> the names it gives them
+        self.sharing: dict = {}  # id of the body of such a statement, taken -> those names
 
     def reason(self, call):
         """(kinds, what the report says, the barrier's word) of a call that is rank-0 work, else None."""
@@ -117,6 +118,12 @@ class _Guards:
         self.cell = starts_cell(stmt) or self.cell
         self.tree.at = stmt
         if not nested and id(stmt) in self.rest:
+            return LEAVE
+        if not nested and id(stmt) in self.shares and not leaves_block(stmt):
+            return take_given(self, stmt)
+        given = given_names(stmt)
+        if given:  # converting converted code: what rank 0 gave every rank exists everywhere
+            self.tainted -= given
             return LEAVE
         if not nested and id(stmt) in self.once and not leaves_block(stmt):  # else rank 0 alone skips what follows
             return self.unneeded_work(stmt, self.calls[id(stmt)])
@@ -225,13 +232,17 @@ class _Guards:
         kinds = frozenset().union(*(self.taken[id(s.body)][0] for s in group))
         guard = cst.If(test=cst.Name("NBDDP_IS_MAIN"), body=cst.IndentedBlock(body=group))
         paths = sorted({p for s in group for p in self.for_machines.get(id(s.body), ())})  # saved, then loaded
-        if (TRACK in kinds and kinds <= {TRACK, USES}) or (nested and not kinds & {SAVE, PUSH, GENERATE}):
+        if (TRACK in kinds and kinds <= {TRACK, USES}) or (nested and not kinds & {SAVE, PUSH, GENERATE, GIVEN}):
             return [guard]  # nothing another rank waits for, or a barrier on every pass of a loop
         self.waits.add(self.cell)
         words = [self.taken[id(s.body)] for s in group if self.taken[id(s.body)][1]]  # (kinds, word)
         what = next((w for k, w in words if k & {SAVE, PUSH, GENERATE}), words[0][1] if words else None)
         calls = [c for s in group for c in live_calls(s)]
         what = what or (parts(code_of(calls[0].func))[-1] if calls else "rank 0")
+        given = [name for s in group for name in self.sharing.get(id(s.body), ())]
+        if given:
+            return [guard, _barrier(what), cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(GIVE), args=[
+                cst.Arg(cst.Call(cst.Name("globals"))), *(cst.Arg(cst.SimpleString(f'"{n}"')) for n in given)]))])]
         if not paths:
             return [guard, _barrier(what)]
         self.machine_cells.add(self.cell)
@@ -254,39 +265,14 @@ class _Guards:
 
 class RankGuards(TreeStep):
     name = "rank-guards"
-    inserts = ("NBDDP_IS_MAIN", "nbddp_barrier", "nbddp_no_context", SHARE, REST)
+    inserts = ("NBDDP_IS_MAIN", "nbddp_barrier", "nbddp_no_context", SHARE, GIVE, REST)
 
     def run(self, tree, ctx):
         guards = _Guards(tree, ctx)
         module = hoist(tree, ctx, guards.effects, guards.hoisted)
         body = list(module.body)
         if ctx.options.whole:
-            body = _plan(body, guards, tree, ctx)
+            body = apply_plan(body, guards, tree, ctx)
         module = module.with_changes(body=regroup(body, guards.select, guards.wrap))
         guards.say()
         return module
-
-
-def _plan(body, guards, tree, ctx) -> list:
-    """What training needs (nbddp.needs): the statements it does not need are rank-0 work; after its end, rank 0 goes
-    on alone (`nbddp_rest_on_rank0()`, unless the notebook has that line already)."""
-    plan = training_needs(body, tree.names, guards.effects)
-    guards.calls = plan.calls
-    if plan.end is None:
-        return body
-    guards.once, guards.files = plan.once, plan.files
-    rest = body[plan.end + 1:]
-    guards.rest = {id(stmt) for stmt in rest}
-    if plan.marked or not rest:
-        return body
-    cells = [starts_cell(stmt) for stmt in body[:plan.end + 1] if starts_cell(stmt) is not None]
-    later = sorted({c for c in map(starts_cell, rest) if c is not None})
-    ctx.report.change(cells[-1] if cells else None,
-                      "training ends here: the rest of the notebook" + (
-                          "" if not later else f" (cell {later[0]})" if len(later) == 1 else
-                          f" (cells {later[0]}-{later[-1]})") +
-                      " runs on rank 0 alone; the other ranks wait for it, then end")
-    comment = cst.EmptyLine(comment=cst.Comment("# nbddp: training ends here; rank 0 runs the rest alone, the other "
-                                                "ranks wait for it"))
-    line = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(REST)))], leading_lines=[comment])
-    return body[:plan.end + 1] + [line] + rest

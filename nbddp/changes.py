@@ -1,0 +1,115 @@
+"""What one statement of the notebook does to the values around it, as nbddp.needs reads it: the names whose values
+it may change in place, whether it sets up the process, the files it saves and may read, its live calls.
+
+A statement may change a value it assigns an attribute or item of (`tok.pad_token = ...`), calls a method of
+(`rows.append(x)`, unless the method is one of the vocabulary's rank-0 kinds: a save, a push, generation, a print, a
+tracker's log), or passes to a call whose value it drops (`random.shuffle(rows)`; not to a call that writes its
+arguments out, `np.save(path, arr)`, and not a string, number or path: `os.makedirs(out_dir)`). `scan` is nbddp.needs'
+scan of the notebook (the names, the effects, the notebook's functions, what is imported)."""
+from __future__ import annotations
+
+import libcst as cst
+
+from .cst_helpers import LiveVisitor
+from .entries import EMITS, is_process_config, library_of
+from .reads_writes import file_of, files_named
+from .runtime import HELPERS
+from .vocabulary import CONFIG, MAIN_ONLY, SAVE, parts
+
+SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
+WRITES_OUT = ("save", "dump", "write", "to_", "export", "upload", "download", "log", "print", "show", "display")
+
+
+def base_name(expr) -> str | None:
+    """`a` of `a`, `a.b.c`, `a[0].b`."""
+    while isinstance(expr, (cst.Attribute, cst.Subscript)):
+        expr = expr.value
+    return expr.value if isinstance(expr, cst.Name) else None
+
+
+class Changes(LiveVisitor):
+    """Names whose values a statement may change in place, and whether it sets up the process."""
+
+    def __init__(self, scan):
+        self.scan, self.names = scan, scan.names
+        self.changed: set[str] = set()
+        self.mutated: set[str] = set()  # of those, all but the receivers of method calls whose value it uses
+        # (`tok.decode(x)`: a query, as far as the scan can tell)
+        self.config = self.together = self.imports = False
+        self.drops: set = set()  # calls whose value the statement drops
+        self.loads: set = set()  # `file:<path>` of the paths its calls are given (what they may read)
+        self.saves: set = set()  # `file:<path>` of what it saves by path
+        self.calls: list = []  # its live calls (nbddp.cst_helpers.live_calls)
+        self.configures: set = set()  # CONFIG, and the libraries of the module functions it calls for their effect
+
+    def visit_Import(self, node):
+        self.imports = True  # `try: import x / except ImportError: ...`: a statement that imports is set-up
+
+    visit_ImportFrom = visit_Import
+
+    def _target(self, target):
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._target(element.value)
+        elif isinstance(target, (cst.Attribute, cst.Subscript)):
+            base = base_name(target)
+            if base is not None:
+                self.changed.add(base)
+                self.mutated.add(base)
+                self.config = self.config or self.scan.imported(base)
+
+    def visit_Assign(self, node):
+        for target in node.targets:
+            self._target(target.target)
+
+    def visit_AugAssign(self, node):
+        self._target(node.target)
+
+    def visit_AnnAssign(self, node):
+        self._target(node.target)
+
+    def visit_Expr(self, node):
+        value = node.value
+        if isinstance(value, cst.Call):
+            self.drops.add(value)
+            shown = value.args[0].value if isinstance(value.func, cst.Name) and value.func.value in SHOWS and \
+                value.args else None
+            if isinstance(shown, cst.Call):  # `nbddp_show(random.shuffle(rows))`: the cell's last line, its value
+                self.drops.add(shown)         # dropped in the notebook (None) and shown in the script
+
+    def visit_Call(self, node):
+        self.calls.append(node)
+        func = node.func
+        if isinstance(func, cst.Name) and func.value.startswith("nbddp_") and (
+                func.value not in HELPERS or HELPERS[func.value].together):  # nbddp's helpers every rank calls
+            self.together = True
+        meanings = self.names.meanings(func)
+        if any(is_process_config(m) for m in meanings):
+            self.configures.add(CONFIG)
+        elif node in self.drops:  # called for what it does to the process: set-up where training's libraries are
+            self.configures.update(filter(None, map(library_of, meanings)))
+        effects, definitions = self.scan.effects.of_call(node), self.names.definitions(func)
+        if SAVE in effects and not definitions:  # a file saved by its path
+            self.saves.update(filter(None, [file_of(node, meanings, self.names)]))
+        else:  # any other call given a path may read it, whatever its library
+            self.loads |= files_named(node, self.names)
+        for definition in definitions:  # the notebook's own function: what its body saves and sets up
+            self.saves |= self.scan.saved_by(definition)
+            self.configures |= self.scan.set_up_by(definition)
+        if effects & MAIN_ONLY:
+            return
+        for definition in definitions:  # and what it changes
+            self.changed |= self.scan.changed_by(definition)
+            self.mutated |= self.scan.changed_by(definition)
+        receiver = base_name(func.value) if isinstance(func, cst.Attribute) else None
+        if receiver is not None and not self.scan.imported(receiver) and func.attr.value not in EMITS:
+            self.changed.add(receiver)
+            if node in self.drops:
+                self.mutated.add(receiver)
+        tail = parts(next(iter(meanings)))[-1].lower() if meanings else ""
+        if node in self.drops and not tail.startswith(WRITES_OUT):
+            for arg in node.args:
+                base = base_name(arg.value)
+                if base is not None and not self.scan.immutable(arg.value):
+                    self.changed.add(base)
+                    self.mutated.add(base)

@@ -1,0 +1,74 @@
+"""Part of the rank-guards step: the whole notebook's plan (nbddp.needs) applied. The statements training does not need
+are rank-0 work, those that give rank 0's values to every rank are taken whole, values that differ by rank are
+reported, and after training's end rank 0 goes on alone (`nbddp_rest_on_rank0()`)."""
+from __future__ import annotations
+
+import libcst as cst
+
+from ..cells import starts_cell
+from ..cst_helpers import TAKE, code_of, live_calls
+from ..reads_writes import reads_writes
+from ..needs import training_needs
+from ..training_end import REST
+from ..vocabulary import OWN_VALUE, parts
+
+GIVE, GIVEN = "nbddp_share_values", "given"  # rank 0's values, to every rank (nbddp.needs' shares)
+
+
+def apply_plan(body, guards, tree, ctx) -> list:
+    """What training needs (nbddp.needs): the statements it does not need are rank-0 work; after its end, rank 0 goes
+    on alone (`nbddp_rest_on_rank0()`, unless the notebook has that line already)."""
+    plan = training_needs(body, tree.names, guards.effects)
+    guards.calls = plan.calls
+    if plan.end is None:
+        return body
+    guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
+    cell = None
+    for stmt in body:
+        cell = starts_cell(stmt) or cell
+        if id(stmt) in plan.differs:
+            ctx.report.warn(cell, f"`{code_of(plan.differs[id(stmt)].func)}()` gives each rank a value of its own (the "
+                            "clock, a uuid, the OS's entropy) and training needs what this line does with it: the "
+                            "ranks differ; bind the value to a name first (nbddp gives rank 0's to every rank)")
+    rest = body[plan.end + 1:]
+    guards.rest = {id(stmt) for stmt in rest}
+    if plan.marked or not rest:
+        return body
+    cells = [starts_cell(stmt) for stmt in body[:plan.end + 1] if starts_cell(stmt) is not None]
+    later = sorted({c for c in map(starts_cell, rest) if c is not None})
+    ctx.report.change(cells[-1] if cells else None,
+                      "training ends here: the rest of the notebook" + (
+                          "" if not later else f" (cell {later[0]})" if len(later) == 1 else
+                          f" (cells {later[0]}-{later[-1]})") +
+                      " runs on rank 0 alone; the other ranks wait for it, then end")
+    comment = cst.EmptyLine(comment=cst.Comment("# nbddp: training ends here; rank 0 runs the rest alone, the other "
+                                                "ranks wait for it"))
+    line = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(REST)))], leading_lines=[comment])
+    return body[:plan.end + 1] + [line] + rest
+
+
+def take_given(guards, stmt):
+    """A statement training needs that generates or reads the clock, a uuid, the OS's entropy: rank 0 runs it,
+    and every rank gets the values it binds that training reads (nbddp_share_values, after the barrier)."""
+    names = guards.shares[id(stmt)]
+    calls = guards.calls.get(id(stmt)) or live_calls(stmt)
+    why = [r for r in map(guards.reason, calls) if r]
+    word = why[0][2] if why else next(parts(code_of(c.func))[-1] for c in calls if OWN_VALUE in
+                                      guards.effects.of_call(c))
+    guards.taken[id(stmt.body)] = (frozenset().union(*(k for k, _, _ in why)) | {GIVEN}, word)
+    guards.sharing[id(stmt.body)] = names
+    guards.reasons.setdefault(guards.cell, []).append(
+        f"{why[0][1] + ', ' if why else ''}every rank gets rank 0's {', '.join(names)} (training reads "
+        f"{'it' if len(names) == 1 else 'them'}; each rank would compute {'its' if len(names) == 1 else 'their'} "
+        "own)")
+    guards.tainted |= reads_writes(stmt)[1] - set(names)
+    return TAKE
+
+
+def given_names(stmt) -> set[str]:
+    """The names a `nbddp_share_values(globals(), "a", ...)` line gives every rank."""
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    call = small.value if isinstance(small, cst.Expr) else None
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value == GIVE):
+        return set()
+    return {a.value.evaluated_value for a in call.args if isinstance(a.value, cst.SimpleString)}
