@@ -3,6 +3,7 @@ call's arguments, the code a statement runs itself (its live calls, its blocks, 
 regrouping a block's statements (a group never spans two cells)."""
 from __future__ import annotations
 
+import ast
 import functools
 from typing import Callable, Sequence
 
@@ -20,10 +21,21 @@ def parse(code: str, cell=None, step=None) -> cst.Module:
     try:
         return cst.parse_module(code)
     except cst.ParserSyntaxError as exc:
-        raise ConversionError(
-            f"not valid Python after removing magics ({exc.message}); fix the cell in the notebook",
-            step=step, cell=cell, line=exc.raw_line,
-        ) from None
+        message, line = _python_says(code) or (exc.message, exc.raw_line)
+        raise ConversionError(f"not valid Python ({message}); fix the cell in the notebook", step=step, cell=cell,
+                              line=line) from None
+
+
+def _python_says(code: str):
+    """(message, line) of Python's own syntax error for the code (clearer than libcst's: `'(' was never closed` at
+    the line that opens it), or None where Python reads it."""
+    try:
+        compile(code, "<cell>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as exc:
+        return exc.msg, exc.lineno
+    except ValueError:
+        return None
+    return None
 
 
 def dotted(node) -> str | None:

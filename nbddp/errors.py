@@ -10,18 +10,17 @@ class NotebookReadError(NbddpError):
 
 
 class ConversionError(NbddpError):
-    """A pipeline step could not convert a cell."""
+    """A pipeline step could not convert a cell. The message names the notebook's cell and line (as the notebook
+    numbers them); `step`, the pipeline step that stopped, is for bug reports and tests, not for the user's eyes."""
 
     def __init__(self, message, *, step=None, cell=None, line=None):
-        self.step, self.cell, self.line = step, cell, line
+        self.step, self.cell, self.line, self.message = step, cell, line, message
         where = []
         if cell is not None:
             where.append(f"cell {cell}")
         if line is not None:
             where.append(f"line {line}")
         prefix = ", ".join(where)
-        if step:
-            prefix = f"{step}: {prefix}" if prefix else step
         super().__init__(f"{prefix}: {message}" if prefix else message)
 
 

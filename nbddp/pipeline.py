@@ -75,8 +75,8 @@ def _step_error(exc, step, tree=None):
         except Exception:  # the error report must not fail in its turn
             pass
     said = (str(exc).strip().splitlines() or [""])[0][:100]  # one line, whatever the exception holds
-    return ConversionError(f"internal error ({type(exc).__name__}: {said}); please report it with the notebook",
-                           step=step.name, cell=cell, line=line)
+    return ConversionError(f"internal error in nbddp's {step.name} step ({type(exc).__name__}: {said}); please report "
+                           "it with the notebook", step=step.name, cell=cell, line=line)
 
 
 def _text_steps(nb, ctx: Context):
@@ -161,9 +161,13 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
 
 
 def _source_name(notebook) -> str:
-    """What the report and the script call the notebook: its file's name, else "notebook"."""
-    return os.path.basename(os.fspath(notebook)) if isinstance(notebook, (str, os.PathLike)) and (
-        os.path.exists(notebook) or not os.fspath(notebook).lstrip().startswith("{")) else "notebook"
+    """What the report and the script call the notebook: its file's name (bytes that are not UTF-8 shown as �, so
+    the script stays UTF-8 text), else "notebook"."""
+    if not isinstance(notebook, (str, os.PathLike)) or (
+            not os.path.exists(notebook) and os.fspath(notebook).lstrip().startswith("{")):
+        return "notebook"
+    name = os.path.basename(os.fsdecode(notebook))
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def plain_script(notebook, *, source_name=None) -> str:

@@ -5,6 +5,7 @@ Load it with `%load_ext nbddp`. Modelled on IPython's `%%script` (IPython/core/m
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from IPython.core import magic_arguments
@@ -13,7 +14,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.utils.process import arg_split
 
 from . import executor, launch
-from .errors import NbddpError
+from .errors import ConversionError, NbddpError
 
 DEFAULT_SCRIPT = "train_ddp.py"
 CELL_SOURCE = "%%torchrun cell"
@@ -112,7 +113,9 @@ class TorchrunMagics(Magics):
             launch.check_flags(extra)
             if cell is not None:
                 script = self._write_cell(cell, args.out, nproc, args.force, args.all_ranks)
-        except NbddpError as exc:  # bad count or flag, bad cell, file in the way: one line, like any usage error
+        except ConversionError as exc:  # a line of this cell: as the cell numbers it, the magic's own line first
+            raise UsageError(f"{_this_cell(exc.cell, exc.line)}: {exc.message}") from None
+        except NbddpError as exc:  # bad count or flag, file in the way: one line, like any usage error
             raise UsageError(str(exc)) from None
         how = dict(extra=extra, script_args=script_args, all_ranks=args.all_ranks)
         job = executor.plan(script, nproc, **how)
@@ -128,7 +131,11 @@ class TorchrunMagics(Magics):
         threads = job.env.get("OMP_NUM_THREADS")
         threads = f"{threads} each" if threads else os.environ.get("OMP_NUM_THREADS")
         print(f"nbddp: {script} on {nproc} processes{per_node} ({shown}; OMP_NUM_THREADS={threads})", flush=True)
-        executor.run_script(script, nproc, **how)
+        try:
+            executor.run_script(script, nproc, **how)
+        except executor.RankFailedError as exc:  # its frames in this cell, not "cell 1" of the script
+            exc.traceback = _CELL_LINE.sub(lambda m: f"  {_this_cell(1, int(m.group(1)))}:", exc.traceback)
+            raise
         return None
 
     def _write_cell(self, cell, out, nproc, force, all_ranks=False) -> str:
@@ -150,9 +157,18 @@ def _own_options(parser) -> set:
     return {opt for action in parser._actions for opt in action.option_strings}
 
 
+_CELL_LINE = re.compile(r"  cell 1, line (\d+):")  # a frame as nbddp.executor.cell_frames writes it
+
+
+def _this_cell(cell, line) -> str:
+    """Where in the `%%torchrun` cell (the script's only cell, number 1): "this cell, line 3", its lines counted as
+    the notebook shows them, the `%%torchrun` line first."""
+    return "this cell" + (f", line {line + 1}" if line else "")
+
+
 def _print_notes(report):
     """What the user must know before the job runs: lines nbddp could not convert, and removed installs."""
     for note in report.warnings:
-        print(f"nbddp: check {note.where()}: {note.text}", file=sys.stderr)
+        print(f"nbddp: check {_this_cell(note.cell, note.line)}: {note.text}", file=sys.stderr)
     for command in report.installs:
         print(f"nbddp: removed from the script (run it in the notebook first): {command}", file=sys.stderr)

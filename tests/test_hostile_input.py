@@ -152,3 +152,15 @@ def test_what_jupyter_opens_is_read_and_the_repair_reported(tmp_path):
     assert "cell 1 (markdown): dropped execution_count, outputs" in done.stdout
     assert "cell 2 (raw): dropped colab_extra" in done.stdout
     assert done.stderr == ""  # nothing from nbformat outside the report
+
+
+def test_a_notebook_whose_file_name_is_not_utf8_converts(tmp_path):
+    nb = write_notebook(tmp_path / "nb.ipynb", *SMALL)
+    odd = os.path.join(os.fsencode(tmp_path), b"caf\xe9.ipynb")
+    os.rename(nb, odd)
+    done = subprocess.run([sys.executable, "-m", "nbddp", "convert", odd, "-o", str(tmp_path / "t.py")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    script = (tmp_path / "t.py").read_text(encoding="utf-8")  # UTF-8 text, the name's odd byte shown as �
+    assert "caf\ufffd.ipynb" in script
+    compile(script, "t.py", "exec")

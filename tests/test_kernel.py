@@ -129,5 +129,5 @@ def test_a_failing_rank_shows_its_own_traceback_in_cell_lines_and_not_torchruns(
     assert status == "error" and errors and errors[0]["ename"] == "RankFailedError", shown
     headline = errors[0]["evalue"]  # rank 0 also fails, later, at the teardown's barrier: rank 1 is the cause
     assert headline.startswith("rank 1 ") and "KeyError: 'missing-key'" in headline, shown[-2500:]
-    assert "cell 1, line 4: raise KeyError('missing-key')" in shown
+    assert "this cell, line 5: raise KeyError('missing-key')" in shown  # counted as the cell shows its lines
     assert "ChildFailedError" not in shown and "Root Cause" not in shown

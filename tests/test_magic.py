@@ -161,6 +161,18 @@ def test_bad_arguments_are_usage_errors(ip, tmp_path, monkeypatch, line):
     assert not (tmp_path / "train_ddp.py").exists()
 
 
+@pytest.mark.parametrize("cell, where", [
+    ("x = 1\ndef f(:\n    pass\n", "this cell, line 3: not valid Python"),
+    ("if True:\n\tx = 1\n        y = 2\n", "this cell, line 4: not valid Python (inconsistent use of tabs"),
+])
+def test_a_cell_that_is_not_python_names_its_line_as_the_cell_shows_it(ip, tmp_path, monkeypatch, cell, where):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("torchrun", "2 --dry-run", cell)
+    assert str(raised.value).startswith(where) and "magics" not in str(raised.value), str(raised.value)
+    assert not (tmp_path / "train_ddp.py").exists()
+
+
 def test_line_magic_needs_a_script(ip):
     with pytest.raises(UsageError, match="script.py"):
         ip.run_line_magic("torchrun", "2")

@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed
 
-from .launcher import NBDDP_LAUNCHED, nbddp_nproc, nbddp_self_launch
+from .launcher import NBDDP_LAUNCHED, nbddp_nproc, nbddp_say_missing, nbddp_self_launch
 from .wait import (NBDDP_ALONE, NBDDP_BARRIER_KEY, NBDDP_WAITS, nbddp_say_failed, nbddp_store, nbddp_store_barrier,
                    nbddp_wait_until)
 
@@ -61,8 +61,12 @@ def nbddp_start(mode="ddp", group=True, batch=None):
     if batch:
         os.environ.setdefault("NBDDP_BATCH", batch)
     NBDDP_MODE, nproc = mode, nbddp_nproc()
-    if mode == "ddp" and nproc > 1 and not any(name in os.environ for name in NBDDP_LAUNCHED):
+    launched = any(name in os.environ for name in NBDDP_LAUNCHED)
+    if mode == "ddp" and nproc > 1 and not launched:
         nbddp_self_launch(nproc)
+    if nproc == 0 and not launched:  # no GPU, no count asked for: say what runs instead
+        print("nbddp: no GPU visible: one process on the CPU (NBDDP_NPROC=2 runs 2 processes with gloo; on Kaggle or "
+              "Colab, turn the GPU accelerator on)", flush=True)
     if torch.cuda.is_available():
         torch.cuda.set_device(NBDDP_LOCAL_RANK)
     elif NBDDP_WORLD_SIZE > 1:
@@ -257,6 +261,8 @@ def nbddp_teardown():
     """Run the end-of-script checks, wait for every rank, then close the process group; a rank that failed skips
     the checks and the wait. The last, collective barrier keeps a store that rank 0 hosts up until every rank has
     left it. After training's end the other ranks wait here for rank 0 (nbddp_rest_on_rank0)."""
+    if isinstance(sys.exc_info()[1], ModuleNotFoundError):
+        nbddp_say_missing(sys.exc_info()[1])
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         failure = sys.exc_info()[1]
         ok = failure is None or isinstance(failure, NbddpRest)

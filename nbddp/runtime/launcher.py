@@ -58,3 +58,18 @@ def nbddp_self_launch(nproc):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)  # as a torchrun started in its place would: nothing of the script runs after the job
+
+
+def nbddp_say_missing(failure):
+    """A package the notebook imports is not installed: one line naming the install commands of the script's header
+    (the notebook's own, removed from the script) that mention it, once per machine."""
+    if os.environ.get("LOCAL_RANK", "0") != "0" or not getattr(failure, "name", None):
+        return
+    package = failure.name.split(".")[0].lower().replace("_", "-")  # pip's names: `unsloth-zoo` for unsloth_zoo
+    header = getattr(sys.modules.get("__main__"), "__doc__", None) or ""
+    listed = header.split("Install first", 1)[1].splitlines()[1:] if "Install first" in header else []
+    commands = [line.strip() for line in listed if line.startswith("    ") and package in line.lower().replace("_", "-")]
+    hint = f"run {' and '.join(commands)}" if commands else \
+        "install it (the script's header lists the notebook's install commands)" if listed else "install it"
+    print(f"nbddp: the notebook imports {failure.name}, which is not installed here: {hint}, then run the script "
+          "again", file=sys.stderr, flush=True)
