@@ -155,6 +155,11 @@ class Tree:
                 self._facts[stmt] = found.of(names, None)
         return self._facts[stmt]
 
+    def calls_in(self, stmt) -> list:
+        """The calls a top-level statement of the first tree holds (read in the analysis' one pass)."""
+        self.names  # noqa: B018 - the analysis' pass fills the statement facts
+        return self._seen.calls.get(self.names.orig(stmt), [])
+
     def names_in(self, stmt) -> set:
         """The names a top-level statement holds (read in the analysis' one pass over the first tree)."""
         names = self.names  # the analysis' pass fills the statement facts

@@ -307,7 +307,8 @@ def test_a_fault_names_the_step_cell_and_line(monkeypatch):
         raise RuntimeError("boom\nsecond line")
 
     monkeypatch.setattr(scratch._Scratch, "leave_Call", broken)
-    with pytest.raises(ConversionError, match=r"^scratch: cell 3, line 2: internal error \(RuntimeError: boom\)") as err:
+    with pytest.raises(ConversionError, match=r"^cell 3, line 2: internal error in nbddp's scratch step "
+                                              r"\(RuntimeError: boom\)") as err:
         convert("x = 1\n", ("markdown", "m"), "y = 2\nmodel = FastLanguageModel.get_peft_model(model)\n")
     assert "\n" not in str(err.value)
 

@@ -21,13 +21,15 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # -- launcher: needed by group, fit, global_batch
 # -- wait: needed by group, one_writer, agree
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group
-# -- hooks: needed by fit, one_writer, files, agree, unsloth_group, lean_sync, peft_shim, global_batch, balance
+# -- hooks: needed by fit, one_writer, files, agree, unsloth_group, strategy, lean_sync, peft_shim, global_batch, balance
 # -- fit: the notebook loads a model: DDP if it fits one GPU, else one process split over all of them
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- files: every script: a file that every rank writes is written by one rank per machine; the notebook calls nbddp_main_process_first, nbddp_shell, nbddp_write_file: once per machine, the other ranks wait
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
 # -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
+# -- checkpoint: needed by strategy
+# -- strategy: gradient checkpointing and SFTConfig(ddp_find_unused_parameters=...): DDP's graph settings chosen at run time from the checkpointing mode
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
 # -- peft_shim: LoraConfig(ensure_weight_tying=...) from Unsloth's get_peft_model on any peft version
 # -- global_batch: the notebook trains with a Trainer: its global batch kept where the process count divides gradient_accumulation_steps (NBDDP_BATCH=scale: N times its samples)
@@ -132,7 +134,6 @@ try:
             lr_scheduler_type = "linear",
             seed = 3407,
             report_to = "none",
-            ddp_find_unused_parameters = False,
         ),
     )
 
