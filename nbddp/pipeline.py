@@ -10,6 +10,7 @@ from . import inline
 from .cells import MARKER, cell_at, cell_number
 from .cst_helpers import names_in, parse
 from .errors import ConversionError, NbddpError, NotebookReadError
+from .install_values import expand
 from .launch import launch_lines
 from .notebook import as_notebook
 from .report import Report
@@ -104,6 +105,7 @@ def run_tree(nb, ctx: Context) -> Tree:
         except Exception as exc:
             raise _step_error(exc, step, tree) from exc
     tree.notebook = nb
+    ctx.report.installs = expand(ctx.report.installs, tree.first)  # the notebook's own string variables put in
     return tree
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import libcst as cst
 
 from .cells import starts_cell
+from .install_values import has_placeholders
 from .writer import stamped
 
 
@@ -90,7 +91,8 @@ def render_script(module, runtime, runtime_module=None, runtime_id=None, **conte
     module, futures = hoist_futures(module)
     template = environment().get_template("ddp_script.py.j2")
     values = dict(body=body_block(module), runtime=None if runtime_module else render(runtime), start=runtime.start(),
-                  futures=futures, runtime_module=runtime_module, runtime_id=runtime_id, **context)
+                  futures=futures, runtime_module=runtime_module, runtime_id=runtime_id,
+                  placeholders=has_placeholders(context.get("installs") or ()), **context)
     script = template.render(starts=0, **values)
     if runtime_module:
         return stamped(script)

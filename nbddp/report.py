@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .install_values import has_placeholders
+
 
 @dataclass(frozen=True)
 class Note:
@@ -50,8 +52,10 @@ class Report:
             out.append("Check these (nbddp could not convert them safely):")
             out += [f"  {n.where()}: {n.text}" for n in sorted(self.warnings, key=_order)]
         if self.installs:
-            out.append("Install before running (the notebook's install commands, removed from the script; {name} parts "
-                       "are the notebook's own variables: put in their values):")
+            left = " {name} parts are the notebook's own variables: put in their values;" if has_placeholders(
+                self.installs) else ""
+            out.append(f"Install before running (the notebook's install commands, removed from the script;{left} "
+                       "where the notebook chooses between values, a line per choice):")
             out += [f"  {c}" for c in self.installs]
         if launch_lines:
             out.append("Launch:")

@@ -6,11 +6,13 @@ python train_ddp.py   (a Kaggle Script as it is: one process per GPU, started by
 torchrun --standalone --nproc_per_node=2 train_ddp.py   (a Kaggle Script's "Command" field, or several machines)
 accelerate launch --multi_gpu --num_processes=2 train_ddp.py
 
-Install first (the notebook's install commands, every branch, removed here; {name} parts are its own variables):
+Install first (the notebook's install commands, every branch, removed here):
     pip install --upgrade -qqq uv
-    uv pip install -qqq --upgrade {_vllm} {_numpy} {_pil} torchvision bitsandbytes xformers unsloth
-    uv pip install -qqq {_triton} "huggingface_hub>=0.34.0" "datasets==4.3.0"
-    uv pip install -qqq --no-deps --upgrade "{_torchao}"
+    uv pip install -qqq --upgrade vllm==0.11.2 numpy pillow torchvision bitsandbytes xformers unsloth
+    uv pip install -qqq --upgrade vllm==0.15.1 numpy pillow torchvision bitsandbytes xformers unsloth
+    uv pip install -qqq triton "huggingface_hub>=0.34.0" "datasets==4.3.0"
+    uv pip install -qqq --no-deps --upgrade "torchao>=0.16.0"
+    uv pip install -qqq --no-deps --upgrade "torchao>=0.16.0,<0.18.0"
     uv pip install transformers==4.56.2
     uv pip install --no-deps trl==0.22.2
 """

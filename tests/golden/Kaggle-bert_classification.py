@@ -6,7 +6,7 @@ python train_ddp.py   (a Kaggle Script as it is: one process per GPU, started by
 torchrun --standalone --nproc_per_node=2 train_ddp.py   (a Kaggle Script's "Command" field, or several machines)
 accelerate launch --multi_gpu --num_processes=2 train_ddp.py
 
-Install first (the notebook's install commands, every branch, removed here; {name} parts are its own variables):
+Install first (the notebook's install commands, every branch, removed here):
     pip install pip3-autoremove
     pip install torch torchvision torchaudio xformers --index-url https://download.pytorch.org/whl/cu128
     pip install unsloth
