@@ -12,6 +12,8 @@
                   compute for itself (the clock, a uuid: nbddp.entries.PER_PROCESS) -> the names they bind that
                   training reads: rank 0 runs the statement, every rank gets its values (nbddp_share_values)
     plan.differs -> such statements that bind no value to give (`random.seed(time.time())`): id -> what it calls
+    plan.setup -> statements every rank runs because they call a function of a library training comes from for its
+                  effect (`PatchFastRL(...)`): id -> those libraries (the report says so: it could go either way)
 
 The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
 collectives, nbddp's own helpers, what reads the rank or the world size by meaning: `open(f"log-{dist.get_rank()}.txt",
@@ -56,6 +58,9 @@ class Plan:
     calls: dict = field(default_factory=dict)  # id of each statement read -> its live calls
     shares: dict = field(default_factory=dict)  # id of a statement rank 0 runs for every rank -> the names to give
     differs: dict = field(default_factory=dict)  # id of a needed statement whose value differs by rank -> its call
+    setup: dict = field(default_factory=dict)  # id of a statement every rank runs as set-up of a library -> libraries
+    libraries: set = field(default_factory=set)  # the libraries training's own objects come from, and torch
+    packages: set = field(default_factory=set)  # the packages the notebook imports
 
 
 class _Scan:
@@ -195,6 +200,7 @@ def training_needs(body, names, effects) -> Plan:
     if plan.end is None:
         return plan
     scan.learn_libraries(body[:plan.end + 1])
+    plan.libraries, plan.packages = scan.libraries, scan.packages
     needed: set[str] = set()
     for stmt in reversed(body[:plan.end + 1]):
         if is_if_false(stmt) or isinstance(stmt, cst.SimpleStatementLine) and \
@@ -207,6 +213,8 @@ def training_needs(body, names, effects) -> Plan:
             continue
         if files:
             plan.files[id(stmt)] = files
+        if seed and not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).configures & scan.libraries:
+            plan.setup[id(stmt)] = sorted(scan.seen(stmt).configures & scan.libraries)
         if seed or changes & needed:
             _share(plan, stmt, scan, sorted(n for n in changes & needed if not n.startswith("file:")))
             if whole:

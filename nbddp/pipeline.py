@@ -48,6 +48,7 @@ class CodeCells(Transform):
             if cell.cell_type == "code" and cell.source.strip():
                 cell.source = cell.source.replace("\r\n", "\n")  # one newline style in the script
                 cell.metadata["nbddp"] = {"cell": number}
+                ctx.inputs[number] = cell.source
                 kept.append(cell)
         if not kept:
             raise NotebookReadError(f"{ctx.report.source} has no code cells; there is nothing to convert")

@@ -4,7 +4,8 @@ multi-process code keeps its meaning and every rank computes the same values (is
 The notebook trains with accelerate (its `prepare` is the data parallelism, its `wait_for_everyone` after the loop
 meets every rank), then each rank records what it computed: after training, a test of the rank that runs on rank 1
 only, and values each process would compute for itself that training reads (a set of strings' order, an unseeded
-NumPy generator, samples a generator of the notebook's own draws from the OS's entropy, a uuid).
+NumPy generator, samples a generator of the notebook's own draws from the OS's entropy, a uuid). A function training
+needs makes its folders without exist_ok, on every rank.
 It writes a training script with `%%writefile` and runs it with `!python`, and starts it again through subprocess
 from its own function: the script would join a process group of WORLD_SIZE processes if it saw this job's.
 """
@@ -39,10 +40,12 @@ CELLS = [
     "rng = np.random.default_rng()\nnoise = rng.normal(size = 3).tolist()\n",
     "import secrets, uuid\nclass Sampler:\n    def generate(self, n):\n        return [secrets.token_hex(4) for _ in range(n)]\n",
     "synthetic = Sampler().generate(3)\nrun_id = uuid.uuid4().hex\n",
+    "import pathlib\ndef workdir(name):\n    os.makedirs(name)\n    (pathlib.Path(name) / 'logs').mkdir()\n    return name\n"
+    "out_dir = workdir('out')\n",
     "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr = 0.1)\n"
     "model, opt = acc.prepare(model, opt)\n",
     "for step in range(3):\n    x = torch.full((2, 4), float(acc.process_index + step + len(order[0])))\n"
-    "    loss = model(x).pow(2).mean() + 0 * sum(noise) + 0 * len(synthetic + [run_id])\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
+    "    loss = model(x).pow(2).mean() + 0 * sum(noise) + 0 * len(synthetic + [run_id, out_dir])\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
     "acc.wait_for_everyone()\nweights = acc.unwrap_model(model).weight.tolist()\n",
     "with open(f'rank{acc.process_index}.json', 'w') as fh:\n"
     "    json.dump({'order': order, 'noise': noise, 'weights': weights, 'synthetic': synthetic, 'run': run_id}, fh)\n",

@@ -73,3 +73,28 @@ def test_show_prints_a_value_as_jupyter_shows_it(capsys):
 def test_shell_output_lines_read_as_ipythons():
     lines = files.nbddp_getoutput("printf 'a\\nb\\n'")
     assert lines == ["a", "b"] and lines.s == "a b" and lines.n == "a\nb" and lines.l == ["a", "b"]
+
+
+@pytest.mark.parametrize("cell, shown", [
+    ("a, b\n", "nbddp_show((a, b))\n"), ("*x, 3\n", "nbddp_show((*x, 3))\n"), ("a[0] > 1\n", "nbddp_show(a[0] > 1)\n"),
+    ("f'{a}!'\n", "nbddp_show(f'{a}!')\n"), ("a if b else c\n", "nbddp_show(a if b else c)\n"),
+])
+def test_a_shown_value_of_any_shape_is_one_value(cell, shown):
+    from test_transforms import convert_cells
+
+    out, _ = convert_cells("a, b, x, c = 1, 2, [3], 4\n", cell)
+    assert out[1] == shown
+    compile(out[1], "cell", "exec")
+
+
+def test_a_notebook_that_reads_ipythons_history_gets_it_and_one_that_does_not_gets_nothing():
+    from test_transforms import convert_cells
+
+    out, _ = convert_cells("x = 1\n", "x + 1\n", "y = _ * 2\n")
+    assert out[0].startswith("nbddp_history([('x = 1', 'x = 1'), ('x + 1', 'x + 1'), ('y = _ * 2', 'y = _ * 2')])\n"
+                             "nbddp_input(1)\n")
+    assert out[1] == "nbddp_input(2)\nnbddp_show(x + 1, 2)\n"
+    again, _ = convert_cells(*out)
+    assert again == out  # converting converted code changes nothing more
+    plain, _ = convert_cells("x = 1\n", "for _ in range(2):\n    x += _\n", "x\n")  # `_` bound by the notebook
+    assert "nbddp_history" not in "".join(plain) and plain[2] == "nbddp_show(x)\n"

@@ -169,3 +169,26 @@ def test_a_value_of_its_own_that_training_needs_but_no_name_holds_is_reported():
 def test_a_clock_read_training_does_not_need_is_left_to_rank_0():
     (out, _), report = convert("import time\nstart = time.time()\nprint('started', start)\n", GIVE_TRAIN)
     assert "nbddp_share_values" not in out and "gives each rank" not in report.format()
+
+
+def test_set_up_of_a_library_training_comes_from_says_why_it_runs_on_every_rank():
+    _, report = convert("from unsloth import PatchFastRL, UnslothTrainer\nPatchFastRL('GRPO', None)\n" + "x = 1\n",
+                        "trainer = UnslothTrainer(model=model)\nstats = trainer.train()\n")
+    assert "cell 1: runs on every rank: it calls unsloth for its effect, a library training's own objects come " \
+           "from" in report.format()
+
+
+@pytest.mark.parametrize("hook", [
+    "        requests.post(URL, json=logs)\n",
+    "        if logs:\n            hooks.send(URL, text=str(logs))\n",
+    "        for key in logs:\n            requests.post(URL, json={key: logs[key]})\n",
+])
+def test_an_effect_in_a_training_callbacks_hook_runs_on_rank_0(hook):
+    head = "import requests\nimport slackhooks as hooks\nfrom transformers import TrainerCallback\nURL = 'https://x'\n"
+    cls = "class Notify(TrainerCallback):\n    def on_log(self, args, state, control, logs=None, **kw):\n" + hook + \
+          "        control.should_log = True\n"
+    out, report = convert(head + cls + "x = 1\n", TRAIN.replace("train_dataset=ds", "train_dataset=ds, "
+                                                                 "callbacks=[Notify()]"))
+    assert "if NBDDP_IS_MAIN:\n" in out[0] and "nbddp_barrier" not in out[0].split("class Notify")[1], out[0]
+    assert "        control.should_log = True\n" in out[0]  # what the hook decides: on every rank
+    assert "in the callback's Notify hooks" in report.format()

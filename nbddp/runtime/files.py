@@ -21,10 +21,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 from .group import (NBDDP_AT_START, NBDDP_IS_LOCAL_MAIN, NBDDP_LOCAL_RANK, NBDDP_RANK, NBDDP_WORLD_SIZE, nbddp_barrier,
                     nbddp_skipped)
 from .hooks import _nbddp_choice
+from .wait import nbddp_store
 
 
 @contextlib.contextmanager
@@ -75,6 +77,37 @@ def nbddp_children_outside_the_job():
 
 
 NBDDP_AT_START.append(nbddp_children_outside_the_job)
+NBDDP_MADE_KEY = "nbddp/made/{}"  # a folder a rank of this job made (its real path)
+
+
+def nbddp_folders_once():
+    """A folder the notebook makes without exist_ok in code every rank runs (`os.makedirs(out)`, `Path(p).mkdir()`
+    inside a function training needs): the rank that comes second finds it made by another rank of this job and goes
+    on, as the notebook did alone. A folder that was there before the job still raises FileExistsError."""
+    if NBDDP_WORLD_SIZE == 1 or getattr(os.mkdir, "_nbddp_once", False):
+        return
+    mkdir = os.mkdir
+
+    def once_mkdir(path, *args, **kwargs):
+        key = NBDDP_MADE_KEY.format(os.path.realpath(os.fsdecode(path)))
+        store = nbddp_store()
+        try:
+            mkdir(path, *args, **kwargs)
+        except FileExistsError:
+            deadline = time.monotonic() + 2  # the rank that made it says so right after
+            while store is not None and not store.check([key]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if store is None or not store.check([key]):
+                raise
+            return
+        if store is not None:
+            store.set(key, str(NBDDP_RANK))
+
+    once_mkdir._nbddp_once = True
+    os.mkdir = once_mkdir  # os.makedirs and pathlib make their folders through it
+
+
+NBDDP_AT_START.append(nbddp_folders_once)
 
 
 def nbddp_shell(command, shell=True):

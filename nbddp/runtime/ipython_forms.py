@@ -135,10 +135,43 @@ def _nbddp_text(value):
     return next((source for source in rich if isinstance(source, str)), text) if text.endswith("object>") else text
 
 
-def nbddp_show(value):
-    """A cell's last expression: its text on rank 0, unless None (the value itself is computed on every rank)."""
-    if value is not None:
-        nbddp_display(value)
+NBDDP_OUT = {}  # IPython's Out (and _oh): execution count -> the value a cell showed
+
+
+def nbddp_show(value, count=None):
+    """A cell's last expression: its text on rank 0, unless None (the value itself is computed on every rank). With
+    `count` (the cell's execution count, where the notebook reads IPython's output history), every rank keeps the
+    value as IPython does: Out[count], _count, and _ (the value), __ and ___ (the two before)."""
+    if value is None:
+        return
+    nbddp_display(value)
+    if count is not None:
+        names = sys._getframe(1).f_globals  # the notebook's namespace: the script's globals, a %ddp session's
+        NBDDP_OUT[count] = names[f"_{count}"] = value
+        names["___"], names["__"], names["_"] = names.get("__", ""), names.get("_", ""), value
+
+
+NBDDP_INPUTS = []  # (the cell as written, its Python as IPython runs it), in execution order
+
+
+def nbddp_history(inputs):
+    """IPython's history names for a notebook that reads them, as a new kernel has them before its first cell: In
+    and _ih [""], Out and _oh (filled as cells show values: nbddp_show) empty, _, __, ___, _i, _ii, _iii "".
+    `inputs`: each code cell as (written, as IPython runs it), in order; nbddp_input adds each as its cell starts."""
+    NBDDP_INPUTS[:] = inputs
+    names = sys._getframe(1).f_globals
+    ran = [""]
+    names.update(In=ran, _ih=ran, Out=NBDDP_OUT, _oh=NBDDP_OUT, _="", __="", ___="", _i="", _ii="", _iii="")
+
+
+def nbddp_input(count):
+    """Cell `count` starts, as IPython stores its input: In[count], _i<count> (the cell as written), and _i, _ii,
+    _iii the three cells before it."""
+    names = sys._getframe(1).f_globals
+    written, python = NBDDP_INPUTS[count - 1]
+    names["In"].append(python)
+    names["_iii"], names["_ii"], names["_i"] = names["_ii"], names["_i"], names.get(f"_i{count - 1}", "")
+    names[f"_i{count}"] = written
 
 
 def nbddp_display(*values, **kwargs):

@@ -25,6 +25,7 @@ class Context:
     options: Options = field(default_factory=Options)
     runtime: object = None  # nbddp.inline.Choice: the runtime modules the script carries, set by the last step
     tree: Tree | None = None  # the notebook's one tree, once the magics step is done
+    inputs: dict = field(default_factory=dict)  # cell number -> the code cell's source as the notebook holds it
 
 
 class Transform:

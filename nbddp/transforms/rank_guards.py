@@ -24,6 +24,7 @@ from ..rank_conditions import is_rank_test
 from ..reads_writes import header_of, reads_writes
 from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_generation_pipeline, parts
 from .base import TreeStep
+from .callbacks import callback, is_callback
 from .hoist import hoist
 from .whole import GIVE, GIVEN, apply_plan, given_names, take_given
 
@@ -86,6 +87,7 @@ class _Guards:
         self.rest: set = set()  # ids of the statements after training's end: rank 0 runs them alone
         self.unneeded: set = set()  # cells with statements training does not need
         self.calls: dict = {}  # id of a top-level statement -> its live calls (nbddp.needs read them)
+        self.libraries: tuple = ()  # (where training's own objects come from, what the notebook imports): nbddp.needs
         self.shares: dict = {}  # id of a top-level statement rank 0 runs for every rank -> the names it gives them
         self.sharing: dict = {}  # id of the body of such a statement, taken -> those names
 
@@ -133,6 +135,8 @@ class _Guards:
             return self.function(stmt) if self.effects.mixed(stmt, self.options.main_prints) else LEAVE
         if isinstance(stmt, cst.ClassDef):
             self.tainted -= writes
+            if self.libraries and is_callback(stmt, self.names):
+                return callback(self, stmt, *self.libraries)
             return DESCEND if any(isinstance(s, cst.FunctionDef) and self.effects.mixed(s, self.options.main_prints)
                                   for s in stmt.body.body) else LEAVE
         if is_if_false(stmt):

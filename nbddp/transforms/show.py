@@ -7,17 +7,26 @@ computed where the notebook computed it (on every rank, or under the rank-0 guar
 Calls that show nothing of their value (print, display, nbddp's helpers, the notebook's own functions that return
 nothing) are left as they are, and so are saves, pushes and a tracker's calls: what they return is bookkeeping (the
 files a tokenizer wrote), which the script does not show.
+
+A notebook that reads IPython's history (`_`, `__`, `___`, `_N`, `Out`, `In`, `_iN`, names it never binds itself)
+gets it: `nbddp_history([...])` before its first cell binds the inputs (each cell's Python as IPython runs it) and an
+empty output history, and `nbddp_show(value, N)` keeps each shown value under the cell's execution count N (its
+place among the code cells, as a kernel that runs them in order counts them), on every rank.
 """
 from __future__ import annotations
 
+import re
+
 import libcst as cst
+from IPython.core.inputtransformer2 import TransformerManager
 
 from ..cells import starts_cell
 from ..cst_helpers import LiveVisitor
 from ..vocabulary import DISPLAY, MEMORY, PRINT, PUSH, SAVE, TRACK, kinds
 from .base import TreeStep
 
-SHOW = "nbddp_show"
+SHOW, HISTORY, INPUT = "nbddp_show", "nbddp_history", "nbddp_input"
+HISTORY_NAMES = re.compile(r"_{1,3}|_\d+|_i\d+|Out|In|_oh|_ih")  # what IPython binds in a notebook's namespace
 SHOW_NOTHING = frozenset({"builtins.print", "display", "IPython.display.display"})
 BOOKKEEPING = frozenset({SAVE, PUSH, TRACK, PRINT, DISPLAY, MEMORY})  # values of saves and logs: not shown
 
@@ -53,9 +62,14 @@ def _returns_nothing(function) -> bool:
     return not returns.found
 
 
+def reads_history(names) -> bool:
+    """The notebook reads a name of IPython's history that it never binds itself."""
+    return any(not referents and HISTORY_NAMES.fullmatch(node.value) for node, referents in names.referents.items())
+
+
 class Show(TreeStep):
     name = "show"
-    inserts = (SHOW,)
+    inserts = (SHOW, HISTORY, INPUT)
 
     def _shows(self, names, expr) -> bool:
         if isinstance(expr, (cst.Yield, cst.Await)):
@@ -72,6 +86,8 @@ class Show(TreeStep):
     def run(self, tree, ctx):
         body = list(tree.module.body)
         ends = [i for i, stmt in enumerate(body) if i + 1 == len(body) or starts_cell(body[i + 1]) is not None]
+        history = reads_history(tree.names) and not any(n.startswith(HISTORY) for n in tree.names_in(body[0]))
+        counts = {number: count for count, number in enumerate(tree.numbers, start=1)}  # execution counts
         cell = None
         for i, stmt in enumerate(body):
             cell = starts_cell(stmt) or cell
@@ -79,8 +95,40 @@ class Show(TreeStep):
             if last is None or not self._shows(tree.names, last.value):
                 continue
             tree.at = stmt
-            shown = last.with_changes(value=cst.Call(cst.Name(SHOW), args=[cst.Arg(last.value)]))
+            value = last.value
+            if isinstance(value, cst.Tuple) and not value.lpar:  # `a, b`: one value, a tuple, as IPython shows it
+                value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            args = [cst.Arg(value)] + ([cst.Arg(cst.Integer(str(counts[cell])))] if history else [])
+            shown = last.with_changes(value=cst.Call(cst.Name(SHOW), args=args))
             body[i] = stmt.with_changes(body=[*stmt.body[:-1], shown])
             tree.names.origin[body[i]] = tree.names.orig(stmt)
             ctx.report.change(cell, "the cell's last value is shown on rank 0, as the notebook showed it")
+        if history:
+            body = _with_history(body, [ctx.inputs[number] for number in tree.numbers], counts)
+            ctx.report.change(tree.numbers[0], "the notebook reads IPython's history (_, Out, In, ...): the script "
+                                               "keeps it, each shown value under its cell's execution count")
         return tree.module.with_changes(body=body)
+
+
+def _line(name, *args, leading=()) -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(name), args=[cst.Arg(a) for a in args]))],
+                                   leading_lines=leading)
+
+
+def _with_history(body, inputs, counts) -> list:
+    """`nbddp_history([...])` before the notebook's first statement, and `nbddp_input(N)` first in each cell N (after
+    its marker): the inputs as written and as IPython runs them (In)."""
+    manager = TransformerManager()
+    pairs = cst.List([cst.Element(cst.Tuple([  # without their last newlines, as IPython's history keeps them
+        cst.Element(cst.SimpleString(repr(text.rstrip("\n")))),
+        cst.Element(cst.SimpleString(repr(manager.transform_cell(text).rstrip("\n"))))])) for text in inputs])
+    out = []
+    for stmt in body:
+        number = starts_cell(stmt)
+        if number is not None:
+            start = [_line(HISTORY, pairs)] if not out else []
+            out += start + [_line(INPUT, cst.Integer(str(counts[number])))]
+            out[-1 - len(start)] = out[-1 - len(start)].with_changes(leading_lines=stmt.leading_lines)
+            stmt = stmt.with_changes(leading_lines=())
+        out.append(stmt)
+    return out

@@ -23,9 +23,14 @@ def apply_plan(body, guards, tree, ctx) -> list:
     if plan.end is None:
         return body
     guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
+    guards.libraries = (plan.libraries, plan.packages)
     cell = None
     for stmt in body:
         cell = starts_cell(stmt) or cell
+        if id(stmt) in plan.setup:
+            ctx.report.change(cell, f"runs on every rank: it calls {' and '.join(plan.setup[id(stmt)])} for its effect, "
+                                    "a library training's own objects come from (set-up; a library they do not come "
+                                    "from would run once)")
         if id(stmt) in plan.differs:
             ctx.report.warn(cell, f"`{code_of(plan.differs[id(stmt)].func)}()` gives each rank a value of its own (the "
                             "clock, a uuid, the OS's entropy) and training needs what this line does with it: the "

@@ -1,0 +1,70 @@
+"""IPython's output and input history and a cell's shown value of any shape, in a converted notebook run as a
+2-process torchrun job (gloo), against a real Jupyter kernel running the same cells (the oracle): what each rank
+binds from `_`, `__`, `___`, `_N`, `Out[N]`, `In`, `_iN` is what the kernel binds, and what the cells show is shown
+once (issue 49)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from e2e import assert_clean_exit, run_notebook
+
+pytestmark = pytest.mark.ddp
+
+CELLS = [
+    "import json, os\nx = 21\nd = {'k': 'v'}\n",
+    "x * 2\n",                          # shown: Out[2]
+    "y = _ + 1\nseen = {'y': y, 'out2': Out[2], 'under2': _2}\n",
+    "x, y\n",                           # a tuple without parentheses
+    "d['k']\n",                         # a subscript
+    "x > 3\n",                          # a comparison
+    "f'{x}!'\n",                        # an f-string
+    "*[1, 2], 3\n",                     # a starred form
+    "def grab():\n    return ___, __, _\n",
+    "seen.update(last3=grab(), inputs=len(In), i2=_i2.strip(), out_keys=sorted(Out), before=_i.strip(), here=In[-1])\n",
+    "with open(f\"rank{os.environ.get('RANK', 'kernel')}.json\", 'w') as fh:\n    json.dump(seen, fh)\n",
+]
+
+
+@pytest.fixture(scope="module")
+def kernel_seen(tmp_path_factory):
+    """The cells in a new kernel, in order, as a user runs them: what it bound, and the values it showed."""
+    import os
+
+    from jupyter_client.manager import start_new_kernel
+
+    cwd = tmp_path_factory.mktemp("kernel")
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(cwd), env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    try:
+        shown = []
+        for cell in CELLS:
+            messages = []
+            reply = kc.execute_interactive(cell, timeout=60, output_hook=messages.append)
+            assert reply["content"]["status"] == "ok", (cell, messages)
+            shown += [m["content"]["data"]["text/plain"] for m in messages if m["msg_type"] == "execute_result"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    return json.loads((cwd / "rankkernel.json").read_text()), shown
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("history")
+    return run_notebook(CELLS, cwd)
+
+
+def test_every_rank_binds_the_history_the_kernel_binds(job, kernel_seen):
+    done, _ = job
+    assert_clean_exit(done)
+    for rank in range(2):
+        seen = json.loads((done.cwd / f"rank{rank}.json").read_text())
+        assert seen == kernel_seen[0], (rank, seen, kernel_seen[0])
+
+
+def test_each_shown_value_is_shown_once_whatever_its_shape(job, kernel_seen):
+    done, _ = job
+    for text in kernel_seen[1]:
+        lines = [line.split("]:", 1)[-1] for line in done.stdout.splitlines()]  # every rank's, prefixed
+        assert lines.count(text) == 1, (text, done.explain())
