@@ -17,7 +17,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # ---- nbddp runtime: the parts of nbddp/runtime/ this notebook needs (no notebook code above this line) ----
 # -- recipe: needed by launcher
 # -- launcher: needed by group, fit, global_batch
-# -- wait: needed by group, one_writer, agree
+# -- wait: needed by group, one_writer, files, agree
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group
 # -- hooks: needed by fit, one_writer, files, agree, unsloth_group, lean_sync, peft_shim, global_batch, balance
 # -- fit: the notebook loads a model: DDP if it fits one GPU, else one process split over all of them
