@@ -92,8 +92,8 @@ def test_a_notebook_that_reads_ipythons_history_gets_it_and_one_that_does_not_ge
 
     out, _ = convert_cells("x = 1\n", "x + 1\n", "y = _ * 2\n")
     assert out[0].startswith("nbddp_history([('x = 1', 'x = 1'), ('x + 1', 'x + 1'), ('y = _ * 2', 'y = _ * 2')])\n"
-                             "nbddp_input(1)\n")
-    assert out[1] == "nbddp_input(2)\nnbddp_show(x + 1, 2)\n"
+                             "nbddp_cell_input(1)\n")
+    assert out[1] == "nbddp_cell_input(2)\nnbddp_show(x + 1, 2)\n"
     again, _ = convert_cells(*out)
     assert again == out  # converting converted code changes nothing more
     plain, _ = convert_cells("x = 1\n", "for _ in range(2):\n    x += _\n", "x\n")  # `_` bound by the notebook

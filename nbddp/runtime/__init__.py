@@ -50,7 +50,7 @@ HELPERS = {
     "nbddp_capture": Helper("ipython_forms", _FORMS + ": %%capture bound to a name"),
     "nbddp_show": Helper("ipython_forms", _FORMS + ": a cell's last value shown"),
     "nbddp_history": Helper("ipython_forms", _FORMS + ": the output and input history (Out, _, _N, In, _iN)"),
-    "nbddp_input": Helper("ipython_forms", _FORMS + ": a cell's input in the history, as the cell starts"),
+    "nbddp_cell_input": Helper("ipython_forms", _FORMS + ": a cell's input in the history, as the cell starts"),
     "nbddp_batch_as_written": Helper("global_batch", "an accumulation the notebook computes from the world size: kept"),
     "nbddp_ddp": Helper("loop", _LOOP + ": the model trains through DDP", True),
     "nbddp_distributed": Helper("loop", _LOOP + ": each rank reads its share of the data", True),

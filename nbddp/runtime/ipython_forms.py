@@ -157,14 +157,14 @@ NBDDP_INPUTS = []  # (the cell as written, its Python as IPython runs it), in ex
 def nbddp_history(inputs):
     """IPython's history names for a notebook that reads them, as a new kernel has them before its first cell: In
     and _ih [""], Out and _oh (filled as cells show values: nbddp_show) empty, _, __, ___, _i, _ii, _iii "".
-    `inputs`: each code cell as (written, as IPython runs it), in order; nbddp_input adds each as its cell starts."""
+    `inputs`: each code cell as (written, as IPython runs it), in order; nbddp_cell_input adds each as its cell starts."""
     NBDDP_INPUTS[:] = inputs
     names = sys._getframe(1).f_globals
     ran = [""]
     names.update(In=ran, _ih=ran, Out=NBDDP_OUT, _oh=NBDDP_OUT, _="", __="", ___="", _i="", _ii="", _iii="")
 
 
-def nbddp_input(count):
+def nbddp_cell_input(count):
     """Cell `count` starts, as IPython stores its input: In[count], _i<count> (the cell as written), and _i, _ii,
     _iii the three cells before it."""
     names = sys._getframe(1).f_globals

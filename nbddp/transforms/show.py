@@ -25,7 +25,7 @@ from ..cst_helpers import LiveVisitor
 from ..vocabulary import DISPLAY, MEMORY, PRINT, PUSH, SAVE, TRACK, kinds
 from .base import TreeStep
 
-SHOW, HISTORY, INPUT = "nbddp_show", "nbddp_history", "nbddp_input"
+SHOW, HISTORY, INPUT = "nbddp_show", "nbddp_history", "nbddp_cell_input"
 HISTORY_NAMES = re.compile(r"_{1,3}|_\d+|_i\d+|Out|In|_oh|_ih")  # what IPython binds in a notebook's namespace
 SHOW_NOTHING = frozenset({"builtins.print", "display", "IPython.display.display"})
 BOOKKEEPING = frozenset({SAVE, PUSH, TRACK, PRINT, DISPLAY, MEMORY})  # values of saves and logs: not shown
@@ -116,7 +116,7 @@ def _line(name, *args, leading=()) -> cst.SimpleStatementLine:
 
 
 def _with_history(body, inputs, counts) -> list:
-    """`nbddp_history([...])` before the notebook's first statement, and `nbddp_input(N)` first in each cell N (after
+    """`nbddp_history([...])` before the notebook's first statement, and `nbddp_cell_input(N)` first in each cell N (after
     its marker): the inputs as written and as IPython runs them (In)."""
     manager = TransformerManager()
     pairs = cst.List([cst.Element(cst.Tuple([  # without their last newlines, as IPython's history keeps them
