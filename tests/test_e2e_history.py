@@ -1,7 +1,8 @@
-"""IPython's output and input history and a cell's shown value of any shape, in a converted notebook run as a
-2-process torchrun job (gloo), against a real Jupyter kernel running the same cells (the oracle): what each rank
-binds from `_`, `__`, `___`, `_N`, `Out[N]`, `In`, `_iN` is what the kernel binds, and what the cells show is shown
-once (issue 49)."""
+"""IPython's output and input history, a cell's shown value of any shape, and IPython called by name
+(`get_ipython().run_cell_magic(...)`, a saved `shell = get_ipython()`), in a converted notebook run as a 2-process
+torchrun job (gloo), against a real Jupyter kernel running the same cells (the oracle): what each rank binds from
+`_`, `__`, `___`, `_N`, `Out[N]`, `In`, `_iN`, and what the magics wrote and set, is what the kernel has, and what
+the cells show is shown once (issue 49)."""
 from __future__ import annotations
 
 import json
@@ -23,6 +24,11 @@ CELLS = [
     "*[1, 2], 3\n",                     # a starred form
     "def grab():\n    return ___, __, _\n",
     "seen.update(last3=grab(), inputs=len(In), i2=_i2.strip(), out_keys=sorted(Out), before=_i.strip(), here=In[-1])\n",
+    # IPython called by name, as nbconvert and older notebooks spell magics; through a saved shell, over cells
+    "get_ipython().run_cell_magic('writefile', 'helper_mod.py', 'VALUE = 7\\n')\n",
+    "shell = get_ipython()\n",
+    "shell.run_line_magic('env', 'GREETING=hi')\nimport helper_mod\nseen.update(helper=helper_mod.VALUE, "
+    "greeting=os.environ['GREETING'])\n",
     "with open(f\"rank{os.environ.get('RANK', 'kernel')}.json\", 'w') as fh:\n    json.dump(seen, fh)\n",
 ]
 

@@ -51,8 +51,13 @@ def test_group_one_process_on_the_cpu(monkeypatch):
 
 def test_group_start_says_how_the_job_runs(monkeypatch, capsys):
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     group.nbddp_start()
-    assert capsys.readouterr().out == "" and "ACCELERATE_USE_CPU" not in os.environ
+    assert capsys.readouterr().out.startswith("nbddp: no GPU visible: one process on the CPU")
+    assert "ACCELERATE_USE_CPU" not in os.environ
+    monkeypatch.setenv("NBDDP_NPROC", "1")  # one process asked for: nothing to say
+    group.nbddp_start()
+    assert capsys.readouterr().out == ""
     monkeypatch.setattr(group, "NBDDP_WORLD_SIZE", 2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     started = []

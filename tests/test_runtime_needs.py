@@ -171,7 +171,7 @@ def test_a_generation_batch_that_more_processes_break_is_reported_with_what_to_s
     code = "args = GRPOConfig(per_device_train_batch_size = 2, num_generations = 2, generation_batch_size = {})\n"
     broken = convert_notebook(make_notebook("from trl import GRPOConfig\n", code.format(2)))
     assert any("generation_batch_size=2 must divide by per_device_train_batch_size x the process count, or TRL stops "
-               "the job: not on 2 (2 x 2 = 4), 4 (2 x 4 = 8) processes; leave generation_batch_size unset" in n.text
+               "the job: not on 4 (2 x 4 = 8) processes; leave generation_batch_size unset" in n.text  # 2: 1 x 2
                and "a multiple of 8" in n.text for n in broken.report.warnings), broken.report.warnings
     for fine in (code.format(8), code.replace(", generation_batch_size = {}", "")):
         assert not any("generation_batch_size" in n.text for n in

@@ -255,10 +255,26 @@ def test_install_through_the_notebooks_own_python():
     assert report.installs == ["python -m pip install x"]
 
 
-def test_get_ipython_used_directly_is_warned():
-    converted, report = convert_cell("ip = get_ipython()\n!ls\n")
-    assert converted == "ip = get_ipython()\nnbddp_shell('ls')\n"
+def test_ipython_called_by_name_is_rewritten_and_what_is_left_of_it_is_warned():
+    converted, report = convert_cell("ip = get_ipython()\n!ls\nip.system('echo $HOME')\n")
+    assert converted == "ip = get_ipython()\nnbddp_shell('ls')\nnbddp_shell(nbddp_expand('echo $HOME'))\n"
+    assert not report.warnings
+    sources, report = convert_cells("shell = get_ipython()\n", "shell.user_ns['x'] = 1\n")  # over cells
+    assert sources[1] == "shell.user_ns['x'] = 1\n"
     assert any("calls get_ipython() itself" in n.text for n in report.warnings)
+
+
+@pytest.mark.parametrize("cell, written", [
+    ("get_ipython().run_cell_magic('writefile', 'a.py', 'x = 1\\n')\n", "nbddp_write_file('a.py', 'x = 1\\n')\n"),
+    ("def setup():\n    get_ipython().run_cell_magic('bash', '', 'echo hi\\n')\n",
+     "def setup():\n    nbddp_shell('echo hi\\n', shell='/bin/bash')\n"),
+    ("ip = get_ipython()\nip.run_line_magic('pip', 'install x')\n",
+     "ip = get_ipython()\n# nbddp: removed `%pip install x` (install; see the header)\n"),
+])
+def test_ipython_called_by_name_means_what_the_magic_means(cell, written):
+    converted, report = convert_cell(cell)
+    assert written in converted, converted
+    assert not report.warnings
 
 
 def test_magic_after_a_semicolon_is_an_error_of_the_magics_step():

@@ -64,7 +64,7 @@ def nbddp_start(mode="ddp", group=True, batch=None):
     launched = any(name in os.environ for name in NBDDP_LAUNCHED)
     if mode == "ddp" and nproc > 1 and not launched:
         nbddp_self_launch(nproc)
-    if nproc == 0 and not launched:  # no GPU, no count asked for: say what runs instead
+    if nproc == 0 and not launched and NBDDP_WORLD_SIZE == 1:  # no GPU, no count asked for: say what runs instead
         print("nbddp: no GPU visible: one process on the CPU (NBDDP_NPROC=2 runs 2 processes with gloo; on Kaggle or "
               "Colab, turn the GPU accelerator on)", flush=True)
     if torch.cuda.is_available():

@@ -58,17 +58,24 @@ def effective(batch, steps, scale: bool) -> str:
     return f"{batch} x {steps} = {one} samples per optimizer step on 1 process; {', '.join(said)}{hint}"
 
 
-def generation_batch(call: cst.Call, batch) -> str | None:
+def per_rank(batch, steps, n):
+    """The per-device batch each of n ranks trains (the runtime's choice, nbddp/runtime/global_batch.py): the
+    notebook's, or its n-th part where n divides it but not the accumulation."""
+    return batch // n if steps is not None and steps % n and batch % n == 0 else batch
+
+
+def generation_batch(call: cst.Call, batch, steps=1) -> str | None:
     """Where the config sets generation_batch_size (TRL's online trainers) as a number: the process counts on which
-    it no longer divides by per_device_train_batch_size x N, which TRL refuses, and what to set instead."""
+    it no longer divides by the per-device batch x N (each rank's, as the runtime splits it), which TRL refuses,
+    and what to set instead."""
     arg = keyword(call, GENERATION)
     if arg is None or batch is None or not isinstance(arg.value, cst.Integer):
         return None
     size = int(arg.value.value, 0)
-    broken = [n for n in COUNTS if size % (batch * n)]
+    broken = [n for n in COUNTS if size % (per_rank(batch, steps, n) * n)]
     if not broken:
         return None
-    counts = ", ".join(f"{n} ({batch} x {n} = {batch * n})" for n in broken)
+    counts = ", ".join(f"{n} ({per_rank(batch, steps, n)} x {n} = {per_rank(batch, steps, n) * n})" for n in broken)
     return (f"{GENERATION}={size} must divide by {PER_DEVICE} x the process count, or TRL stops the job: not on "
             f"{counts} processes; leave {GENERATION} unset (it then follows the batch, valid on any count) or make it "
             f"a multiple of {batch * math.lcm(*COUNTS)}")
@@ -109,7 +116,7 @@ class _Report(TreeTransformer):
             batch, steps = _literal(original, PER_DEVICE), _literal(original, ACCUMULATION)
             self.report.change(self.cell, f"{config_name(original)}: "
                                           f"{effective(batch, steps, self.options.scale_batch)}")
-            why = generation_batch(original, batch)
+            why = generation_batch(original, batch, steps)
             if why:
                 self.report.warn(self.cell, f"{config_name(original)}: {why}")
         return updated

@@ -55,27 +55,41 @@ def _literal_args(call: cst.Call) -> list[str] | None:
     return values
 
 
-def is_ipython_call(node) -> bool:
-    """`get_ipython().<something>(...)`, as IPython's transformers write it (libcst.matchers is slow to import)."""
+def _is_shell(node, aliases=frozenset()) -> bool:
+    """`get_ipython()`, or a name the notebook bound to it (`ip = get_ipython()`; nbddp.transforms.ipython_lines
+    follows those assignments over the cells)."""
+    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "get_ipython"
+            and not node.args) or (isinstance(node, cst.Name) and node.value in aliases)
+
+
+def is_ipython_call(node, aliases=frozenset()) -> bool:
+    """`get_ipython().<something>(...)`, as IPython's transformers write it, or through a saved `ip = get_ipython()`
+    (libcst.matchers is slow to import)."""
     func = node.func if isinstance(node, cst.Call) else None
-    owner = func.value if isinstance(func, cst.Attribute) else None
-    return (isinstance(owner, cst.Call) and isinstance(owner.func, cst.Name) and owner.func.value == "get_ipython")
+    return isinstance(func, cst.Attribute) and _is_shell(func.value, aliases)
 
 
-def acts_on_ipython(node) -> bool:
+def acts_on_ipython(node, aliases=frozenset()) -> bool:
     """A call on something `get_ipython()` gives: `get_ipython().kernel.do_shutdown(True)`, `get_ipython().X(...)`."""
     func = node.func if isinstance(node, cst.Call) else None
     while isinstance(func, cst.Attribute):
         func = func.value
-        if isinstance(func, cst.Call) and isinstance(func.func, cst.Name) and func.func.value == "get_ipython":
+        if _is_shell(func, aliases):
             return True
     return False
 
 
-def _assigned_call(line) -> cst.Call | None:
+def shell_aliases(module: cst.Module) -> set[str]:
+    """The names a cell binds to IPython's shell at its top level: `ip = get_ipython()`."""
+    return {t.target.value for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine)
+            for small in stmt.body if isinstance(small, cst.Assign) and _is_shell(small.value)
+            for t in small.targets if isinstance(t.target, cst.Name)}
+
+
+def _assigned_call(line, aliases=frozenset()) -> cst.Call | None:
     """The IPython call of a line `target = get_ipython()...(...)` (also annotated), else None."""
     small = line.body[0] if len(line.body) == 1 else None
-    if isinstance(small, (cst.Assign, cst.AnnAssign)) and is_ipython_call(small.value):
+    if isinstance(small, (cst.Assign, cst.AnnAssign)) and is_ipython_call(small.value, aliases):
         return small.value
     return None
 
@@ -83,9 +97,11 @@ def _assigned_call(line) -> cst.Call | None:
 class IPythonCalls(cst.CSTTransformer):
     """Rewrites the `get_ipython().system/run_line_magic/getoutput(...)` calls of one cell (`rewrite(module)`)."""
 
-    def __init__(self, cell: int, ctx: Context, step: str, offset: int = 0):
+    def __init__(self, cell: int, ctx: Context, step: str, offset: int = 0, aliases=frozenset(), cell_magic=None):
         super().__init__()
         self.cell, self.ctx, self.step, self.offset = cell, ctx, step, offset
+        self.aliases = aliases  # names bound to get_ipython()
+        self.cell_magic = cell_magic  # `%%name line\nbody` -> the Python the magics step makes of such a cell
         self.installs = 0
         self.at = None  # the line being rewritten (an error names it)
 
@@ -99,19 +115,19 @@ class IPythonCalls(cst.CSTTransformer):
         line = positions[node].start.line + self.offset
         return ConversionError(message, step=self.step, cell=self.cell, line=line)
 
-    @staticmethod
-    def _whole_line(node) -> bool:
-        return len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and acts_on_ipython(node.body[0].value)
+    def _whole_line(self, node) -> bool:
+        return len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and \
+            acts_on_ipython(node.body[0].value, self.aliases)
 
     def visit_SimpleStatementLine(self, node):
         # whole-line calls and assigned values are replaced below, not visited as expressions
-        return not (self._whole_line(node) or _assigned_call(node) is not None)
+        return not (self._whole_line(node) or _assigned_call(node, self.aliases) is not None)
 
     def leave_SimpleStatementLine(self, original, updated):
         if self._whole_line(updated):
             self.at = original
             new = self._line(updated.body[0].value)
-        elif _assigned_call(updated) is not None:
+        elif _assigned_call(updated, self.aliases) is not None:
             new = self._value(original, updated)
         else:
             return updated
@@ -121,7 +137,7 @@ class IPythonCalls(cst.CSTTransformer):
 
     def leave_Call(self, original, updated):
         """An IPython call inside an expression of the notebook's own code: only `getoutput` has a value here."""
-        if not is_ipython_call(updated):
+        if not is_ipython_call(updated, self.aliases):
             return updated
         args = _literal_args(updated)
         if updated.func.attr.value == "getoutput" and args:
@@ -130,7 +146,7 @@ class IPythonCalls(cst.CSTTransformer):
                                    "equivalent; give the value in Python in the notebook")
 
     def _line(self, call):
-        if not is_ipython_call(call):  # get_ipython().kernel.do_shutdown(True): Colab's restart after installs
+        if not is_ipython_call(call, self.aliases):  # get_ipython().kernel.do_shutdown(True): Colab's restart
             shown = one_line(code_of(call), 60)
             self.ctx.report.warn(self.cell, f"removed `{shown}`: it acts on the notebook's IPython kernel, which a "
                                             "script does not have (a restart after installs: nothing to restart; "
@@ -146,13 +162,18 @@ class IPythonCalls(cst.CSTTransformer):
             return self._shell(args[0])
         if kind == "run_line_magic":
             return self._line_magic(args[0], args[1] if len(args) > 1 else "")
+        if kind == "run_cell_magic" and len(args) == 3 and self.cell_magic is not None:
+            module = parse(self.cell_magic(f"%%{args[0]} {args[1]}".rstrip() + "\n" + args[2]), cell=self.cell,
+                           step=self.step)  # the same path as a `%%` cell: %%writefile written, %%bash run
+            body = [*module.body] or [marker(f"%%{args[0]} {one_line(args[1], 40)}: nothing for the script to run")]
+            return [body[0].with_changes(leading_lines=tuple(module.header) + tuple(body[0].leading_lines)), *body[1:]]
         self.ctx.report.warn(self.cell, f"removed get_ipython().{kind}(...), which has no script equivalent: if the "
                                         "script needs what it did, write that as Python in the notebook")
         return [marker(f"removed get_ipython().{kind}(...)")]
 
     def _value(self, original, updated):
         """`target = <IPython call>`: the line's work, and the target bound to the value IPython gives."""
-        small, call = updated.body[0], _assigned_call(updated)
+        small, call = updated.body[0], _assigned_call(updated, self.aliases)
         kind, args = call.func.attr.value, _literal_args(call)
         target = code_of(small.target if isinstance(small, cst.AnnAssign) else small.targets[0].target)
 

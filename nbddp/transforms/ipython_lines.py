@@ -12,11 +12,11 @@ import shlex
 import libcst as cst
 
 from ..cells import cell_number
-from ..cst_helpers import live_calls, names_in, parse, statement_blocks
+from ..cst_helpers import code_of, live_calls, names_in, parse, statement_blocks
 from ..errors import ConversionError
 from .base import Context, Transform
 from .expansion import line_expression
-from .ipython_calls import IPythonCalls
+from .ipython_calls import IPythonCalls, shell_aliases
 from .markers import MARK, Tidy, is_marker
 from .shell import OWN_PROCESS, install_lines, is_launch, one_line, runs_python, script_lines
 
@@ -58,10 +58,22 @@ def _leading_comments(source: str) -> tuple[str, str]:
     return "", source
 
 
+def _calls_left(module, aliases) -> bool:
+    """What the rewrite left of IPython's shell (None in a script): a call of get_ipython() but in `ip =
+    get_ipython()`, or a use of such a name."""
+    saved = [s.value for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine) for s in stmt.body
+             if isinstance(s, cst.Assign) and isinstance(s.value, cst.Call) and code_of(s.value) == "get_ipython()"]
+    calls = [c for c in live_calls(module) if code_of(c.func) == "get_ipython" and c not in saved]
+    return bool(calls) or bool(names_in(module) & aliases - shell_aliases(module))
+
+
 class Magics(Transform):
     name = "magics"
     inserts = ("nbddp_shell", "nbddp_write_file", "nbddp_getoutput", "nbddp_time", "nbddp_capture", "nbddp_expand")
     installs = 0  # install commands removed so far
+
+    def __init__(self):
+        self.aliases: set[str] = set()  # names the notebook bound to get_ipython(), so far
 
     def preprocess_cell(self, cell, ctx):
         cell.source = self.convert(cell.source, cell_number(cell), ctx)
@@ -72,7 +84,7 @@ class Magics(Transform):
         header, rest = _leading_comments(source)
         if rest.lstrip().startswith("%%"):
             return header + self._cell_magic(rest.lstrip(), cell, ctx)
-        if "get_ipython" not in source and _is_python(source):
+        if "get_ipython" not in source and not self.aliases and _is_python(source):
             return source  # no IPython syntax: every magic and `!` line is a Python syntax error
         try:
             python = _ipython_to_python(source)
@@ -80,14 +92,16 @@ class Magics(Transform):
             raise ConversionError(f"IPython cannot read it ({exc.msg})", step=self.name, cell=cell,
                                   line=exc.lineno and exc.lineno + offset)
         module = parse(python, cell=cell, step=self.name)  # not Python even for IPython: say so here
-        if "get_ipython" not in python:
+        self.aliases |= shell_aliases(module)  # `ip = get_ipython()`: its calls are IPython's, in later cells too
+        if "get_ipython" not in python and not names_in(module) & self.aliases:
             return source
-        calls = IPythonCalls(cell, ctx, self.name, offset)
+        calls = IPythonCalls(cell, ctx, self.name, offset, frozenset(self.aliases),
+                             lambda text: self._cell_magic(text, cell, ctx))
         new = calls.rewrite(module).visit(Tidy())
         self.installs += calls.installs
         if calls.installs:
             ctx.report.change(cell, f"removed {calls.installs} install command(s); they are listed in the header")
-        if "get_ipython" in names_in(new):
+        if _calls_left(new, self.aliases):
             ctx.report.warn(cell, "the cell calls get_ipython() itself; in a script it returns None (no IPython): "
                             "rewrite that part (nbddp_shell(...) runs a shell command once per node)")
         return new.code
