@@ -29,6 +29,10 @@ CELLS = [
     "shell = get_ipython()\n",
     "shell.run_line_magic('env', 'GREETING=hi')\nimport helper_mod\nseen.update(helper=helper_mod.VALUE, "
     "greeting=os.environ['GREETING'])\n",
+    # a cell magic's own line, expanded as IPython expands it
+    "%%bash -s \"$x\" {x * 2}\necho bash-args $1 $2\n",
+    "%%writefile note_{x}.txt\nhello\n",
+    "seen['note'] = open(f'note_{x}.txt').read()\n",
     "with open(f\"rank{os.environ.get('RANK', 'kernel')}.json\", 'w') as fh:\n    json.dump(seen, fh)\n",
 ]
 
@@ -49,6 +53,8 @@ def kernel_seen(tmp_path_factory):
             reply = kc.execute_interactive(cell, timeout=60, output_hook=messages.append)
             assert reply["content"]["status"] == "ok", (cell, messages)
             shown += [m["content"]["data"]["text/plain"] for m in messages if m["msg_type"] == "execute_result"]
+            shown += [line for m in messages if m["msg_type"] == "stream" and "bash-args" in m["content"]["text"]
+                      for line in m["content"]["text"].splitlines()]
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -71,6 +77,7 @@ def test_every_rank_binds_the_history_the_kernel_binds(job, kernel_seen):
 
 def test_each_shown_value_is_shown_once_whatever_its_shape(job, kernel_seen):
     done, _ = job
+    assert "bash-args 21 42" in kernel_seen[1] and "(21, 43)" in kernel_seen[1]  # what the kernel showed
     for text in kernel_seen[1]:
         lines = [line.split("]:", 1)[-1] for line in done.stdout.splitlines()]  # every rank's, prefixed
         assert lines.count(text) == 1, (text, done.explain())

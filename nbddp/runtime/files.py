@@ -17,6 +17,7 @@ import contextlib
 import io
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -110,13 +111,18 @@ def nbddp_folders_once():
 NBDDP_AT_START.append(nbddp_folders_once)
 
 
-def nbddp_shell(command, shell=True):
-    """A notebook `!command`: runs once per machine (local rank 0) while the other ranks wait."""
+def nbddp_shell(command, shell=True, args=None):
+    """A notebook `!command`: runs once per machine (local rank 0) while the other ranks wait. A `%%bash` cell with
+    arguments on its line (`%%bash -s "$x"`, expanded as IPython expands it) runs as IPython runs it: the shell
+    with those arguments, the cell's text on its standard input."""
     if NBDDP_IS_LOCAL_MAIN:
         sys.stdout.flush()
         captured = isinstance(sys.stdout, io.StringIO)  # inside %%capture: the output is kept there
         pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if captured else {}
-        done = subprocess.run(command, shell=True, executable=None if shell is True else shell, text=True, **pipe)
+        if args is not None:
+            done = subprocess.run([shell, *shlex.split(args)], input=command, text=True, **pipe)
+        else:
+            done = subprocess.run(command, shell=True, executable=None if shell is True else shell, text=True, **pipe)
         if captured:
             sys.stdout.write(done.stdout)
         if done.returncode:

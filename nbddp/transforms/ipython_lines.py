@@ -20,6 +20,7 @@ from .ipython_calls import IPythonCalls, shell_aliases
 from .markers import MARK, Tidy, is_marker
 from .shell import OWN_PROCESS, install_lines, is_launch, one_line, runs_python, script_lines
 
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 BODY_MAGICS = frozenset({"time", "timeit", "prun", "debug", "memit", "ipytest"})
 CAPTURE_FLAGS = {"--no-stdout": "stdout", "--no-stderr": "stderr", "--no-display": "display"}
 SHELL_CELL_MAGICS = frozenset({"bash", "sh", "shell", "system", "sx"})
@@ -141,7 +142,7 @@ class Magics(Transform):
         line = words[1] if len(words) > 1 else ""
         report = ctx.report
         if name == "script" and line.split()[:1] and line.split()[0] in {"bash", "sh"}:
-            name, line = "bash", ""
+            name, line = "bash", (line.split(None, 1) + [""])[1]
         if name == "capture":
             return self._capture(line, body, cell, ctx)
         if name in BODY_MAGICS:
@@ -186,7 +187,12 @@ class Magics(Transform):
             report.change(cell, f"`%%{name}` cell runs once per node (local rank 0), the others wait")
             for command in filter(runs_python, script_lines(body)):
                 report.change(cell, f"`{one_line(command, 60)}` {OWN_PROCESS}")
-            return MARK + f"%%{name}\n" + cst.Module([cst.parse_statement(f"nbddp_shell({body!r}, shell='/bin/bash')\n")]).code
+            args = [cst.Arg(cst.SimpleString(repr(body))), cst.Arg(cst.SimpleString("'/bin/bash'"), keyword=cst.Name(
+                "shell"), equal=_EQUAL)]
+            if line.strip():  # IPython runs the shell with the line's arguments, expanded, the cell on its stdin
+                args.append(cst.Arg(line_expression(line.strip()), keyword=cst.Name("args"), equal=_EQUAL))
+            call = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name("nbddp_shell"), args=args))])
+            return MARK + f"%%{name} {line}".rstrip() + "\n" + cst.Module([call]).code
         if name in DISPLAY_CELL_MAGICS:
             report.change(cell, f"removed the `%%{name}` display cell")
             return f"# nbddp: removed a %%{name} cell (display only)\n"
