@@ -89,6 +89,16 @@ def is_collective_entry(meaning: str) -> bool:
     return "." in meaning and _entry_key(meaning) in COLLECTIVE_KEYS
 
 
+# Demo servers whose launch() returns at once in a notebook (they see IPython) and blocks a script for good.
+DEMOS = frozenset({"gradio.Blocks().launch", "gradio.Interface().launch", "gradio.ChatInterface().launch",
+                   "gradio.TabbedInterface().launch"})
+DEMO_KEYS = frozenset(map(_entry_key, DEMOS))
+
+
+def is_demo_launch(meaning: str) -> bool:
+    return "." in meaning and _entry_key(meaning) in DEMO_KEYS
+
+
 # Values each process computes for itself: the clock, a uuid, the OS's entropy, the process's id. Where training
 # needs one, rank 0's is given to every rank (nbddp.needs' shares).
 PER_PROCESS = frozenset({

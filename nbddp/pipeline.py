@@ -20,6 +20,7 @@ from .transforms.autocast import Autocast
 from .transforms.base import Context, Options, Transform, TreeStep
 from .transforms.custom_loop import CustomLoop
 from .transforms.data_prep import DataPrep
+from .transforms.demos import Demos
 from .transforms.devices import Devices
 from .transforms.global_batch import GlobalBatch
 from .transforms.ipython_lines import Magics
@@ -65,7 +66,7 @@ def steps() -> list[Transform]:
 def tree_steps() -> list[TreeStep]:
     """The steps over the notebook's one tree, in order."""
     return [Autocast(), Placement(), Devices(), Scratch(), TrainerArgs(), CustomLoop(), DataPrep(),
-            GlobalBatch(), Widgets(), ProcessControl(), Show(), RankGuards(), RuntimeNeeds()]
+            GlobalBatch(), Widgets(), Demos(), ProcessControl(), Show(), RankGuards(), RuntimeNeeds()]
 
 
 def _step_error(exc, step, tree=None):

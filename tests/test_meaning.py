@@ -192,3 +192,15 @@ def test_an_effect_in_a_training_callbacks_hook_runs_on_rank_0(hook):
     assert "if NBDDP_IS_MAIN:\n" in out[0] and "nbddp_barrier" not in out[0].split("class Notify")[1], out[0]
     assert "        control.should_log = True\n" in out[0]  # what the hook decides: on every rank
     assert "in the callback's Notify hooks" in report.format()
+
+
+@pytest.mark.parametrize("cells", [
+    ["import gradio as gr\ndemo = gr.Interface(fn=str, inputs='text', outputs='text')\n", "demo.launch(share=False)\n"],
+    ["import gradio\nwith gradio.Blocks() as app:\n    box = gradio.Textbox()\n", "app.launch()\n"],
+    ["from gradio import ChatInterface\ndef serve(chat):\n    chat.launch(server_port=7860)\n",
+     "serve(ChatInterface(fn=str))\n"],
+])
+def test_a_demo_launch_returns_as_in_a_notebook(cells):
+    out, report = convert(*cells)
+    assert "prevent_thread_lock=True" in "".join(out) or "prevent_thread_lock = True" in "".join(out), out
+    assert "the demo runs until the script ends, then stops with it" in report.format()
