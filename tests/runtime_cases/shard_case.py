@@ -1,0 +1,96 @@
+"""The frozen base sharded (nbddp/runtime/shard.py), the adapters data-parallel, under torchrun (gloo): a tiny
+model of frozen blocks with trainable LoRA-style adapters trains k steps on 2 ranks, each on its half of the global
+batch, and rank 0 trains an unsharded copy alone on the whole batch. Rank 0 prints one `RESULT {json}` line.
+
+    torchrun --nproc_per_node=2 shard_case.py CHECKPOINT   # CHECKPOINT: 0 or 1 (the blocks checkpointed)
+"""
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+from nbddp.runtime.shard import nbddp_ddp_ignore, nbddp_shard_frozen  # noqa: E402
+
+CHECKPOINT = sys.argv[1] == "1"
+STEPS, BATCH, DIM, VOCAB = 3, 8, 16, 50
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.base = nn.Linear(DIM, DIM)
+        self.norm = nn.LayerNorm(DIM)
+        self.lora_a, self.lora_b = nn.Linear(DIM, 4, bias=False), nn.Linear(4, DIM, bias=False)
+
+    def forward(self, x):
+        return x + torch.tanh(self.norm(self.base(x) + self.lora_b(self.lora_a(x))))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.layers, self.head = nn.Embedding(VOCAB, DIM), nn.ModuleList(Block() for _ in range(4)), \
+            nn.Linear(DIM, VOCAB)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=False) if CHECKPOINT and self.training else layer(x)
+        return self.head(x)
+
+
+def build():
+    torch.manual_seed(0)
+    model = Model()
+    for name, param in model.named_parameters():
+        param.requires_grad = "lora_" in name
+    return model
+
+
+def train(model, batches):
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    losses = []
+    for ids in batches:
+        loss = nn.functional.cross_entropy(model(ids[:, :-1]).reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(1)
+batches = [torch.randint(0, VOCAB, (BATCH, 6)) for _ in range(STEPS)]
+reference = build()
+whole = sum(p.numel() for p in reference.parameters() if not p.requires_grad)
+model = build()
+ignored = nbddp_shard_frozen(model)
+kept = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+nbddp_ddp_ignore(model, ignored)
+ddp = nn.parallel.DistributedDataParallel(model)
+share = BATCH // world
+losses = train(ddp, [b[rank * share:(rank + 1) * share] for b in batches])
+gathered = [None] * world
+dist.all_gather_object(gathered, losses)
+if rank == 0:
+    ref_model = reference
+    ref_losses = train(ref_model, batches)
+    trained = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    expected = {n: p.detach() for n, p in ref_model.named_parameters() if p.requires_grad}
+    print("RESULT " + json.dumps({
+        "max_weight_diff": max((trained[n] - expected[n]).abs().max().item() for n in expected),
+        "rank_losses": gathered, "one_process_losses": ref_losses,
+        "frozen_sharded": len(ignored), "frozen_elements_kept_between_blocks": kept, "frozen_elements": whole,
+        "mean_loss_diff": max(abs(sum(ls) / world - r) for ls, r in zip(zip(*gathered), ref_losses)),
+    }), flush=True)
+dist.barrier()
+dist.destroy_process_group()
