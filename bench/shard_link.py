@@ -108,7 +108,6 @@ def worker(args):
         figures["exposed_ms"] = max(0.0, figures["both_ms"] - figures["compute_ms"])
         figures["projected_over_split"] = 2 * figures["compute_ms"] / (figures["compute_ms"] + figures["exposed_ms"])
         results[name] = figures
-        del weights, whole, shard, x
         torch.cuda.empty_cache()
     if rank == 0:
         results["device"] = torch.cuda.get_device_name(device)
