@@ -185,6 +185,24 @@ class Tree:
     def cells(self) -> list[tuple[int, str]]:
         return split(self.module, self.numbers)
 
+    def line_map(self) -> dict:
+        """(cell, line in the converted cell) -> the line of the cell's own text it came from, for each statement a
+        step kept or rewrote in place (through `names.origin`); lines nbddp added (guards, barriers) map to none."""
+        from libcst.metadata import MetadataWrapper, PositionProvider
+
+        first = MetadataWrapper(self.first, unsafe_skip_copy=True).resolve(PositionProvider)
+        final = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+        first_lines, final_lines = self.first.code.splitlines(), self.module.code.splitlines()
+        found = {}
+        for node, where in final.items():
+            origin = self.names.orig(node)
+            if not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) or origin not in first:
+                continue
+            now, then = cell_at(final_lines, where.start.line), cell_at(first_lines, first[origin].start.line)
+            if now and then and now[0] == then[0]:
+                found[(int(now[0]), now[1])] = then[1]
+        return found
+
     def where(self, node) -> tuple[int | None, int | None]:
         """(cell, line in the cell) of a node of the first tree (computed only when an error needs it)."""
         from libcst.metadata import MetadataWrapper, PositionProvider

@@ -333,6 +333,29 @@ def test_a_ranks_traceback_names_the_users_cell_lines():
                                  "KeyError: 'key'"]
 
 
+def test_a_ranks_traceback_shows_the_users_line_not_the_rewritten_one():
+    """A cell's last value is shown through `nbddp_show(...)`, a print under a guard: the traceback names the line
+    as the user wrote it, through the conversion's line map."""
+    import linecache
+
+    from nbddp.cellwise.history import History
+    from nbddp.cellwise.worker import format_failure
+
+    history = History()
+    history.accept("y = {'k': 1}\n", history.convert("y = {'k': 1}\n"))
+    source = "print('first')\nz = 2\ny['missing']\n"
+    converted = history.convert(source)
+    assert "nbddp_show(y['missing'])" in converted.code
+    name = "<nbddp In[5]>"
+    linecache.cache[name] = (len(converted.code), None, converted.code.splitlines(True), name)
+    names = {"y": {"k": 1}, "NBDDP_IS_MAIN": True, "nbddp_barrier": lambda *a: None, "nbddp_show": print}
+    try:
+        exec(compile(converted.code, name, "exec"), names)
+    except KeyError as exc:
+        text = format_failure(exc, name, "Cell In[5]", source, converted.lines)
+    assert text.splitlines()[1] == "  Cell In[5], line 3: y['missing']", text
+
+
 def test_cells_converted_one_by_one_are_the_script_cells():
     """Each cell converted with the cells run before it is what `nbddp convert` makes of it in the whole notebook,
     but for what only the whole notebook tells (Options.whole: what training needs, where it ends)."""

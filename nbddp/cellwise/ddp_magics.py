@@ -154,7 +154,7 @@ class DdpMagics(Magics):
                   "its environment)", file=sys.stderr)
         self.history.accept(cell, converted)
         session.run({"id": next(self._ids), "name": name, "label": label, "code": converted.code, "source": cell,
-                     "modules": converted.modules})
+                     "modules": converted.modules, "lines": converted.lines})
 
     @cell_magic
     def local(self, line, cell):

@@ -27,6 +27,7 @@ class Converted:
     modules: list  # nbddp/runtime modules it needs (what they import from comes with them, by Python's import)
     warnings: list = field(default_factory=list)  # what the converter could not convert safely in this cell
     installs: list = field(default_factory=list)  # install commands removed from it
+    lines: dict = field(default_factory=dict)  # a line of `code` -> the line of the cell as written it comes from
 
 
 class History:
@@ -53,11 +54,12 @@ class History:
         ctx = Context(report=Report(source="%ddp session"), options=Options(main_prints=not self.all_ranks, whole=False))
         nb = run_pipeline(nb, ctx)
         number = len(cells)
+        lines = {line: then for (cell, line), then in ctx.tree.line_map().items() if cell == number}
         code = next((cell.source for cell in nb.cells if cell_number(cell) == number), "")
         modules = [name for name in MODULES if name in ctx.runtime.reasons and name not in NOT_IN_A_SESSION]
         warnings = [note.text for note in ctx.report.warnings if note.cell == number]
         installs = [command for command in ctx.report.installs if command not in self._installs]
-        return Converted(code, number, modules, warnings, installs)
+        return Converted(code, number, modules, warnings, installs, lines)
 
     def accept(self, source: str, converted: Converted):
         self.cells.append(source)

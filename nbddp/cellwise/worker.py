@@ -69,9 +69,10 @@ class Runtime:
                 self.loaded.append(name)
 
 
-def format_failure(exc: BaseException, name: str, label: str, source: str) -> str:
-    """The traceback with the cell's frames as `Cell In[7], line 3: text` (the line of the user's own cell where
-    its text appears there once; the converted cell's line otherwise)."""
+def format_failure(exc: BaseException, name: str, label: str, source: str, lines=None) -> str:
+    """The traceback with the cell's frames as `Cell In[7], line 3: text`, the line and text of the user's own cell:
+    through `lines` (a converted line -> the cell's line it came from: the conversion's map), else where its text
+    appears there once; the converted cell's line otherwise."""
     te = traceback.TracebackException.from_exception(exc)
     stack = list(te.stack)
     while stack and stack[0].filename != name:
@@ -79,24 +80,26 @@ def format_failure(exc: BaseException, name: str, label: str, source: str) -> st
     mine = [i for i, frame in enumerate(stack) if frame.filename == name]
     keep = set(mine) | set(range(max(mine[-1] + 1 if mine else 0, len(stack) - _FRAMES), len(stack)))
     original = [line.strip() for line in source.splitlines()]
-    lines, skipped = ["Traceback (most recent call last):"], False
+    out, skipped = ["Traceback (most recent call last):"], False
     for i, frame in enumerate(stack):
         if i not in keep:
             if not skipped:
-                lines.append("  ...")
+                out.append("  ...")
             skipped = True
             continue
         skipped = False
         text = (frame.line or "").strip()
         if frame.filename == name:
-            number = original.index(text) + 1 if text and original.count(text) == 1 else frame.lineno
-            lines.append(f"  {label}, line {number}: {text}")
+            mapped = (lines or {}).get(frame.lineno) or (original.index(text) + 1 if text and original.count(text) == 1
+                                                           else None)
+            number, text = (mapped, original[mapped - 1]) if mapped and mapped <= len(original) else (frame.lineno, text)
+            out.append(f"  {label}, line {number}: {text}")
         else:
-            lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}')
+            out.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}')
             if text:
-                lines.append(f"    {text}")
-    lines += [line.rstrip("\n") for line in te.format_exception_only()]
-    return "\n".join(lines)
+                out.append(f"    {text}")
+    out += [line.rstrip("\n") for line in te.format_exception_only()]
+    return "\n".join(out)
 
 
 class Worker:
@@ -170,7 +173,8 @@ class Worker:
             self.display.after_cell()
         except BaseException as exc:  # noqa: B036 - a cell's SystemExit and KeyboardInterrupt are reported too
             self._flush()
-            self.send((wire.FAILED, {"id": fields["id"], "traceback": format_failure(exc, name, label, source),
+            lines = {int(k): v for k, v in (fields.get("lines") or {}).items()}
+            self.send((wire.FAILED, {"id": fields["id"], "traceback": format_failure(exc, name, label, source, lines),
                                      "interrupted": isinstance(exc, KeyboardInterrupt)}))
             return
         self._flush()
