@@ -12,6 +12,7 @@ import libcst as cst
 
 from .cst_helpers import LiveVisitor
 from .entries import EMITS, is_process_config, library_of
+from .rank_conditions import node_reads
 from .reads_writes import file_of, files_named
 from .runtime import HELPERS
 from .vocabulary import CONFIG, MAIN_ONLY, SAVE, parts
@@ -41,6 +42,11 @@ class Changes(LiveVisitor):
         self.saves: set = set()  # `file:<path>` of what it saves by path
         self.calls: list = []  # its live calls (nbddp.cst_helpers.live_calls)
         self.configures: set = set()  # CONFIG, and the libraries of the module functions it calls for their effect
+        self.rank: set = set()  # what it reads of the job's shape (nbddp.rank_conditions: RANK, WORLD)
+
+    def on_visit(self, node):
+        self.rank |= node_reads(node, self.names)
+        return super().on_visit(node)
 
     def visit_Import(self, node):
         self.imports = True  # `try: import x / except ImportError: ...`: a statement that imports is set-up

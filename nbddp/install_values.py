@@ -104,6 +104,8 @@ def _join(pieces):
 
 
 def expand(commands, module: cst.Module) -> list:
+    if not has_placeholders(commands):
+        return list(commands)
     assignments = _Assignments()
     module.visit(assignments)
     names = assignments.found

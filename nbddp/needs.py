@@ -40,7 +40,7 @@ import libcst as cst
 from .changes import Changes, base_name
 from .cst_helpers import is_if_false, names_in
 from .entries import library_of
-from .rank_conditions import is_rank_test, reads_rank
+from .rank_conditions import is_rank_test
 from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
 from .training_end import is_own_guard, training_end
 from .vocabulary import COLLECTIVE, CONFIG, GENERATE, OWN_VALUE
@@ -139,7 +139,7 @@ class _Scan:
         changes = self.seen(stmt)
         seed = changes.config or changes.together or changes.imports or \
             bool(changes.configures & (self.libraries | {CONFIG})) or \
-            bool(reads_rank(stmt, self.names)) or any(COLLECTIVE in self.effects.of_call(c) for c in changes.calls)
+            bool(changes.rank) or any(COLLECTIVE in self.effects.of_call(c) for c in changes.calls)
         whole = isinstance(stmt, cst.SimpleStatementLine) and all(
             isinstance(s, (cst.Assign, cst.AnnAssign)) for s in stmt.body)
         changed = changes.changed | set().union(*(self.aliases.get(name, ()) for name in changes.changed))
@@ -195,7 +195,7 @@ def _share(plan, stmt, scan, names):
 def training_needs(body, names, effects) -> Plan:
     scan = _Scan(names, effects, body)
     plan = Plan()
-    plan.end, plan.marked = training_end(body, scan.kinds, names)
+    plan.end, plan.marked = training_end(body, scan.kinds, lambda stmt: scan.seen(stmt).rank)
     plan.calls = {key: seen.calls for key, seen in scan.read.items()}
     if plan.end is None:
         return plan

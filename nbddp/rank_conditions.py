@@ -36,6 +36,7 @@ ATTRIBUTES = {"process_index": RANK, "local_process_index": RANK, "is_main_proce
               "is_global_zero": RANK, "should_save": RANK, "should_log": RANK,
               "num_processes": WORLD, "world_size": WORLD, "n_gpu": WORLD}
 MAX_DEPTH = 4
+CALLED = frozenset({"get", "getenv", "__getitem__"} | {m.rsplit(".", 1)[1] for m in DISTRIBUTED} | set(ATTRIBUTES))
 
 
 def _of_value(meaning: str) -> str | None:
@@ -58,48 +59,79 @@ def _of_value(meaning: str) -> str | None:
     return None
 
 
+def node_reads(node, names, depth=0) -> set:
+    """What one node itself reads of the job's shape (a name through its value, an attribute, a call, an environment
+    lookup), its children aside: visitors call it on each node they visit."""
+    if isinstance(node, cst.Name):
+        return _name_reads(node, names, depth)
+    if isinstance(node, cst.Attribute):  # (only the attributes that tell the shape can: the meanings only then)
+        return {w for w in map(_of_value, names.meanings(node)) if w} if node.attr.value in ATTRIBUTES else set()
+    if isinstance(node, cst.Call):
+        return _call_reads(node, names, depth)
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index) and \
+            isinstance(node.slice[0].slice.value, (cst.SimpleString, cst.Name)) and \
+            names.meanings(node.value) & ENVIRONMENT_READS:
+        return _environment(node.slice[0].slice.value, names)
+    return set()
+
+
+def _name_reads(node, names, depth) -> set:
+    if node.value in OWN:
+        return {OWN[node.value]}
+    if depth >= MAX_DEPTH:
+        return set()
+    cache = _cache(names)
+    if node not in cache:
+        cache[node] = frozenset()  # a value that reads itself: what is known so far
+        value = names.value(node)
+        cache[node] = frozenset(_reads(value, names, depth + 1)) if value is not None else frozenset()
+    return set(cache[node])
+
+
+def _call_reads(node, names, depth) -> set:
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value not in CALLED:
+        return set()  # a method of no value that tells the shape (a notebook's own class aside: rare, not followed)
+    meanings = names.meanings(node.func)
+    found = {DISTRIBUTED[m] for m in meanings if m in DISTRIBUTED} | {w for w in map(_of_value, meanings) if w}
+    if meanings & ENVIRONMENT_READS and node.args:
+        found |= _environment(node.args[0].value, names)
+    if depth < MAX_DEPTH:  # the notebook's own function that returns the rank
+        for definition in names.definitions(node.func):
+            if isinstance(definition, cst.FunctionDef):
+                for value in _returns(definition):
+                    found |= _reads(value, names, depth + 1)
+    return found
+
+
+def _environment(key, names) -> set:
+    value = names.literal(key)
+    return {ENVIRONMENT[value]} if isinstance(value, str) and value in ENVIRONMENT else set()
+
+
 class _Reads(cst.CSTVisitor):
     def __init__(self, names, depth):
         self.names, self.depth, self.found = names, depth, set()
 
-    def visit_Name(self, node):
-        if node.value in OWN:
-            self.found.add(OWN[node.value])
-        elif self.depth < MAX_DEPTH:
-            value = self.names.value(node)
-            if value is not None:
-                self.found |= _reads(value, self.names, self.depth + 1)
+    def on_visit(self, node):
+        self.found |= node_reads(node, self.names, self.depth)
+        return True
 
-    def visit_Attribute(self, node):
-        self.found |= {w for w in map(_of_value, self.names.meanings(node)) if w}
 
-    def visit_Call(self, node):
-        meanings = self.names.meanings(node.func)
-        self.found |= {DISTRIBUTED[m] for m in meanings if m in DISTRIBUTED}
-        self.found |= {w for w in map(_of_value, meanings) if w}  # trainer.is_world_process_zero()
-        if meanings & ENVIRONMENT_READS and node.args:
-            self._environment(node.args[0].value)
-        if self.depth < MAX_DEPTH:  # the notebook's own function that returns the rank
-            for definition in self.names.definitions(node.func):
-                if isinstance(definition, cst.FunctionDef):
-                    for value in _returns(definition):
-                        self.found |= _reads(value, self.names, self.depth + 1)
-
-    def visit_Subscript(self, node):
-        if self.names.meanings(node.value) & ENVIRONMENT_READS and len(node.slice) == 1 and \
-                isinstance(node.slice[0].slice, cst.Index):
-            self._environment(node.slice[0].slice.value)
-
-    def _environment(self, key):
-        value = self.names.literal(key)
-        if isinstance(value, str) and value in ENVIRONMENT:
-            self.found.add(ENVIRONMENT[value])
+def _cache(names) -> dict:
+    """What each name read reads of the job's shape, once per analysis (a node -> RANK/WORLD)."""
+    if not hasattr(names, "rank_reads"):
+        names.rank_reads = {}
+    return names.rank_reads
 
 
 def _reads(node, names, depth) -> set:
-    reads = _Reads(names, depth)
-    node.visit(reads)
-    return reads.found
+    cache = _cache(names)
+    key = ("node", node)
+    if key not in cache:
+        reads = _Reads(names, depth)
+        node.visit(reads)
+        cache[key] = frozenset(reads.found)
+    return set(cache[key])
 
 
 def reads_rank(node, names) -> frozenset:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import libcst as cst
 
 from .cst_helpers import is_if_false
-from .rank_conditions import reads_rank
 from .vocabulary import SYNC, TRAINS
 
 REST = "nbddp_rest_on_rank0"  # the runtime's line where training ends (nbddp/runtime/group.py)
@@ -31,8 +30,9 @@ def is_rest(stmt) -> bool:
         and s.value.func.value == REST for s in stmt.body)
 
 
-def training_end(body, kinds, names):
-    """(index, marked); `kinds(stmt)`: what a statement's calls do (nbddp.vocabulary's kinds)."""
+def training_end(body, kinds, reads_rank):
+    """(index, marked); `kinds(stmt)`: what a statement's calls do (nbddp.vocabulary's kinds); `reads_rank(stmt)`:
+    what it reads of the job's shape (nbddp.rank_conditions)."""
     trains = loads = None
     for i, stmt in enumerate(body):
         if is_rest(stmt):
@@ -49,6 +49,6 @@ def training_end(body, kinds, names):
         return None, False
     for i in range(len(body) - 1, end, -1):
         if not is_if_false(body[i]) and not isinstance(body[i], (cst.FunctionDef, cst.ClassDef)) and \
-                reads_rank(body[i], names):
+                reads_rank(body[i]):
             return i, False
     return end, False
