@@ -272,7 +272,7 @@ def test_launch_argv_torchrun_or_one_process():
     env = {"OMP_NUM_THREADS": "3", "NCCL_NVLS_ENABLE": "0"}
     job, world, mode = run_notebooks.launch_argv("s.py", 2, env)
     assert job.argv == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "s.py"]
-    assert job.env == {"PYTHONUNBUFFERED": "1"} and (world, mode) == (2, "ddp")
+    assert job.env == {"PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0"} and (world, mode) == (2, "ddp")
     assert run_notebooks.launch_argv("s.py", 2, env, gpu="0,1")[1:] == (1, "single")
     assert run_notebooks.launch_argv("s.py", 4, env, mode="self") == (([sys.executable, "s.py"], {}), 4, "self")
 
