@@ -3,6 +3,8 @@ that the notebook's tree (nbddp.tree) and the generated script hold before each 
 from __future__ import annotations
 
 MARKER = "# %% cell "
+LINES = "# nbddp lines: "  # a script's last comment: `cell:line=line` where a converted cell's line is another line of
+# the notebook's cell (guards and helpers nbddp added shift the lines after them)
 
 
 def cell_number(cell) -> int:
@@ -29,10 +31,20 @@ def cell_starts(lines) -> list[tuple[int, str]]:
 
 
 def cell_at(lines, number: int):
-    """(cell, line in the cell) for script line `number`, or None before the first cell."""
+    """(cell, line in the cell) for script line `number`, or None before the first cell: the line as the notebook's
+    cell numbers it where the script carries its line map (`# nbddp lines:`), else the converted cell's line."""
     starts = cell_starts(lines)
     before = [(start, cell) for start, cell in starts if start <= number]
     if not before:
         return None
     start, cell = before[-1]
-    return cell, number - start
+    shifted = next((line[len(LINES):] for line in reversed(lines[-3:]) if line.startswith(LINES)), "")
+    moves = dict(entry.split("=") for entry in shifted.split())
+    return cell, int(moves.get(f"{cell}:{number - start}", number - start))
+
+
+def line_map_comment(mapping: dict) -> str:
+    """The `# nbddp lines:` comment of a line map ((cell, converted line) -> the notebook's line), the lines that
+    moved only; "" where none did."""
+    moved = [f"{cell}:{line}={then}" for (cell, line), then in sorted(mapping.items()) if line != then]
+    return LINES + " ".join(moved) if moved else ""

@@ -223,21 +223,27 @@ def call_stmt(func: str, *args: cst.BaseExpression) -> cst.SimpleStatementLine:
 TAKE, LEAVE, DESCEND = "take", "leave", "descend"
 
 
-def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable, nested: bool = False) -> list:
+def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable, nested: bool = False,
+            origin: dict | None = None) -> list:
     """Group consecutive statements that `select` takes and replace each group with `wrap(group, nested)`.
 
     `select(stmt, nested)` answers TAKE, LEAVE, DESCEND (look inside the statement's own blocks instead, def and
     class bodies included), or a statement to put in its place. A group never spans two notebook cells. The first
     statement's leading comments move in front of the wrapper, so `# @title` lines and cell markers stay where they
     were. `nested`: the statements are inside a block (a loop, a function), not at the notebook's top level.
+    `origin` (nbddp.meanings.Names.origin): where a statement is remade without its leading lines, the new one is
+    recorded as the old (the line map and later steps follow it).
     """
     out: list = []
     group: list = []
 
     def flush():
         if group:
-            lead = group[0].leading_lines
-            group[0] = group[0].with_changes(leading_lines=())
+            lead, first = group[0].leading_lines, group[0]
+            if lead:
+                group[0] = first.with_changes(leading_lines=())
+                if origin is not None:
+                    origin[group[0]] = origin.get(first, first)
             wrapped = list(wrap(list(group), nested))
             wrapped[0] = wrapped[0].with_changes(leading_lines=tuple(lead) + tuple(wrapped[0].leading_lines))
             out.extend(wrapped)
@@ -255,7 +261,7 @@ def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable,
             stmt = verdict
         elif verdict == DESCEND:
             for block in statement_blocks(stmt, defs=True):
-                inner = regroup(block.body, select, wrap, True)
+                inner = regroup(block.body, select, wrap, True, origin)
                 if len(inner) != len(block.body) or any(a is not b for a, b in zip(inner, block.body)):
                     stmt = stmt.deep_replace(block, block.with_changes(body=inner))  # a walk of stmt: only on change
         out.append(stmt)

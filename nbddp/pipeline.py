@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 
 from . import inline
-from .cells import MARKER, cell_at, cell_number
+from .cells import MARKER, cell_at, cell_number, line_map_comment
 from .cst_helpers import names_in, parse
 from .errors import ConversionError, NbddpError, NotebookReadError
 from .install_values import expand
@@ -158,7 +158,7 @@ def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", 
         runtime_module = runtime_module_name(script_name)
         runtime_text, runtime_id = render_runtime(ctx.runtime, **context)
     script = render_script(tree.module, ctx.runtime, runtime_module, runtime_id, launch=launch,
-                           installs=ctx.report.installs, **context)
+                           installs=ctx.report.installs, line_map=line_map_comment(tree.line_map()), **context)
     check_compiles(script, script_name, ctx.report)
     return Conversion(script=script, report=ctx.report, launch=launch, tree=tree, runtime=ctx.runtime,
                       runtime_file=runtime_module and runtime_module + ".py", runtime_text=runtime_text)

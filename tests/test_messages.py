@@ -46,3 +46,15 @@ def test_a_cell_that_is_not_python_is_named_by_its_cell_and_line_without_nbddps_
     assert done.stderr.strip() == "nbddp: error: cell 2, line 2: not valid Python (invalid syntax); fix the cell in " \
                                   "the notebook"
     assert not (tmp_path / "train_ddp.py").exists()
+
+
+def test_a_traceback_of_the_script_names_the_notebooks_own_line(tmp_path):
+    """Guards and barriers nbddp added shift the script's lines: a frame names the line as the notebook's cell
+    numbers it (the script's `# nbddp lines:` map), not the converted cell's."""
+    from nbddp.executor import cell_frames
+
+    script = _script(tmp_path, "x = 1\nprint('a')\nraise ValueError('boom')\n")
+    lines = script.read_text().splitlines()
+    number = next(i for i, line in enumerate(lines, start=1) if "raise ValueError('boom')" in line)
+    shown = cell_frames(f'  File "{script}", line {number}, in <module>\n    raise ValueError(\'boom\')\n', str(script))
+    assert "cell 1, line 3: raise ValueError('boom')" in shown, shown

@@ -54,6 +54,6 @@ def callback(guards, node: cst.ClassDef, libraries, packages) -> cst.ClassDef:
     for stmt in node.body.body:
         if isinstance(stmt, cst.FunctionDef):
             stmt = stmt.with_changes(body=stmt.body.with_changes(body=regroup(stmt.body.body, select, guards.wrap,
-                                                                                True)))
+                                                                                True, guards.names.origin)))
         body.append(stmt)
     return node.with_changes(body=node.body.with_changes(body=body))

@@ -77,7 +77,7 @@ class DataPrep(TreeStep):
             with_item = cst.WithItem(cst.Call(cst.Name(FIRST)))
             return [cst.With(items=[with_item], body=cst.IndentedBlock(body=group))]
 
-        module = module.with_changes(body=regroup(module.body, select, wrap))
+        module = module.with_changes(body=regroup(module.body, select, wrap, origin=tree.names.origin))
         for number, count in wrapped.items():
             ctx.report.change(number, f"dataset loading/mapping ({count} statement(s)) runs main-process-first")
         return module

@@ -217,7 +217,7 @@ class _Guards:
             if item.asname is not None and isinstance(item.item, cst.IfExp):
                 self.tainted |= reads_writes(item)[1]
             items.append(item)
-        body = regroup(stmt.body.body, self.select, self.wrap, True)
+        body = regroup(stmt.body.body, self.select, self.wrap, True, self.names.origin)
         return stmt.with_changes(items=items, body=stmt.body.with_changes(body=body))
 
     def _prints_in(self, blocks) -> bool:
@@ -228,7 +228,7 @@ class _Guards:
         """A function that does work every rank must do and rank-0 work: its body guarded where it stands (its
         local names do not taint the notebook's)."""
         outer = set(self.tainted)
-        body = regroup(node.body.body, self.select, self.wrap, True)
+        body = regroup(node.body.body, self.select, self.wrap, True, self.names.origin)
         self.tainted = outer
         return node.with_changes(body=node.body.with_changes(body=body))
 
@@ -277,6 +277,6 @@ class RankGuards(TreeStep):
         body = list(module.body)
         if ctx.options.whole:
             body = apply_plan(body, guards, tree, ctx)
-        module = module.with_changes(body=regroup(body, guards.select, guards.wrap))
+        module = module.with_changes(body=regroup(body, guards.select, guards.wrap, origin=tree.names.origin))
         guards.say()
         return module

@@ -272,3 +272,5 @@ try:
 finally:
     nbddp_teardown()
 
+# nbddp lines: 13:3=2 19:7=6 29:2=1 30:3=2 30:4=3 30:5=4 30:6=5 30:7=6
+

@@ -192,3 +192,5 @@ try:
 finally:
     nbddp_teardown()
 
+# nbddp lines: 10:3=2 18:7=6 23:3=2 23:4=3 23:5=4 23:6=5 23:7=6
+

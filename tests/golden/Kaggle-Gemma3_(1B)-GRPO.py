@@ -359,3 +359,5 @@ Then, provide your solution between {solution_start}{solution_end}"""
 finally:
     nbddp_teardown()
 
+# nbddp lines: 12:3=2 12:4=3 19:12=11 21:2=1 21:9=8
+

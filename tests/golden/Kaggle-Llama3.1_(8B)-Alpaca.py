@@ -295,3 +295,5 @@ try:
 finally:
     nbddp_teardown()
 
+# nbddp lines: 11:26=25 11:27=26 14:3=2 14:4=3 14:5=4 14:6=5 14:7=6
+
