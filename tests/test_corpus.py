@@ -305,3 +305,15 @@ def test_converting_twice_changes_nothing_more(path, converted):
     assert before and not changed, f"{path.name}: a second conversion changed cell(s) {changed}:\n" + "\n".join(
         f"--- cell {n} first:\n{before[n]}\n--- second:\n{after.get(n)}" for n in changed[:2])
     assert not ctx.report.warnings, f"second pass warned: {ctx.report.warnings}"
+
+
+def test_without_the_corpus_a_clone_skips_and_ci_fails(monkeypatch):
+    import conftest
+
+    monkeypatch.setattr(conftest, "CORPUS_NOTEBOOKS", [])
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="corpus is not at"):
+        conftest.need_corpus()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI has it"):
+        conftest.need_corpus()
