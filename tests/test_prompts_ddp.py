@@ -23,11 +23,16 @@ from nbddp.pipeline import convert_notebook
 
 pytestmark = pytest.mark.ddp
 
-FAKEHUB = '''from getpass import getpass
+FAKEHUB = '''import sys
+from getpass import getpass
 
 
 def login():
     return input("Fakehub user: ") + ":" + getpass("Fakehub key: ")
+
+
+def read_code():
+    return sys.stdin.readline().strip()  # a library that reads stdin itself
 '''
 
 CELLS = [
@@ -38,10 +43,11 @@ CELLS = [
     "for i in range(2):\n    try:\n        got.append(in_a_function(i))\n    except EOFError as exc:\n"
     "        got.append(f'EOFError: {exc}')\n",
     "try:\n    got.append(fakehub.login())\nexcept EOFError as exc:\n    got.append(f'EOFError: {exc}')\n",
+    "got.append(fakehub.read_code() or 'end of input')\n",
     "with open(f\"answers-{os.environ['RANK']}.json\", 'w') as fh:\n    json.dump(got, fh)\n",
     "from huggingface_hub import login\nlogin()\n",
 ]
-ANSWERS = ["alias answer", "loop 0", "loop 1", "fake user", "fake key"]
+ANSWERS = ["alias answer", "loop 0", "loop 1", "fake user", "fake key", "stdin code"]
 HUB_LINE = ("nbddp: huggingface_hub's login() in a 2-process job has no one to answer it ({why}): every rank gets "
             "EOFError at the prompt 'Enter your token (input will not be visible):'; set HF_TOKEN instead (in the "
             "environment, or a Kaggle/Colab secret of that name) (NBDDP_INPUT=0: every rank reads its stdin)")
@@ -75,7 +81,7 @@ def run(tmp_path, script, stdin, written=b"", env=None):
 def test_the_converter_reports_each_prompt_and_the_script_carries_the_ask_module(conversion):
     lines = [f"{n.where()}: {n.text.split(':')[0]}" for n in conversion.report.changes if "rank 0 asks" in n.text]
     assert lines == ["cell 3: getpass()", "cell 4: getpass()", "cell 6: fakehub.login() without a key",
-                     "cell 8: huggingface_hub.login() without a token"], lines
+                     "cell 9: huggingface_hub.login() without a token"], lines
     assert "def nbddp_getpass" in conversion.script
 
 
@@ -83,7 +89,7 @@ def test_answers_piped_in_reach_every_rank_once(conversion, tmp_path):
     status, output, seconds, answers = run(tmp_path, conversion.script, "pipe", "\n".join(ANSWERS).encode() + b"\n",
                                            env={"HF_TOKEN": "hf_given"})  # login() then asks nothing
     assert status == 0, output[-4000:]
-    assert answers == [["alias answer", "loop 0", "loop 1", "fake user:fake key"]] * 2, output[-4000:]
+    assert answers == [["alias answer", "loop 0", "loop 1", "fake user:fake key", "stdin code"]] * 2, output[-4000:]
     assert "has no one to answer it" not in output
 
 
@@ -97,7 +103,10 @@ def test_with_no_one_to_answer_every_rank_gets_eoferror_and_the_job_stops(conver
     expected.append(line.format(what="input() called by fakehub", why=why, shown="'Fakehub user:'"))
     assert len(answers) == 2, output[-4000:]
     for seen in answers:
-        assert [text.split(";")[0] for text in seen] == [f"EOFError: nbddp: {text}" for text in expected], seen
+        assert [text.split(";")[0] for text in seen[:-1]] == [f"EOFError: nbddp: {text}" for text in expected], seen
+        assert seen[-1] == "end of input"  # a library's own read of stdin: the end of its input, on every rank
+    assert ("nbddp: sys.stdin.readline() called by fakehub in a 2-process job has no one to answer it "
+            f"({why}): every rank reads the end of its input;") in output, output[-4000:]
     said = [line.split(";")[0] for line in output.splitlines() if line.startswith("nbddp: ")]
     for text in expected:
         assert said.count(f"nbddp: {text}") == 1, output[-4000:]  # said once, by rank 0

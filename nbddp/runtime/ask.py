@@ -1,5 +1,5 @@
-"""Prompts in a multi-process job: input(), getpass.getpass(), so every library prompt that goes through them, and
-huggingface_hub's login without a token. Rank 0 asks, where a terminal or a line on its stdin can answer, and every
+"""Prompts in a multi-process job: input(), getpass.getpass(), so every library prompt that goes through them, a
+library's own reads of sys.stdin (`sys.stdin.readline()`, iterating it), and huggingface_hub's login without a token. Rank 0 asks, where a terminal or a line on its stdin can answer, and every
 rank gets the same answer through the store; where no one can answer (stdin closed, a pipe that nobody writes, a
 Kaggle Script), every rank gets EOFError, and rank 0 says in one line which prompt it was and how to give the value
 instead. Never a hang, never two ranks reading one stdin. The patches are in place before the notebook's first line,
@@ -42,7 +42,7 @@ def _nbddp_stdin_line(stdin, prompt, stream):
 
 def _nbddp_answer(prompt, hidden=False):
     """Rank 0's answer as "+text", or "-why" where no one can answer; `hidden`: getpass's (no echo on a terminal)."""
-    stdin, tty = sys.stdin, False
+    stdin, tty = getattr(sys.stdin, "_real", sys.stdin), False  # the process's own stdin, under NbddpStdin
     if stdin is None:
         return "-the process has no stdin"
     try:
@@ -52,6 +52,7 @@ def _nbddp_answer(prompt, hidden=False):
         ready = False
     if not ready:
         return "-stdin is not a terminal and has nothing to read"
+    proxy, sys.stdin = sys.stdin, stdin  # the terminal's prompt reads the real stdin (input() reads sys.stdin)
     try:
         if tty:
             return "+" + _NBDDP_INPUT["getpass" if hidden else "input"](prompt)
@@ -60,6 +61,8 @@ def _nbddp_answer(prompt, hidden=False):
         if tty:
             print(flush=True)  # after the prompt
         return "-stdin is closed"
+    finally:
+        sys.stdin = proxy
 
 
 def _nbddp_site():
@@ -78,7 +81,7 @@ def _nbddp_caller(call):
     return call if module in (None, "__main__") else f"{call} called by {module}"
 
 
-def nbddp_ask(what, prompt, hidden=False, instead=NBDDP_ASK_INSTEAD):
+def nbddp_ask(what, prompt, hidden=False, instead=NBDDP_ASK_INSTEAD, ending="gets EOFError"):
     """The answer to a prompt of a multi-process job: rank 0 asks, every rank gets the answer; with no one to answer,
     every rank raises EOFError, and rank 0 says which prompt it was and what to do instead."""
     store, site = nbddp_store(), _nbddp_site()
@@ -94,8 +97,8 @@ def nbddp_ask(what, prompt, hidden=False, instead=NBDDP_ASK_INSTEAD):
         answer = store.get(key).decode()
     if answer.startswith("-"):
         shown = str(prompt).strip()
-        text = (f"{what} in a {NBDDP_WORLD_SIZE}-process job has no one to answer it ({answer[1:]}): every rank gets "
-                f"EOFError{f' at the prompt {shown!r}' if shown else ''}; {instead} "
+        text = (f"{what} in a {NBDDP_WORLD_SIZE}-process job has no one to answer it ({answer[1:]}): every rank "
+                f"{ending}{f' at the prompt {shown!r}' if shown else ''}; {instead} "
                 "(NBDDP_INPUT=0: every rank reads its stdin)")
         nbddp_say(key, text)
         raise EOFError(f"nbddp: {text}")
@@ -110,6 +113,33 @@ def nbddp_input(prompt=""):
 def nbddp_getpass(prompt="Password: ", stream=None):
     """getpass.getpass of a multi-process job."""
     return nbddp_ask(_nbddp_caller("getpass()"), str(prompt), hidden=True)
+
+
+class NbddpStdin:
+    """sys.stdin of a multi-process job, for a library that reads it itself: each line is read on rank 0 and every
+    rank gets it (as input() does); with no one to answer, every rank reads the end of its input ("") and rank 0 says
+    so once. The rest (fileno, isatty, encoding) is the real stdin's."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def readline(self, size=-1):
+        try:
+            return nbddp_ask(_nbddp_caller("sys.stdin.readline()"), "", ending="reads the end of its input") + "\n"
+        except EOFError:
+            return ""
+
+    def __iter__(self):
+        return iter(self.readline, "")
+
+    def __next__(self):
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
 
 
 def _nbddp_patch_hub_login(module):
@@ -144,6 +174,8 @@ def _nbddp_patch_prompts():
     if NBDDP_WORLD_SIZE > 1:
         builtins.input = nbddp_input
         getpass.getpass = nbddp_getpass
+        if sys.stdin is not None and not isinstance(sys.stdin, NbddpStdin):
+            sys.stdin = NbddpStdin(sys.stdin)
 
 
 _nbddp_patch_prompts()
