@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_needs import convert, once
+from test_needs import convert
 from test_transforms import REST
 
 SAVE = 'model.save_pretrained("out")\n'
@@ -137,10 +137,6 @@ def test_a_python_program_the_notebook_runs_is_said_to_run_outside_the_job(cell,
 def test_other_shell_lines_are_not_said_to_run_outside_the_job():
     _, report = convert("!ls -la\n!pip install x\n")
     assert "outside this job" not in report.format()
-
-
-def test_once_helper_is_shared():
-    assert once("x()\n", "x") == 'if NBDDP_IS_MAIN:\n    x()\nnbddp_barrier("x")\n'
 
 
 GIVE_TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows)\nstats = trainer.train()\n"
