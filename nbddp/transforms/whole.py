@@ -7,8 +7,8 @@ import libcst as cst
 
 from ..cells import starts_cell
 from ..cst_helpers import TAKE, code_of, live_calls
-from ..reads_writes import reads_writes
 from ..needs import training_needs
+from ..reads_writes import reads_writes
 from ..training_end import REST
 from ..vocabulary import OWN_VALUE, parts
 
