@@ -24,6 +24,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from t4_class import _median_ms  # noqa: E402  (bench/ is on sys.path)
+
 SHAPES = {  # hidden, intermediate, heads, kv heads, head dim
     "llama31_8b": (4096, 14336, 32, 8, 128),
     "qwen25_32b": (5120, 27648, 40, 8, 128),
@@ -36,8 +38,6 @@ def layer_params(hidden, inter, heads, kv, head_dim):
 
 
 def worker(args):
-    import statistics
-
     import torch
     import torch.distributed as dist
 
@@ -49,20 +49,8 @@ def worker(args):
     side = torch.cuda.Stream()
     results = {}
 
-    def median_ms(fn, reps=10):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
+    def median_ms(fn):
+        return _median_ms(torch, fn, 10, before=dist.barrier)
 
     for name, (hidden, inter, heads, kv, head_dim) in SHAPES.items():
         size = int(layer_params(hidden, inter, heads, kv, head_dim) * BYTES_PER_PARAM) // world * world
@@ -121,9 +109,8 @@ def worker(args):
 
 
 def run(args):
-    from run_notebooks import recipe
-
     import t4_class
+    from run_notebooks import recipe
 
     env = dict(os.environ, NCCL_P2P_DISABLE="1", NCCL_NVLS_ENABLE="0")
     if args.sms:

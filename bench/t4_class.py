@@ -66,11 +66,16 @@ def total_sms(device=0):
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
-def _median_ms(torch, fn, reps):
+def _median_ms(torch, fn, reps, before=None):
+    """The median of `reps` timings of `fn` on the GPU (CUDA events), after 3 warm-ups; `before` runs untimed ahead
+    of each (a barrier that lines up the ranks of a collective)."""
     for _ in range(3):
         fn()
     times = []
     for _ in range(reps):
+        if before is not None:
+            torch.cuda.synchronize()
+            before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

@@ -21,7 +21,8 @@ TRAINERS = frozenset({
 })
 # Library functions that give back the value they are handed (first argument), changed: the trainer that
 # `train_on_responses_only(trainer, ...)` returns is a trainer (nbddp.meanings follows the argument).
-PASS_THROUGH = frozenset({"unsloth.chat_templates.train_on_responses_only", "unsloth_zoo.dataset_utils.train_on_responses_only"})
+PASS_THROUGH = frozenset({"unsloth.chat_templates.train_on_responses_only",
+                          "unsloth_zoo.dataset_utils.train_on_responses_only"})
 TRAINER_WORK = frozenset({"train", "fit", "evaluate", "predict"})
 # The collectives of libraries that distribute training (every rank calls them together), by qualified name;
 # `Accelerator()` marks a method of a value the class made.

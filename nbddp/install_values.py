@@ -2,9 +2,9 @@
 `_vllm = "vllm==0.11.2" if is_t4 else "vllm==0.15.1"` and `_numpy = "numpy"`. A variable is read from the notebook's
 top-level assignments (inside `if`, `try` and `with` blocks too, never inside functions): string literals, f-strings
 and `+` of those, conditional expressions (each branch a value), tuples unpacked into names. Where a variable has
-several values the command is listed once per value (at most MAX_LINES lines, else its placeholder stays); a value nbddp cannot read (a
-version read at run time: `f"numpy=={numpy.__version__}"`) is left out where another value of the same variable is
-known, and the placeholder stays where none is.
+several values the command is listed once per value (at most MAX_LINES lines, else its placeholder stays); a value
+nbddp cannot read (a version read at run time: `f"numpy=={numpy.__version__}"`) is left out where another value of
+the same variable is known, and the placeholder stays where none is.
 
     expand(commands, module) -> the commands, placeholders put in where the notebook binds them to strings
 """

@@ -113,6 +113,7 @@ class Names:
                           for access in scope.accesses}
         self.origin: dict[cst.CSTNode, cst.CSTNode] = {}  # a rewritten node -> the node the analysis saw
         self._cache: dict[cst.CSTNode, frozenset] = {}
+        self.rank_reads: dict = {}  # what a node reads of the job's shape (nbddp.rank_conditions), once per analysis
         self._visiting: set = set()
 
     def orig(self, node):

@@ -213,8 +213,9 @@ def training_needs(body, names, effects) -> Plan:
             continue
         if files:
             plan.files[id(stmt)] = files
-        if seed and not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).configures & scan.libraries:
-            plan.setup[id(stmt)] = sorted(scan.seen(stmt).configures & scan.libraries)
+        set_up = set() if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else scan.seen(stmt).configures
+        if seed and set_up & scan.libraries:
+            plan.setup[id(stmt)] = sorted(set_up & scan.libraries)
         if seed or changes & needed:
             _share(plan, stmt, scan, sorted(n for n in changes & needed if not n.startswith("file:")))
             if whole:

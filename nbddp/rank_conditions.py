@@ -80,7 +80,7 @@ def _name_reads(node, names, depth) -> set:
         return {OWN[node.value]}
     if depth >= MAX_DEPTH:
         return set()
-    cache = _cache(names)
+    cache = names.rank_reads
     if node not in cache:
         cache[node] = frozenset()  # a value that reads itself: what is known so far
         value = names.value(node)
@@ -117,15 +117,8 @@ class _Reads(cst.CSTVisitor):
         return True
 
 
-def _cache(names) -> dict:
-    """What each name read reads of the job's shape, once per analysis (a node -> RANK/WORLD)."""
-    if not hasattr(names, "rank_reads"):
-        names.rank_reads = {}
-    return names.rank_reads
-
-
 def _reads(node, names, depth) -> set:
-    cache = _cache(names)
+    cache = names.rank_reads
     key = ("node", node)
     if key not in cache:
         reads = _Reads(names, depth)

@@ -92,7 +92,10 @@ def format_failure(exc: BaseException, name: str, label: str, source: str, lines
         if frame.filename == name:
             mapped = (lines or {}).get(frame.lineno) or (original.index(text) + 1 if text and original.count(text) == 1
                                                            else None)
-            number, text = (mapped, original[mapped - 1]) if mapped and mapped <= len(original) else (frame.lineno, text)
+            if mapped and mapped <= len(original):
+                number, text = mapped, original[mapped - 1]
+            else:
+                number = frame.lineno
             out.append(f"  {label}, line {number}: {text}")
         else:
             out.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}')

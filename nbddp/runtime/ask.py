@@ -1,5 +1,6 @@
 """Prompts in a multi-process job: input(), getpass.getpass(), so every library prompt that goes through them, a
-library's own reads of sys.stdin (`sys.stdin.readline()`, iterating it), and huggingface_hub's login without a token. Rank 0 asks, where a terminal or a line on its stdin can answer, and every
+library's own reads of sys.stdin (`sys.stdin.readline()`, iterating it), and huggingface_hub's login without a
+token. Rank 0 asks, where a terminal or a line on its stdin can answer, and every
 rank gets the same answer through the store; where no one can answer (stdin closed, a pipe that nobody writes, a
 Kaggle Script), every rank gets EOFError, and rank 0 says in one line which prompt it was and how to give the value
 instead. Never a hang, never two ranks reading one stdin. The patches are in place before the notebook's first line,

@@ -87,7 +87,8 @@ class _Guards:
         self.rest: set = set()  # ids of the statements after training's end: rank 0 runs them alone
         self.unneeded: set = set()  # cells with statements training does not need
         self.calls: dict = {}  # id of a top-level statement -> its live calls (nbddp.needs read them)
-        self.libraries: tuple = ()  # (where training's own objects come from, what the notebook imports): nbddp.needs
+        self.libraries: set = set()  # where training's own objects come from (nbddp.needs), empty without a plan
+        self.packages: set = set()  # what the notebook imports (nbddp.needs)
         self.shares: dict = {}  # id of a top-level statement rank 0 runs for every rank -> the names it gives them
         self.sharing: dict = {}  # id of the body of such a statement, taken -> those names
 
@@ -136,7 +137,7 @@ class _Guards:
         if isinstance(stmt, cst.ClassDef):
             self.tainted -= writes
             if self.libraries and is_callback(stmt, self.names):
-                return callback(self, stmt, *self.libraries)
+                return callback(self, stmt, self.libraries, self.packages)
             return DESCEND if any(isinstance(s, cst.FunctionDef) and self.effects.mixed(s, self.options.main_prints)
                                   for s in stmt.body.body) else LEAVE
         if is_if_false(stmt):

@@ -23,7 +23,7 @@ def apply_plan(body, guards, tree, ctx) -> list:
     if plan.end is None:
         return body
     guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
-    guards.libraries = (plan.libraries, plan.packages)
+    guards.libraries, guards.packages = plan.libraries, plan.packages
     cell = None
     for stmt in body:
         cell = starts_cell(stmt) or cell
