@@ -20,7 +20,7 @@ import libcst as cst
 
 from .cst_helpers import arguments, live_calls
 from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, PEFT, PRINT, SAVE, STEP,
-                         is_file_write, is_generation_pipeline, kinds)
+                         is_file_write, is_generation_pipeline)
 
 FUNCTION_MAIN_ONLY = MAIN_ONLY - {PRINT}  # a helper that only prints still runs everywhere (it may compute too)
 
@@ -40,9 +40,9 @@ class Effects:
     def _of_call(self, call: cst.Call) -> frozenset:
         names = self.names
         meanings = names.meanings(call.func)
-        found = set(kinds(meanings))
+        found = set(names.kinds(call.func))
         for arg in call.args:  # generation handed over rather than called: Thread(target=model.generate)
-            if isinstance(arg.value, cst.Attribute) and GENERATE in kinds(names.meanings(arg.value)):
+            if isinstance(arg.value, cst.Attribute) and GENERATE in names.kinds(arg.value):
                 found.add(GENERATE)
         if is_generation_pipeline(meanings, *map(names.literal, arguments(call, "task"))):
             found.add(GENERATE)

@@ -5,6 +5,8 @@ name the notebook never binds matches an entry of that name (a cell converted al
 tests/test_entries.py holds every entry to an importable name where its library is installed."""
 from __future__ import annotations
 
+from pathlib import Path
+
 # Trainers, by qualified name (the class's package and name: `trl.SFTTrainer` is also
 # `trl.trainer.sft_trainer.SFTTrainer`, and `trl.ORPOTrainer` of a trl before it moved to trl.experimental). A class
 # the notebook derives from one is one too (nbddp.meanings follows a class to its bases). Building one, and its
@@ -42,8 +44,12 @@ COLLECTIVES = frozenset({
 })
 TORCH_DISTRIBUTED_FACTS = frozenset({"get_rank", "get_world_size", "is_initialized", "is_available", "get_backend",
                                      "get_node_local_rank", "is_torchelastic_launched"})
-UNRESOLVED_TOGETHER = TRAINER_WORK | {"barrier", "all_reduce", "broadcast", "gather", "all_gather", "reduce_scatter",
-                                      "wait_for_everyone", "gather_for_metrics"}
+# torch.distributed's collectives, by name for a module nbddp cannot follow (`dist.barrier()` in a cell converted
+# alone); any function of torch.distributed but TORCH_DISTRIBUTED_FACTS is one where the import is seen.
+TORCH_COLLECTIVES = frozenset(f"torch.distributed.{name}" for name in (
+    "barrier", "monitored_barrier", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+    "all_gather_object", "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather",
+    "gather_object", "scatter", "scatter_object_list", "all_to_all", "all_to_all_single"))
 # The notebook distributes training itself: building one of these is every rank's work (by qualified name).
 OWN_DISTRIBUTION = frozenset({"torch.nn.parallel.DistributedDataParallel",
                               "torch.distributed.fsdp.FullyShardedDataParallel", "torch.distributed.fsdp.fully_shard",
@@ -65,41 +71,9 @@ def is_trainer(meaning: str) -> bool:
     return "(" not in meaning and "[" not in meaning and is_entry(meaning, TRAINERS)
 
 
-def made_by_trainer(receiver: str) -> bool:
-    """`trl.SFTTrainer()`: a value a trainer class made."""
-    return receiver.endswith("()") and is_trainer(receiver[:-2])
-
-
-def unresolved(names) -> bool:
-    """`trainer.train` where `trainer` is a parameter or a name the notebook never binds: what it is, unknown."""
-    return len(names) == 2
-
-
-def _entry_key(meaning: str):
-    """(package, owner, a method of a value the owner made, name): `accelerate.state.PartialState().wait_for_everyone`
-    and `accelerate.PartialState().wait_for_everyone` are the same entry."""
-    names = meaning.split(".")
-    return names[0], parts(names[-2])[-1] if len(names) > 1 else "", names[-2].endswith("()"), names[-1]
-
-
-COLLECTIVE_KEYS = frozenset(map(_entry_key, COLLECTIVES))
-
-
-def is_collective_entry(meaning: str) -> bool:
-    """One of COLLECTIVES, wherever in its package the notebook imported it from."""
-    return "." in meaning and _entry_key(meaning) in COLLECTIVE_KEYS
-
-
 # Demo servers whose launch() returns at once in a notebook (they see IPython) and blocks a script for good.
 DEMOS = frozenset({"gradio.Blocks().launch", "gradio.Interface().launch", "gradio.ChatInterface().launch",
                    "gradio.TabbedInterface().launch"})
-DEMO_KEYS = frozenset(map(_entry_key, DEMOS))
-
-
-def is_demo_launch(meaning: str) -> bool:
-    return "." in meaning and _entry_key(meaning) in DEMO_KEYS
-
-
 # Values each process computes for itself: the clock, a uuid, the OS's entropy, the process's id. Where training
 # needs one, rank 0's is given to every rank (nbddp.needs' shares).
 PER_PROCESS = frozenset({
@@ -139,3 +113,93 @@ def library_of(meaning: str) -> str | None:
         return None
     root = meaning.split(".", 1)[0]
     return None if root in NOT_LIBRARIES else root
+
+
+def _data(name: str) -> list[str]:
+    text = (Path(__file__).parent / "data" / name).read_text(encoding="utf-8")
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+# Model loaders: the classes whose from_pretrained loads a model. Unsloth's loaders, PEFT's auto classes, and
+# transformers' model classes (its AutoModel* classes and every model class its auto mappings name, read from the
+# installed transformers by tools/transformers_models.py into nbddp/data/transformers_models.txt). A tokenizer's,
+# a processor's or a config's from_pretrained is no model load.
+UNSLOTH_LOADERS = frozenset(f"unsloth.{name}" for name in (
+    "FastLanguageModel", "FastVisionModel", "FastTextModel", "FastModel", "FastLlamaModel", "FastMistralModel",
+    "FastQwen2Model", "FastQwen3Model", "FastQwen3MoeModel", "FastGraniteModel", "FastFalconH1Model",
+    "FastSentenceTransformer"))
+MODEL_CLASSES = UNSLOTH_LOADERS | frozenset(f"peft.{name}" for name in (
+    "AutoPeftModel", "AutoPeftModelForCausalLM", "AutoPeftModelForSeq2SeqLM", "AutoPeftModelForSequenceClassification",
+    "AutoPeftModelForTokenClassification", "AutoPeftModelForQuestionAnswering",
+    "AutoPeftModelForFeatureExtraction")) | frozenset(f"transformers.{name}" for name in _data("transformers_models.txt"))
+LOADS = frozenset(f"{cls}.from_pretrained" for cls in MODEL_CLASSES)
+ADAPTERS = frozenset(f"{cls}.get_peft_model" for cls in UNSLOTH_LOADERS)  # and peft.get_peft_model
+INFERENCE = frozenset(f"{cls}.for_inference" for cls in UNSLOTH_LOADERS)  # Unsloth's switch to generation
+
+# Methods of the values a library makes, by the class that defines them (`transformers.GenerationMixin().generate`).
+# The converter does not import the libraries, so it follows a value to the library call that made it, not to its
+# class: such a method matches where a call of the class's package made the value, or of a package whose values are
+# of that package's classes (VALUE_HOMES: the model that Unsloth's loader makes is a transformers model).
+VALUE_HOMES = {
+    "transformers": frozenset({"transformers", "unsloth", "unsloth_zoo", "peft", "trl", "sentence_transformers",
+                               "setfit"}),
+    "peft": frozenset({"peft", "unsloth", "unsloth_zoo", "trl"}),
+    "unsloth": frozenset({"unsloth", "unsloth_zoo", "trl", "peft"}),
+    "datasets": frozenset({"datasets", "unsloth", "unsloth_zoo", "trl"}),
+    "torch": frozenset({"torch", "transformers", "unsloth", "unsloth_zoo", "peft", "trl", "accelerate",
+                        "sentence_transformers", "bitsandbytes", "__main__"}),
+    "pandas": frozenset({"pandas"}), "vllm": frozenset({"vllm"}), "bitsandbytes": frozenset({"bitsandbytes"}),
+}
+MODEL_VALUE = "unsloth.FastLanguageModel.from_pretrained()"  # what Unsloth's loaders give: a model it patched
+VALUE_METHODS = {
+    "generate": frozenset({"transformers.GenerationMixin().generate", f"{MODEL_VALUE}.fast_generate",
+                           "vllm.LLM().generate", "vllm.LLM().chat", "peft.PeftModel().print_trainable_parameters"}),
+    "save": frozenset({"transformers.PreTrainedModel().save_pretrained", "transformers.Trainer().save_model",
+                       "transformers.Trainer().save_state", "peft.PeftModel().save_pretrained",
+                       *(f"{MODEL_VALUE}.{name}" for name in ("save_pretrained_merged", "save_pretrained_gguf",
+                                                              "save_pretrained_torchao", "save_lora")),
+                       "datasets.Dataset().save_to_disk", "datasets.Dataset().to_csv", "datasets.Dataset().to_json",
+                       "datasets.Dataset().to_parquet", "pandas.DataFrame().to_csv", "pandas.DataFrame().to_json",
+                       "pandas.DataFrame().to_parquet", "pandas.DataFrame().to_pickle", "pandas.DataFrame().to_excel"}),
+    "push": frozenset({"transformers.PreTrainedModel().push_to_hub", "transformers.Trainer().push_to_hub",
+                       "datasets.Dataset().push_to_hub",
+                       *(f"{MODEL_VALUE}.{name}" for name in ("push_to_hub_merged", "push_to_hub_gguf",
+                                                              "push_to_hub_torchao"))}),
+    "data": frozenset({"datasets.Dataset().map", "datasets.Dataset().filter", "datasets.Dataset().train_test_split"}),
+    "seeded": frozenset({"datasets.Dataset().shuffle", "datasets.Dataset().train_test_split"}),
+    "backward": frozenset({"torch.Tensor().backward"}),
+    "step": frozenset({"bitsandbytes.optim.optimizer.Optimizer8bit().step"}),
+    "device": frozenset({"torch.nn.Module().to", "torch.nn.Module().cuda", "torch.Tensor().to", "torch.Tensor().cuda"}),
+}
+# Library functions and the methods of one class's values, by qualified name.
+FUNCTIONS = {
+    "data": frozenset({"datasets.load_dataset", "datasets.load_from_disk"}),
+    "seeded": frozenset({"sklearn.model_selection.train_test_split", "torch.utils.data.random_split"}),
+    "save": frozenset({"torch.save", "safetensors.torch.save_file", "safetensors.torch.save_model", "numpy.save",
+                       "numpy.savez", "numpy.savez_compressed"}),
+    "push": frozenset({"huggingface_hub.upload_folder", "huggingface_hub.upload_file",
+                       "huggingface_hub.HfApi().upload_folder", "huggingface_hub.HfApi().upload_file"}),
+    "generate": frozenset({"transformers.TextStreamer", "transformers.TextIteratorStreamer"}),
+    "peft": frozenset({"peft.get_peft_model"}),
+    "backward": frozenset({"accelerate.Accelerator().backward", "lightning.Fabric().backward"}),
+    "step": frozenset({*(f"torch.optim.{name}().step" for name in (
+        "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "ASGD", "LBFGS", "NAdam", "RAdam", "RMSprop",
+        "Rprop", "SGD", "SparseAdam", "Optimizer")), "torch.amp.GradScaler().step", "torch.cuda.amp.GradScaler().step",
+        "transformers.Adafactor().step", "accelerate.Accelerator().prepare().step"}),
+    "memory": frozenset(f"torch.cuda.{name}" for name in (
+        "max_memory_reserved", "max_memory_allocated", "memory_reserved", "memory_allocated",
+        "get_device_properties", "memory_summary", "mem_get_info")),
+    "config": frozenset({"transformers.TrainingArguments", "transformers.Seq2SeqTrainingArguments",
+                         "unsloth.UnslothTrainingArguments", "sentence_transformers.SentenceTransformerTrainingArguments",
+                         "sentence_transformers.cross_encoder.CrossEncoderTrainingArguments",
+                         "setfit.TrainingArguments", "trl.SFTConfig", "trl.DPOConfig", "trl.GRPOConfig", "trl.KTOConfig",
+                         "trl.RLOOConfig", "trl.RewardConfig", "trl.DistillationConfig",
+                         "trl.experimental.orpo.ORPOConfig", "trl.experimental.cpo.CPOConfig",
+                         "trl.experimental.gkd.GKDConfig", "trl.experimental.online_dpo.OnlineDPOConfig",
+                         "trl.experimental.gold.GOLDConfig"}),
+    "device": frozenset({"torch.cuda.set_device", "torch.device"}),
+}
+# Experiment trackers: every function of these packages and every value they make logs (`wandb.log`, `run.log`).
+TRACKER_PACKAGES = frozenset({"wandb", "mlflow", "comet_ml", "neptune", "trackio", "swanlab", "clearml", "aim"})
+TRACKER_CLASSES = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter"})
+PIPELINE = "transformers.pipeline"

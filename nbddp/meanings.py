@@ -24,91 +24,29 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import BuiltinAssignment, GlobalScope, ImportAssignment, MetadataWrapper, ScopeProvider
 
+from .bindings import Bindings, returns_of, static
 from .cst_helpers import dotted
 from .entries import PASS_THROUGH
+from .vocabulary import kinds
 
 MAX_MEANINGS, MAX_DEPTH = 12, 12
+MAIN = "__main__"  # the notebook's own functions and classes are `__main__.name`, as in the script
 PARTIALS = frozenset({"functools.partial", "partial"})
 # What IPython adds to the builtins of the process it runs in (where %%torchrun and %ddp convert): the notebook's own
 # names, as in a script, not Python's builtins (libcst asks the live `builtins` module).
 IPYTHON_BUILTINS = frozenset({"display", "get_ipython"})
 
 
-class _Returns(cst.CSTVisitor):
-    """The values a function's own `return` statements give (not those of functions and classes inside it)."""
-
-    def __init__(self):
-        self.values = []
-
-    def visit_Return(self, node):
-        if node.value is not None:
-            self.values.append(node.value)
-
-    def visit_FunctionDef(self, node):
-        return False
-
-    visit_ClassDef = visit_Lambda = visit_FunctionDef
-
-
-def _returns(definition: cst.FunctionDef) -> list:
-    found = _Returns()
-    definition.body.visit(found)
-    return found.values
-
-
-class _Bindings(cst.CSTVisitor):
-    """Each bound Name (as the scope analysis sees it) -> the expression it was bound to."""
-
-    def __init__(self, top, watcher=None):
-        self.values: dict[cst.Name, cst.BaseExpression] = {}
-        self.classes: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = {}
-        self.order: dict[cst.CSTNode, int] = {}  # binding nodes in source order
-        self.top, self.watcher, self.statement = top, watcher, None
-
-    def on_visit(self, node):
-        if node in self.top:
-            self.statement = node
-        if isinstance(node, (cst.Name, cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)):
-            self.order[node] = len(self.order)
-        if self.watcher is not None:  # what else one pass over the tree reads (nbddp.tree's statement facts)
-            self.watcher(self.statement, node)
-        return super().on_visit(node)
-
-    def _bind(self, target, value):
-        if isinstance(target, cst.Name):
-            self.values[target] = value
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._bind(element.value, value)
-        elif isinstance(target, cst.StarredElement):
-            self._bind(target.value, value)
-
-    def visit_Assign(self, node):
-        for target in node.targets:
-            self._bind(target.target, node.value)
-
-    def visit_AnnAssign(self, node):
-        if node.value is not None:
-            self._bind(node.target, node.value)
-
-    def visit_NamedExpr(self, node):
-        self._bind(node.target, node.value)
-
-    def visit_WithItem(self, node):
-        if node.asname is not None:
-            self._bind(node.asname.name, node.item)
-
-    def visit_ClassDef(self, node):
-        self.classes[node] = {s.name.value: s for s in node.body.body if isinstance(s, cst.FunctionDef)}
-
-
 class Names:
     def __init__(self, module: cst.Module, watcher=None):
         self.module = module
         self.scopes = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ScopeProvider)
-        bindings = _Bindings(set(module.body), watcher)
+        bindings = Bindings(set(module.body), watcher)
         module.visit(bindings)
         self.values, self.classes, self.order = bindings.values, bindings.classes, bindings.order
+        self.params, self._calls, self._sites = bindings.params, bindings.calls, None
+        self.packages = frozenset(bindings.packages)  # roots whose meanings are qualified names (nbddp.vocabulary)
+        self.methods = {method for methods in self.classes.values() for method in methods.values()}
         self.referents = {access.node: access.referents for scope in set(self.scopes.values()) if scope is not None
                           for access in scope.accesses}
         self.origin: dict[cst.CSTNode, cst.CSTNode] = {}  # a rewritten node -> the node the analysis saw
@@ -144,6 +82,11 @@ class Names:
             self._cache[expr] = found
         return found
 
+    def kinds(self, expr) -> frozenset:
+        """What calling `expr` does (nbddp.vocabulary's kinds of its meanings, qualified where the notebook imports
+        the package)."""
+        return kinds(self.meanings(expr), self.packages)
+
     def _meanings(self, expr, depth) -> set:
         if isinstance(expr, cst.Attribute):
             return {f"{m}.{expr.attr.value}" for m in self.meanings(expr.value, depth + 1)}
@@ -173,10 +116,19 @@ class Names:
                     found |= set(self.meanings(self.values[assignment.node], depth + 1))
                 finally:
                     self._visiting.discard(assignment.node)
-            else:
-                found.add(expr.value)  # a def, a parameter, a loop variable: its own name
+            elif isinstance(assignment.node, cst.Param) and assignment.node not in self._visiting:
+                self._visiting.add(assignment.node)  # a parameter: what the notebook's calls pass it
+                try:
+                    passed = [m for arg in self.passed(assignment.node) for m in self.meanings(arg, depth + 1)]
+                finally:
+                    self._visiting.discard(assignment.node)
+                found |= set(passed) or {expr.value}  # no call gives it a value: its own name
+            elif isinstance(assignment.node, (cst.FunctionDef, cst.ClassDef)):  # the notebook's own: `__main__.f`
+                found.add(f"{MAIN}.{expr.value}")
                 if isinstance(assignment.node, cst.ClassDef):  # and a class of the notebook's is what it derives from
                     found |= {m for base in assignment.node.bases for m in self.meanings(base.value, depth + 1)}
+            else:
+                found.add(expr.value)  # a loop variable, an exception: its own name (what it holds, unknown)
         return found
 
     def _returned(self, func, depth) -> set:
@@ -187,11 +139,49 @@ class Names:
             if isinstance(definition, cst.FunctionDef) and definition not in self._visiting:
                 self._visiting.add(definition)
                 try:
-                    for value in _returns(definition):
+                    for value in returns_of(definition):
                         found |= set(self.meanings(value, depth + 1))
                 finally:
                     self._visiting.discard(definition)
         return found
+
+    def sites(self, function: cst.FunctionDef) -> list[tuple[cst.Call, dict]]:
+        """Each call of the notebook's `function`, anywhere in the notebook, with the arguments it binds: parameter
+        name -> argument (by position, past `self` for a method, or by keyword; none past a `*args`)."""
+        function = self.orig(function)
+        if self._sites is None:
+            self._sites = {}
+            defined = {f.name.value for f in set(self.params.values())} | {c.name.value for c in self.classes}
+            for call in self._calls:
+                name = call.func.value if isinstance(call.func, cst.Name) else \
+                    call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+                if name in defined:
+                    for definition in self.definitions(call.func):
+                        self._sites.setdefault(definition, []).append(call)
+        if not isinstance(function, cst.FunctionDef):
+            return []
+        positional = [*function.params.posonly_params, *function.params.params][
+            1 if function in self.methods and not static(function) else 0:]
+        found = []
+        for call in self._sites.get(function, ()):
+            given = [a for a in call.args if a.keyword is None]
+            given = given[:next((i for i, a in enumerate(given) if a.star), len(given))]  # `f(*args)`: unknown
+            bound = {p.name.value: a.value for p, a in zip(positional, given)}
+            bound.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
+            found.append((call, bound))
+        return found
+
+    def passed(self, param: cst.Param) -> list:
+        """What the notebook gives a parameter of one of its functions: its default, and what each call binds."""
+        param = self.orig(param)
+        found = [param.default] if param.default is not None else []
+        function = self.params.get(param)
+        name = param.name.value
+        return found + [bound[name] for _, bound in self.sites(function) if name in bound] if function else found
+
+    def function_of(self, param: cst.Param):
+        """The notebook's def a parameter belongs to."""
+        return self.params.get(self.orig(param))
 
     def bindings(self, name: cst.Name) -> list:
         """The nodes a read of `name` may be bound by (an assignment, a parameter, a def, an import, ...)."""

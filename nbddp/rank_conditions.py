@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .meanings import _returns
+from .bindings import returns_of
 from .entries import is_entry, is_trainer
 from .vocabulary import CONFIG, kinds
 
@@ -39,23 +39,23 @@ MAX_DEPTH = 4
 CALLED = frozenset({"get", "getenv", "__getitem__"} | {m.rsplit(".", 1)[1] for m in DISTRIBUTED} | set(ATTRIBUTES))
 
 
-def _of_value(meaning: str) -> str | None:
+def _of_value(meaning: str, names) -> str | None:
     """What a meaning reads of the job's shape: `accelerate.Accelerator().process_index` -> rank."""
     if meaning in DISTRIBUTED:
         return DISTRIBUTED[meaning]
-    names = meaning.split(".")
-    if len(names) < 2 or names[-1] not in ATTRIBUTES:
+    segments = meaning.split(".")
+    if len(segments) < 2 or segments[-1] not in ATTRIBUTES:
         return None
-    owner = ".".join(names[:-1])
+    owner = ".".join(segments[:-1])
     if owner.endswith(".args") or owner.endswith(".state"):  # a Trainer's arguments or the accelerator's state
         owner = owner.rsplit(".", 1)[0]
     if "." not in owner and "(" not in owner and "[" not in owner:  # a parameter, a name bound in another cell
-        return ATTRIBUTES[names[-1]]  # (`state.is_world_process_zero` in a callback): what it is, unknown
+        return ATTRIBUTES[segments[-1]]  # (`state.is_world_process_zero` in a callback): what it is, unknown
     if not owner.endswith("()"):
         return None
     made_by = owner[:-2]
-    if is_entry(made_by, STATE_CLASSES) or is_trainer(made_by) or CONFIG in kinds([made_by]):
-        return ATTRIBUTES[names[-1]]
+    if is_entry(made_by, STATE_CLASSES) or is_trainer(made_by) or CONFIG in kinds([made_by], names.packages):
+        return ATTRIBUTES[segments[-1]]
     return None
 
 
@@ -65,7 +65,7 @@ def node_reads(node, names, depth=0) -> set:
     if isinstance(node, cst.Name):
         return _name_reads(node, names, depth)
     if isinstance(node, cst.Attribute):  # (only the attributes that tell the shape can: the meanings only then)
-        return {w for w in map(_of_value, names.meanings(node)) if w} if node.attr.value in ATTRIBUTES else set()
+        return {w for w in (_of_value(m, names) for m in names.meanings(node)) if w} if node.attr.value in ATTRIBUTES else set()
     if isinstance(node, cst.Call):
         return _call_reads(node, names, depth)
     if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index) and \
@@ -92,13 +92,13 @@ def _call_reads(node, names, depth) -> set:
     if isinstance(node.func, cst.Attribute) and node.func.attr.value not in CALLED:
         return set()  # a method of no value that tells the shape (a notebook's own class aside: rare, not followed)
     meanings = names.meanings(node.func)
-    found = {DISTRIBUTED[m] for m in meanings if m in DISTRIBUTED} | {w for w in map(_of_value, meanings) if w}
+    found = {DISTRIBUTED[m] for m in meanings if m in DISTRIBUTED} | {w for w in (_of_value(m, names) for m in meanings) if w}
     if meanings & ENVIRONMENT_READS and node.args:
         found |= _environment(node.args[0].value, names)
     if depth < MAX_DEPTH:  # the notebook's own function that returns the rank
         for definition in names.definitions(node.func):
             if isinstance(definition, cst.FunctionDef):
-                for value in _returns(definition):
+                for value in returns_of(definition):
                     found |= _reads(value, names, depth + 1)
     return found
 

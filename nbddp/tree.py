@@ -18,7 +18,7 @@ from .cst_helpers import is_if_false, names_in, parse
 from .effects import Effects
 from .meanings import Names
 from .reads_writes import reads_writes
-from .vocabulary import AMP, DEVICE, ENV, kinds
+from .vocabulary import AMP, DEVICE, ENV
 
 
 def marker(number) -> cst.EmptyLine:
@@ -118,7 +118,7 @@ class _Facts(cst.CSTVisitor):
     def of(self, names, statement) -> frozenset:
         found = set(self.raw.get(statement, ()))
         for call in self.calls.get(statement, ()):
-            found |= kinds(names.meanings(call.func))
+            found |= names.kinds(call.func)
         return frozenset(found)
 
 

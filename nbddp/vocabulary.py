@@ -27,8 +27,12 @@ and function bodies (nothing another rank reads later).
 """
 from __future__ import annotations
 
-from .entries import (OWN_DISTRIBUTION, PER_PROCESS, TORCH_DISTRIBUTED_FACTS, TRAINER_WORK, UNRESOLVED_TOGETHER, is_collective_entry,
-                      is_entry, is_trainer, made_by_trainer, parts, unresolved)
+from functools import lru_cache
+
+from .entries import (ADAPTERS, COLLECTIVES, FUNCTIONS, INFERENCE, LOADS, OWN_DISTRIBUTION, PER_PROCESS, PIPELINE,
+                      TORCH_COLLECTIVES, TORCH_DISTRIBUTED_FACTS, TRAINER_WORK, TRAINERS, UNSLOTH_LOADERS, VALUE_METHODS,
+                      is_entry, parts)
+from .entry_match import Table, is_tracker
 
 LOAD, PEFT, DATA, COLLECTIVE = "load", "peft", "data", "collective"
 SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK = "save", "push", "generate", "display", "print", "memory", "track"
@@ -40,128 +44,73 @@ ENV = "env"  # a statement that names CUDA_VISIBLE_DEVICES (nbddp.tree's stateme
 OWN_DDP = "own-ddp"  # the notebook distributes training itself: torch's DDP or FSDP, accelerate, Lightning's Fabric
 MAIN_ONLY = frozenset({SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK})
 LIGHT = frozenset({DISPLAY, PRINT, MEMORY, TRACK})
-
-UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastVisionModel", "FastModel", "FastSentenceTransformer",
-                             "FastTextModel"})
-MODEL_SUFFIXES = (
-    "ForCausalLM", "ForConditionalGeneration", "ForSequenceClassification", "ForTokenClassification",
-    "ForQuestionAnswering", "ForMaskedLM", "ForSeq2SeqLM", "ForImageTextToText", "ForSpeechSeq2Seq",
-    "ForVision2Seq", "ForAudioClassification", "ForImageClassification", "ForCTC",
-)
-SAVE_PREFIXES = ("save_pretrained", "save_lora", "save_model")
-PATH_KEYWORDS = ("pretrained_model_name_or_path", "model_name", "model_id", "save_directory", "output_dir",
-                 "dataset_path", "file", "f", "path")  # where a saver takes its path by keyword
-DATA_WRITES = frozenset({"save_to_disk", "to_csv", "to_json", "to_parquet"})  # a dataset's or DataFrame's files
-GENERATION = frozenset({"generate", "fast_generate", "for_inference", "TextStreamer", "print_trainable_parameters"})
-GENERATION_TASKS = frozenset({"text-generation", "text2text-generation", "image-text-to-text", "summarization",
-                              "translation", "automatic-speech-recognition", "text-to-audio", "text-to-speech"})
-CUDA_MEMORY = frozenset({"max_memory_reserved", "max_memory_allocated", "memory_reserved", "memory_allocated",
-                         "get_device_properties", "memory_summary", "mem_get_info"})
-DATA_FUNCTIONS = frozenset({"load_dataset", "load_from_disk", "train_test_split"})
-DATA_METHODS = frozenset({"map", "filter"})
-NOT_DATASETS = frozenset({"builtins", "multiprocessing", "concurrent", "pandas", "numpy", "torch", "itertools",
-                          "functools", "operator", "pd", "np"})
-TRACKERS = frozenset({"wandb", "mlflow", "comet_ml", "neptune", "trackio", "swanlab", "clearml", "aim"})
-TRACKER_CLASSES = frozenset({"SummaryWriter"})  # torch.utils.tensorboard / tensorboardX: writer = SummaryWriter()
 OPEN = "builtins.open"  # open(path, mode): a write at a known path is a save (is_file_write)
 DISPLAY_MODULE = "IPython.display"  # Audio, Image, Markdown… from here only display; datasets.Audio is data
-TRL_CONFIGS = frozenset({
-    "SFTConfig", "DPOConfig", "ORPOConfig", "KTOConfig", "CPOConfig", "GRPOConfig", "PPOConfig", "RewardConfig",
-    "GKDConfig", "RLOOConfig", "OnlineDPOConfig", "XPOConfig", "NashMDConfig", "PRMConfig", "BCOConfig",
-})
-OPTIMIZER_HOMES = ("torch.optim.", "bitsandbytes.optim.", "bnb.optim.", "transformers.AdamW", "optim.")
-OPTIMIZER_NAMES = frozenset({"optimizer", "optim", "opt", "scaler"})  # scaler.step(opt): a GradScaler steps it
-SCHEDULERS = ("lr_scheduler", "scheduler", "Scheduler", "_schedule")
+PATH_KEYWORDS = ("pretrained_model_name_or_path", "model_name", "model_id", "save_directory", "output_dir",
+                 "dataset_path", "file", "f", "path")  # where a saver takes its path by keyword
+KNOWN = frozenset({"builtins", "__main__"})  # roots every notebook knows: Python's builtins, its own definitions
+
+# kind -> the entries that have it (nbddp.entries: library APIs by qualified name), and what else a call of it is
+TABLES = {kind: Table(FUNCTIONS.get(kind, ()), VALUE_METHODS.get(kind, ())) for kind in (
+    DATA, SEEDED, SAVE, PUSH, GENERATE, BACKWARD, STEP, MEMORY, CONFIG, DEVICE)}
+TABLES[LOAD], TABLES[PEFT] = Table(owned=LOADS), Table(FUNCTIONS[PEFT], owned=ADAPTERS)
+TABLES[GENERATE] = Table(FUNCTIONS[GENERATE], VALUE_METHODS[GENERATE], owned=INFERENCE)
+TOGETHER = Table(TRAINERS | {f"{t}().{work}" for t in TRAINERS for work in TRAINER_WORK} | COLLECTIVES |
+                 TORCH_COLLECTIVES)
+ALSO = {LOAD: {COLLECTIVE, SYNC}, PEFT: {COLLECTIVE, SYNC}, DATA: {COLLECTIVE}, BACKWARD: {COLLECTIVE, SYNC, TRAINS},
+        STEP: {COLLECTIVE, SYNC, TRAINS}}
+UNSLOTH = Table(owned=frozenset(f"{cls}.{name}" for cls in UNSLOTH_LOADERS for name in ("from_pretrained",
+                                                                                        "get_peft_model")))
 
 
-def is_model_class(owner: str, root: str = "") -> bool:
-    """A class whose `from_pretrained` loads a model: Unsloth's loaders (every `Fast…Model`, any name imported
-    from unsloth), `Auto*Model*`, `…ForCausalLM` and the like; not PEFT's adapters."""
-    if owner.startswith("Peft"):
-        return False
-    return (owner in UNSLOTH_LOADERS or (owner.startswith("Fast") and owner.endswith("Model"))
-            or (root == "unsloth" and owner.startswith("Fast")) or (owner.startswith("Auto") and "Model" in owner)
-            or owner.endswith(MODEL_SUFFIXES))
-
-
-def is_unsloth_loader(meaning: str) -> bool:
-    """`FastLanguageModel.get_peft_model` and the like: Unsloth's, or a name the notebook never imports."""
-    names = parts(meaning)
-    owner = names[-2] if len(names) > 1 else ""
-    if len(names) > 2 and names[0] != "unsloth" and "(" not in meaning:
-        return False  # imported from another library
-    return owner in UNSLOTH_LOADERS or (owner.startswith("Fast") and owner.endswith("Model")) or (
-        names[0] == "unsloth" and owner.startswith("Fast"))
-
-
-def _kinds_of(meaning: str) -> set[str]:
+@lru_cache(maxsize=None)
+def _kinds_of(meaning: str, known: bool) -> frozenset:
+    """What a call of `meaning` is; `known`: its root is a package the notebook imports, Python's builtins or the
+    notebook's own `__main__` (else a value nbddp cannot follow, matched by name: nbddp.entries.Table)."""
     if meaning.endswith(("()", "[]")):  # calling a value a call made (`tokenizer(...)`): not a named function
-        return set()
-    names = parts(meaning)
-    tail, root = names[-1], names[0]
-    owner = names[-2] if len(names) > 1 else ""
-    method = len(names) > 1
-    found: set[str] = set()
-    if root == "builtins":
-        return {PRINT} if tail == "print" and len(names) == 2 else found
-    if tail == "from_pretrained" and is_model_class(owner, root):
-        found |= {LOAD, COLLECTIVE, SYNC}
-    if tail == "get_peft_model":
-        found |= {PEFT, COLLECTIVE, SYNC}
-    receiver = meaning[:-len(tail) - 1] if method else ""
+        return frozenset()
+    if meaning.startswith("builtins."):
+        return frozenset({PRINT} if meaning == "builtins.print" else ())
+    found = {kind for kind, table in TABLES.items() if table.match(meaning, known)}
+    for kind in list(found):
+        found |= ALSO.get(kind, set())
     if meaning == "nbddp_barrier":  # nbddp's wait for rank-0 work
         found.add(COLLECTIVE)
-    if is_trainer(meaning) or (tail in TRAINER_WORK and made_by_trainer(receiver)) or is_collective_entry(meaning) or (
-            meaning.startswith("torch.distributed.") and tail not in TORCH_DISTRIBUTED_FACTS) or (
-            tail in UNRESOLVED_TOGETHER and unresolved(names)):
+    tail = meaning.rsplit(".", 1)[-1]
+    if TOGETHER.match(meaning, known) or (known and meaning.startswith("torch.distributed.")
+                                          and tail not in TORCH_DISTRIBUTED_FACTS):
         found |= {COLLECTIVE, SYNC, TRAINS}
-    if tail in DATA_FUNCTIONS or (method and tail in DATA_METHODS and root not in NOT_DATASETS):
-        found |= {DATA, COLLECTIVE}
-    if tail == "backward" and method:
-        found |= {BACKWARD, COLLECTIVE, SYNC, TRAINS}
-    if tail == "step" and method and is_optimizer(".".join(meaning.split(".")[:-1])):
-        found |= {STEP, COLLECTIVE, SYNC, TRAINS}
-    if tail.startswith(SAVE_PREFIXES) or meaning == "torch.save" or (method and tail in DATA_WRITES):
-        found.add(SAVE)
-    if tail.startswith("push_to_hub"):
-        found.add(PUSH)
-    if tail in GENERATION or tail.endswith("Streamer"):
-        found.add(GENERATE)
-    if tail in CUDA_MEMORY and owner == "cuda":
-        found.add(MEMORY)
-    if root in TRACKERS or any(name in TRACKER_CLASSES for name in names):
+    if is_tracker(meaning, known):
         found.add(TRACK)
-    if meaning.startswith(DISPLAY_MODULE + ".") or meaning == "display":
+    if meaning.startswith(DISPLAY_MODULE + ".") or (meaning == "display" and not known):
         found.add(DISPLAY)
-    if tail in TRL_CONFIGS or tail.endswith("TrainingArguments"):
-        found.add(CONFIG)
-    if tail == "train_test_split" or (tail == "shuffle" and method and root not in ("builtins", "random")):
-        found.add(SEEDED)
     if meaning in PER_PROCESS:
         found.add(OWN_VALUE)
     if is_entry(meaning, OWN_DISTRIBUTION):
         found |= {OWN_DDP, COLLECTIVE}
     if meaning.startswith("torch.cuda.amp."):
         found.add(AMP)
-    if tail in ("to", "cuda", "set_device", "device"):
-        found.add(DEVICE)
-    return found
-
-
-def kinds(meanings) -> frozenset:
-    """What a call whose callee has these meanings does (the union over its meanings)."""
-    found: set[str] = set()
-    for meaning in meanings:
-        found |= _kinds_of(meaning)
     return frozenset(found)
 
 
-def is_optimizer(receiver: str) -> bool:
-    """A value that is an optimizer: made by torch.optim/bitsandbytes (any name), or a name that says so."""
-    if any(word in receiver for word in SCHEDULERS):
-        return False
-    return receiver.startswith(OPTIMIZER_HOMES) or parts(receiver)[-1] in OPTIMIZER_NAMES or "GradScaler" in receiver or (
-        "optim" in receiver and receiver.endswith(")"))
+def known(meaning: str, packages) -> bool:
+    """The meaning is a qualified name: its root is one of the `packages` the notebook imports
+    (nbddp.meanings.Names.packages), Python's builtins or the notebook's own `__main__`."""
+    root = meaning.split(".", 1)[0]
+    return root in packages or root in KNOWN
+
+
+def kinds(meanings, packages=frozenset()) -> frozenset:
+    """What a call whose callee has these meanings does (the union over its meanings)."""
+    found: set[str] = set()
+    for meaning in meanings:
+        found |= _kinds_of(meaning, known(meaning, packages))
+    return frozenset(found)
+
+
+def is_unsloth_loader(meaning: str, packages=frozenset()) -> bool:
+    """`FastLanguageModel.from_pretrained` / `.get_peft_model` of one of Unsloth's loaders."""
+    return UNSLOTH.match(meaning, known(meaning, packages))
 
 
 def is_file_write(meanings, path, mode) -> bool:
@@ -200,6 +149,11 @@ def prompt(meanings, credentials: bool, modules=frozenset()):
     return None
 
 
+GENERATION_TASKS = frozenset({"text-generation", "text2text-generation", "image-text-to-text", "summarization",
+                              "translation", "automatic-speech-recognition", "text-to-audio", "text-to-speech"})
+
+
 def is_generation_pipeline(meanings, task) -> bool:
     """`pipeline("text-generation", ...)`: a generation pipeline runs on rank 0 only."""
-    return any(parts(m)[-1] == "pipeline" for m in meanings) and task in GENERATION_TASKS
+    return task in GENERATION_TASKS and any(
+        parts(m)[-1] == "pipeline" and (parts(m)[0] == parts(PIPELINE)[0] or m == "pipeline") for m in meanings)

@@ -8,25 +8,39 @@ import importlib.util
 import pytest
 
 from nbddp import entries, rank_conditions
+from nbddp.vocabulary import GENERATE, LOAD, STEP, TRAINS, kinds
 
 TABLES = {
     "TRAINERS": entries.TRAINERS, "COLLECTIVES": entries.COLLECTIVES, "OWN_DISTRIBUTION": entries.OWN_DISTRIBUTION,
     "PASS_THROUGH": entries.PASS_THROUGH, "SEEDS": entries.SEEDS, "STATE_CLASSES": rank_conditions.STATE_CLASSES,
-    "DISTRIBUTED": frozenset(rank_conditions.DISTRIBUTED),
+    "DISTRIBUTED": frozenset(rank_conditions.DISTRIBUTED), "TORCH_COLLECTIVES": entries.TORCH_COLLECTIVES,
+    "LOADS": entries.LOADS, "ADAPTERS": entries.ADAPTERS, "INFERENCE": entries.INFERENCE,
+    "PER_PROCESS": entries.PER_PROCESS, "DEMOS": entries.DEMOS, "TRACKER_CLASSES": entries.TRACKER_CLASSES,
+    **{f"FUNCTIONS[{kind}]": table for kind, table in entries.FUNCTIONS.items()},
+    **{f"VALUE_METHODS[{kind}]": table for kind, table in entries.VALUE_METHODS.items()},
 }
 ALL = sorted((table, entry) for table, names in TABLES.items() for entry in names)
 
 
 def _resolve(entry: str):
-    """The object an entry names: the longest importable module, then attributes (`Accelerator()` is the class)."""
-    names = entry.replace("()", "").split(".")
+    """The object an entry names: the longest importable module, then attributes; `X()` is a value X made: its class
+    where X is one (`Accelerator().prepare` is the class's method), else X itself (the value of `prepare()`, of
+    `from_pretrained()`, is not known before the call)."""
+    names = entry.split(".")
     for cut in range(len(names), 0, -1):
+        module = ".".join(names[:cut])
         try:
-            value = importlib.import_module(".".join(names[:cut]))
-        except ImportError:
+            value = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and not module.startswith(exc.name):  # it needs a package that is not installed here
+                pytest.skip(f"{module}: {exc}")
             continue
+        except ImportError as exc:  # the module needs an optional dependency that is not installed here
+            pytest.skip(f"{module}: {str(exc).strip().splitlines()[0]}")
         for name in names[cut:]:
-            value = getattr(value, name)
+            value = getattr(value, name.replace("()", ""))
+            if name.endswith("()") and not isinstance(value, type):
+                return value
         return value
     raise ImportError(entry)
 
@@ -37,12 +51,44 @@ def test_every_entry_is_an_importable_qualified_name(table, entry):
     package = entry.split(".")[0]
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"{package} is not installed here")
-    assert callable(_resolve(entry)), entry
+    try:
+        found = _resolve(entry)
+    except ImportError as exc:  # a lazy module's attribute that needs an optional dependency
+        if "requires" not in str(exc):
+            raise
+        pytest.skip(str(exc).strip().splitlines()[0])
+    assert callable(found), entry
 
 
 def test_a_meaning_matches_an_entry_by_package_and_name():
     assert entries.is_trainer("trl.trainer.sft_trainer.SFTTrainer") and entries.is_trainer("SFTTrainer")
     assert not entries.is_trainer("mylib.SFTTrainer") and not entries.is_trainer("trl.SFTTrainer()")
-    assert entries.is_collective_entry("accelerate.state.PartialState().wait_for_everyone")
-    assert not entries.is_collective_entry("mylib.Accelerator().wait_for_everyone")
+    assert TRAINS in kinds(["accelerate.state.PartialState().wait_for_everyone"], {"accelerate"})
+    assert TRAINS not in kinds(["mylib.Accelerator().wait_for_everyone"], {"mylib"})
     assert entries.library_of("unsloth.PatchFastRL") == "unsloth" and entries.library_of("ds.map()") is None
+
+
+@pytest.mark.parametrize("meaning, packages, found", [
+    ("transformers.models.auto.modeling_auto.AutoModelForCausalLM.from_pretrained", {"transformers"}, LOAD),
+    ("unsloth.FastLanguageModel.from_pretrained().generate", {"unsloth"}, GENERATE),  # a value Unsloth made
+    ("trl.SFTTrainer().model.generate", {"trl"}, GENERATE),  # the trainer's model
+    ("torch.optim.AdamW().step", {"torch"}, STEP),
+    ("FastLanguageModel.from_pretrained", set(), LOAD),  # a name never bound (a cell converted alone): by name
+    ("model.generate", set(), GENERATE), ("opt.step", set(), STEP), ("trainer.train", set(), TRAINS),
+])
+def test_qualified_meanings_match_their_entries_and_names_never_bound_by_name(meaning, packages, found):
+    assert found in kinds([meaning], packages)
+
+
+@pytest.mark.parametrize("meaning, packages, absent", [
+    ("transformers.AutoTokenizer.from_pretrained", {"transformers"}, LOAD),  # a tokenizer is no model
+    ("AutoTokenizer.from_pretrained", set(), LOAD),
+    ("other.FastLanguageModel.from_pretrained", {"other"}, LOAD),  # another library's class of the same name
+    ("sklearn.linear_model.LogisticRegression().fit", {"sklearn"}, TRAINS),
+    ("torch.nn.Linear().train", {"torch"}, TRAINS),  # a module's train mode
+    ("transformers.get_linear_schedule_with_warmup().step", {"transformers"}, STEP),  # a scheduler
+    ("torch.optim.lr_scheduler.LinearLR().step", {"torch"}, STEP),
+    ("gym.make().step", {"gym"}, STEP), ("mylib.Sampler().generate", {"mylib"}, GENERATE),
+])
+def test_a_qualified_meaning_without_an_entry_is_nothing_of_the_kind(meaning, packages, absent):
+    assert absent not in kinds([meaning], packages)

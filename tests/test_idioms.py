@@ -384,7 +384,8 @@ def test_a_custom_training_loop_is_a_backward_and_an_optimizer_step():
     from nbddp.vocabulary import BACKWARD, STEP
 
     module = cst.parse_module(
-        "import torch\nopt = torch.optim.AdamW(model.parameters())\nsched = get_linear_schedule_with_warmup(opt)\n"
+        "import torch\nfrom transformers import get_linear_schedule_with_warmup\n"
+        "opt = torch.optim.AdamW(model.parameters())\nsched = get_linear_schedule_with_warmup(opt)\n"
         "def update(loss):\n    loss.backward()\n    opt.step()\n"
         "for batch in loader:\n    update(model(**batch).loss)\n    sched.step()\n"
         "for batch in loader:\n    sched.step()\n    total = batch.sum()\n")

@@ -200,3 +200,44 @@ def test_a_demo_launch_returns_as_in_a_notebook(cells):
     out, report = convert(*cells)
     assert "prevent_thread_lock=True" in "".join(out) or "prevent_thread_lock = True" in "".join(out), out
     assert "the demo runs until the script ends, then stops with it" in report.format()
+
+
+@pytest.mark.parametrize("cells", [
+    ["from sklearn.linear_model import LogisticRegression\ndef fit_probe(est, X, y):\n    est.fit(X, y)\n",
+     "fit_probe(LogisticRegression(), X, y)\n"],
+    ["import sklearn.cluster as sc\nclass Probe:\n    def run(self, model):\n        model.fit(X)\n",
+     "Probe().run(model=sc.KMeans(3))\n"],
+    ["def start(server):\n    server.launch()\n", "import gradio as gr\nimport subprocess as sp\n", "start(sp.Popen(['true']))\n"],
+])
+def test_a_parameter_is_what_the_notebooks_calls_give_it_not_its_methods_name(cells):
+    """`est.fit(...)` on a parameter that every call gives a scikit-learn estimator is no training, and `s.launch()`
+    of a value that is no demo server gets no demo's keyword: the parameter is followed to the calls."""
+    out, _ = convert(TRAIN, *cells)
+    assert out[0].endswith(REST), out
+    assert "prevent_thread_lock" not in "".join(out), out
+
+
+@pytest.mark.parametrize("cells", [
+    ["from trl import SFTTrainer\ndef run(t):\n    t.train()\n", "tr = SFTTrainer(model=model)\n", "run(tr)\n"],
+    ["import transformers as tf\ndef go(*, runner):\n    return runner.train()\n",
+     "stats = go(runner=tf.Trainer(model=model))\n"],
+    ["from trl import SFTTrainer as S\nclass Job:\n    def __init__(self, trainer):\n        self.stats = None\n"
+     "    def start(self, trainer):\n        trainer.train()\n", "job = Job(None)\n", "job.start(S(model=model))\n"],
+])
+def test_training_through_a_parameter_ends_where_the_call_gives_it_a_trainer(cells):
+    out, _ = convert(*cells, "print('done')\n")
+    assert out[-2].endswith(REST) and REST not in "".join(out[:-2]), out
+
+
+def test_what_a_parameter_is_given_is_its_meaning():
+    from nbddp.meanings import Names
+    import libcst as cst
+
+    module = cst.parse_module("from trl import SFTTrainer\nimport sklearn.svm as svm\n"
+                              "def f(a, b=svm.SVC(), *args, c=None):\n    return a, b, c\n"
+                              "f(SFTTrainer(), c=1)\nf(*xs)\n")
+    names = Names(module)
+    params = {p.name.value: p for p in module.body[2].params.params + module.body[2].params.kwonly_params}
+    assert names.meanings(module.body[2].body.body[0].body[0].value.elements[0].value) == {"trl.SFTTrainer()"}
+    assert names.meanings(module.body[2].body.body[0].body[0].value.elements[1].value) == {"sklearn.svm.SVC()"}
+    assert [type(arg).__name__ for arg in names.passed(params["c"])] == ["Name", "Integer"]

@@ -65,7 +65,9 @@ def test_rank_0_says_whether_the_ranks_agree(ordinary):
                           r"values in 12 tensors\)", output)) == 1
     # the case's own loop on each rank (no DDP, data that differs by rank) is found at the end of the script
     assert len(re.findall(r"nbddp: warning: after the script's own training steps, rank 1 holds other weights "
-                          r"than rank 0 \(10 trained values in 2 tensors\)\. Usual causes: training outside DDP",
+                          r"than rank 0 \(10 trained values in 2 tensors\): on rank 1: tensor 0 of shape \(\d+, \d+\) "
+                          r"\(sum \S+ against \S+\)(, tensor 1 of shape \(\d+,\) \(sum \S+ against \S+\))? of 2 "
+                          r"tensors\. Usual causes: training outside DDP",
                           output)) == 1
 
 

@@ -754,3 +754,45 @@ def test_a_loops_loader_keeps_the_notebooks_batch_or_scales_it(monkeypatch):
     assert [len(b) for b in loop._nbddp_deal(odd)] == [3, 2]
     monkeypatch.setenv("NBDDP_BATCH", "scale")
     assert [b.tolist() for b in loop._nbddp_deal(plain)] == [[1, 3, 5, 7]]
+
+
+AGREE_DIFFERS = """
+import os, torch, torch.distributed as dist
+from nbddp.runtime import agree
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=rank, world_size=2)
+agree.NBDDP_CHECK_AGREEMENT = True
+a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2) * (1 + rank))
+agree.nbddp_check_agreement([("layer.lora_A", a), ("layer.lora_B", b), ("tied", a)], "train()")
+agree.nbddp_check_agreement([a, b], "the script's own training steps")
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_that_differ_are_told_with_the_values_that_differ(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NBDDP_")}
+    ranks = [subprocess.Popen([sys.executable, "-c", AGREE_DIFFERS], env={**env, "PORT": str(port), "RANK": str(r),
+                                                                            "WORLD_SIZE": "2"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+             for r in range(2)]
+    out = [rank.communicate(timeout=120)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], out
+    said = [line for line in out[0].splitlines() if line.startswith("nbddp: warning: after")]
+    assert len(said) == 2 and "other weights" not in out[1], out
+    assert "(5 trained values in 2 tensors): on rank 1: layer.lora_B (sum 4 against 2) of 2 tensors." in said[0]
+    assert "on rank 1: tensor 1 of shape (2,) (sum 4 against 2) of 2 tensors." in said[1]
+    assert "layer.lora_A" not in said[0]
+
+
+def test_which_values_differ_between_ranks():
+    same = [[1.0, 2.0], [0.0, 5.0]]
+    other = [[1.5, 2.0], [1e-3, 5.0]]
+    assert agree.nbddp_tensors_that_differ(other, same) == [0, 1]
+    assert agree.nbddp_what_differs([same, other], ["a", "b"], 1, shown=1) == \
+        "on rank 1: a (sum 1.5 against 1) and 1 more of 2 tensors"
+    assert agree.nbddp_what_differs([same, same[:1]], ["a", "b"], 1) == "rank 1 trained 1 tensors, rank 0 2"

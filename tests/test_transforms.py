@@ -106,8 +106,8 @@ DATA_PREP = [
          'if NBDDP_IS_MAIN:\n    print(1)\nnbddp_barrier("print")\n'),
     case('split = ds.train_test_split(test_size=0.1)\n',
          'with nbddp_main_process_first():\n    split = ds.train_test_split(test_size=0.1, seed=3407)\n'),
-    case('a, b = train_test_split(X, test_size=0.2)\n',
-         'with nbddp_main_process_first():\n    a, b = train_test_split(X, test_size=0.2, random_state=3407)\n'),
+    case('a, b = train_test_split(X, test_size=0.2)\n',  # scikit-learn's: a seed, no dataset cache to order
+         'a, b = train_test_split(X, test_size=0.2, random_state=3407)\n'),
     case('ds = ds.shuffle()\n', 'ds = ds.shuffle(seed=3407)\n'),
     # a function runs on every rank when called: no main-process-first around its body, but the split is seeded
     case('def split(ds):\n    return ds.train_test_split(test_size=0.1)\n',

@@ -35,24 +35,49 @@ def nbddp_weight_stats(params):
     return stats
 
 
+def _nbddp_close(mine, first, rtol):
+    """One tensor's [sum, sum of |x|] on two ranks, the same beyond rounding (rtol of their |x| sums)."""
+    scale = mine[1] + first[1]
+    return all(a == b or (math.isnan(a) and math.isnan(b)) or abs(a - b) <= rtol * scale
+               for a, b in zip(mine, first))
+
+
+def nbddp_tensors_that_differ(mine, first, rtol=1e-6):
+    """The indices of the tensors whose stats differ between a rank's and rank 0's (all of them where the ranks hold
+    different numbers of tensors)."""
+    if len(mine) != len(first):
+        return list(range(max(len(mine), len(first))))
+    return [i for i, (m, f) in enumerate(zip(mine, first)) if not _nbddp_close(m, f, rtol)]
+
+
 def nbddp_ranks_that_differ(stats, rtol=1e-6):
-    """The ranks whose per-tensor stats differ from rank 0's (beyond rounding: rtol of the tensors' |x| sums)."""
-    def close(a, b, scale):
-        return a == b or (math.isnan(a) and math.isnan(b)) or abs(a - b) <= rtol * scale
+    """The ranks whose per-tensor stats differ from rank 0's."""
+    return [rank for rank in range(1, len(stats)) if nbddp_tensors_that_differ(stats[rank], stats[0], rtol)]
 
-    def same(mine, first):
-        return len(mine) == len(first) and all(
-            close(m[0], f[0], m[1] + f[1]) and close(m[1], f[1], m[1] + f[1]) for m, f in zip(mine, first))
 
-    return [rank for rank in range(1, len(stats)) if not same(stats[rank], stats[0])]
+def nbddp_what_differs(stats, names, rank, shown=3):
+    """Which values rank `rank` holds otherwise than rank 0: the first tensors by name, each with both ranks' sums."""
+    differ = nbddp_tensors_that_differ(stats[rank], stats[0])
+    if len(stats[rank]) != len(stats[0]):
+        return f"rank {rank} trained {len(stats[rank])} tensors, rank 0 {len(stats[0])}"
+    said = [f"{names[i]} (sum {stats[rank][i][0]:.6g} against {stats[0][i][0]:.6g})" for i in differ[:shown]]
+    more = f" and {len(differ) - shown} more of {len(names)}" if len(differ) > shown else f" of {len(names)}"
+    return f"on rank {rank}: {', '.join(said)}{more} tensors"
 
 
 def nbddp_check_agreement(params, when):
-    """Every rank calls it at the same point; rank 0 says whether the ranks hold the same `params`."""
+    """Every rank calls it at the same point; rank 0 says whether the ranks hold the same `params` ((name, tensor)
+    pairs, or tensors: then named by their place and shape), and where they differ, which ones."""
     store = nbddp_store()
     if store is None or not NBDDP_CHECK_AGREEMENT:
         return None
-    unique = list(dict.fromkeys(p for p in params if p is not None and p.requires_grad))  # tensors hash by identity
+    named, seen = [], set()
+    for name, param in (item if isinstance(item, tuple) else (None, item) for item in params):
+        if param is not None and param.requires_grad and id(param) not in seen:  # a tied weight counts once
+            seen.add(id(param))
+            named.append((name, param))
+    unique = [p for _, p in named]
+    names = [name or f"tensor {i} of shape {tuple(p.shape)}" for i, (name, p) in enumerate(named)]
     _NBDDP_TRAINED["checks"] += 1
     _NBDDP_TRAINED["stepped"].clear()
     key, world = f"nbddp/agree/{_NBDDP_TRAINED['checks']}", torch.distributed.get_world_size()
@@ -74,7 +99,8 @@ def nbddp_check_agreement(params, when):
     size = f"{sum(p.numel() for p in unique):,} trained values in {len(unique)} tensors"
     if differ:
         ranks = f"ranks {', '.join(map(str, differ))} hold" if len(differ) > 1 else f"rank {differ[0]} holds"
-        nbddp_say(key, f"warning: after {when}, {ranks} other weights than rank 0 ({size}). Usual causes: "
+        which = "; ".join(nbddp_what_differs(stats, names, rank) for rank in differ[:2])
+        nbddp_say(key, f"warning: after {when}, {ranks} other weights than rank 0 ({size}): {which}. Usual causes: "
                        "training outside DDP or the Trainer (a loop of the notebook's own on each rank), or data or "
                        "seeds that differ by rank. Rank 0's copy is the one saved (NBDDP_CHECK_AGREEMENT=0: no check)")
     else:
@@ -103,7 +129,7 @@ def _nbddp_patch_trainer_train(module):
         @functools.wraps(train)
         def checked_train(self, *args, **kwargs):
             result = train(self, *args, **kwargs)
-            nbddp_check_agreement(list(self.model.parameters()), "train()")
+            nbddp_check_agreement(list(self.model.named_parameters()), "train()")
             return result
 
         checked_train._nbddp_checked = True

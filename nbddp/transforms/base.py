@@ -8,7 +8,6 @@ import libcst as cst
 
 from ..report import Report
 from ..tree import Tree, TreeTransformer
-from ..vocabulary import kinds
 
 
 @dataclass
@@ -65,4 +64,4 @@ class CallRewriter(TreeTransformer):
 
 def call_kinds(names, call: cst.Call) -> frozenset:
     """nbddp.vocabulary's kinds of what a call's callee is (through imports and aliases)."""
-    return kinds(names.meanings(call.func))
+    return names.kinds(call.func)

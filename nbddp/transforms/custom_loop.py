@@ -17,9 +17,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..cells import starts_cell
-from ..cst_helpers import LiveVisitor, arguments, call_stmt, code_of, dotted, live_calls
+from ..cst_helpers import call_stmt, code_of, dotted, live_calls
 from ..rank_conditions import is_rank_test
-from ..vocabulary import BACKWARD, OWN_DDP, STEP, is_optimizer, kinds, parts
+from ..vocabulary import BACKWARD, OWN_DDP, STEP, parts
 from .base import TreeStep, TreeTransformer
 
 WRAP, DEAL, STOP = "nbddp_ddp", "nbddp_distributed", "nbddp_unsynced_loop"
@@ -33,7 +33,6 @@ class _Rewrite(TreeTransformer):
         super().__init__(tree, ctx)
         self.effects = tree.effects
         self.functions: list[cst.FunctionDef] = []
-        self.calls: dict[cst.FunctionDef, list] = {}  # a function -> its calls (_calls_of)
         self.holds: dict = {}  # a function -> whether it holds a training loop (_holds_loop)
 
     def _trains(self, node) -> bool:
@@ -47,7 +46,7 @@ class _Rewrite(TreeTransformer):
             definitions = self.names.definitions(call.func)
             if not (definitions and all(map(self._holds_loop, definitions))):
                 done |= self.effects.of_call(call)
-        return BACKWARD in done and (STEP in done or bool(self._stepped_parameters(node)))
+        return BACKWARD in done and STEP in done
 
     def _holds_loop(self, definition) -> bool:
         """The notebook's function has a training loop of its own in its body."""
@@ -58,48 +57,12 @@ class _Rewrite(TreeTransformer):
                 self._trains(loop) for loop in _loops(definition.body))
         return self.holds[definition]
 
-    def _stepped_parameters(self, loop) -> list[cst.Name]:
-        """In the notebook's function, `p.step()` / `scaler.step(p)` on a parameter `p` that a call of the function
-        passes an optimizer as (its value followed, whatever the parameter is called)."""
-        if not self.functions:
-            return []
-        params, found = _parameters(self.functions[-1]), []
-        for call in live_calls(loop.body):
-            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "step":
-                found += [e for e in [call.func.value, *(a.value for a in call.args if a.keyword is None)]
-                          if isinstance(e, cst.Name) and e.value in params and any(
-                              is_optimizer(m) for arg in self._arguments(self.functions[-1], e.value)
-                              for m in self.names.meanings(arg))]
-        return found
-
-    def _arguments(self, function, param, depth: int = 0) -> list[cst.BaseExpression]:
-        """What the calls of the notebook's `function` pass as `param`; where a call passes a parameter of the
-        function it is made in, what that function's calls pass."""
-        found = []
-        for caller, bound in self._calls_of(function):
-            arg = bound.get(param)
-            if self._forwarded(arg, caller) and depth < FOLLOW:
-                found += self._arguments(caller, arg.value, depth + 1)
-            elif arg is not None:
-                found.append(arg)
-        return found
-
-    def _calls_of(self, function) -> list[tuple]:
-        """Each call of `function` in the notebook, also inside another of its functions (`caller`, else None), as
-        (caller, parameter -> argument)."""
-        if function not in self.calls:
-            collector = _Calls()
-            self.tree.first.visit(collector)
-            params = _parameters(function)
-            self.calls[function] = [(caller, {p: a for p, a in zip(params, arguments(call, *params)) if a is not None})
-                                    for caller, call in collector.calls if function in self.names.definitions(call.func)]
-        return self.calls[function]
-
-    def _forwarded(self, arg, caller) -> bool:
-        """`arg` reads a parameter of `caller`, the function the call is made in, that nothing there rebinds: its
-        value is what the calls of `caller` pass."""
-        bound = self.names.bindings(arg) if caller is not None and isinstance(arg, cst.Name) else []
-        return bool(bound) and all(any(node is p for p in _params(caller)) for node in bound)
+    def _caller(self, arg):
+        """The notebook's function whose parameter `arg` reads, where nothing there rebinds it: its value is what
+        the calls of that function pass (nbddp.meanings follows it)."""
+        bound = self.names.bindings(arg) if isinstance(arg, cst.Name) else []
+        functions = {self.names.function_of(node) if isinstance(node, cst.Param) else None for node in bound}
+        return functions.pop() if len(functions) == 1 else None
 
     def visit_FunctionDef(self, node):
         self.functions.append(self.names.orig(node))
@@ -144,13 +107,13 @@ class _Rewrite(TreeTransformer):
         found, seen, todo = [], set(), list(live_calls(loop.body))
         while todo:
             call = todo.pop(0)
-            if STEP in kinds(self.names.meanings(call.func)) and isinstance(call.func, cst.Attribute):
+            if STEP in self.names.kinds(call.func) and isinstance(call.func, cst.Attribute):
                 found += [a.value for a in call.args if a.keyword is None] + [call.func.value]
             for definition in self.names.definitions(call.func):
                 if definition not in seen:
                     seen.add(definition)
                     todo += live_calls(definition.body)
-        return found + self._stepped_parameters(loop)
+        return found
 
     def _model_of(self, optimizer, depth: int = 0) -> str | None:
         """`model` for an optimizer (its name, or the call that makes it) built from `model.parameters()` anywhere in
@@ -183,10 +146,11 @@ class _Rewrite(TreeTransformer):
         """The model a function's optimizer parameter `param` trains, from the calls of that function: the parameter
         each call passes that model as (or the model's own name, read as a global in the function); a call that
         passes on a parameter of the function it is made in is followed to that function's calls."""
-        for caller, bound in self._calls_of(function):
+        for _, bound in self.names.sites(function):
             optimizer = bound.get(param)  # a name, or the optimizer made in the call's arguments
             model = self._model_of(optimizer) if optimizer is not None else None
-            if model is None and self._forwarded(optimizer, caller) and depth < FOLLOW:
+            caller = self._caller(optimizer) if model is None and depth < FOLLOW else None
+            if caller is not None:
                 model = self._through_calls(caller, optimizer.value, depth + 1)
             if model:
                 return next((p for p, arg in bound.items() if dotted(arg) == model), model)
@@ -249,34 +213,6 @@ def _loops(node) -> list:
 
     node.visit(_Loops())
     return found
-
-
-class _Calls(LiveVisitor):
-    """Every call of live code, also in the notebook's functions, with the function it is made in (None: at a
-    cell's top level)."""
-
-    def __init__(self):
-        self.calls, self.stack = [], []
-
-    def visit_FunctionDef(self, node):
-        self.stack.append(node)
-        return True
-
-    def leave_FunctionDef(self, node):
-        self.stack.pop()
-
-    def visit_Call(self, node):
-        self.calls.append((self.stack[-1] if self.stack else None, node))
-
-
-def _params(function) -> list[cst.Param]:
-    """A def's parameters that take one argument each, positional ones first (keyword-only ones follow)."""
-    params = function.params
-    return [*params.posonly_params, *params.params, *params.kwonly_params]
-
-
-def _parameters(function) -> list[str]:
-    return [p.name.value for p in _params(function)]
 
 
 def _called(stmt) -> str | None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst_helpers import add_keyword, code_of, has_star_kwargs, keyword
-from ..entries import DEMOS, is_demo_launch, unresolved
+from ..entries import DEMOS
+from ..entry_match import Table
+from ..vocabulary import known
 from ..reads_writes import imported_packages
 from .base import CallRewriter, TreeStep
 
@@ -15,14 +17,18 @@ KEY = "prevent_thread_lock"
 DEMO_PACKAGES = frozenset(entry.split(".")[0] for entry in DEMOS)
 
 
-def _is_launch(meaning: str) -> bool:
-    """gradio's launch(), or `x.launch` of a value nbddp cannot follow (a parameter) in a notebook that uses gradio."""
-    return is_demo_launch(meaning) or meaning.split(".")[-1] == "launch" and unresolved(meaning.split("."))
+LAUNCHES = Table(DEMOS)
+
+
+def _is_launch(meaning: str, names) -> bool:
+    """gradio's launch(), or `x.launch` of a value nbddp cannot follow (a name bound in another cell converted alone)
+    in a notebook that uses gradio."""
+    return LAUNCHES.match(meaning, known(meaning, names.packages))
 
 
 class _Demos(CallRewriter):
     def leave_Call(self, original, updated):
-        if not any(map(_is_launch, self.names.meanings(original.func))) or keyword(updated, KEY) is not None \
+        if not any(_is_launch(m, self.names) for m in self.names.meanings(original.func)) or keyword(updated, KEY) is not None \
                 or has_star_kwargs(updated):
             return updated
         self.report.change(self.cell, f"`{code_of(updated.func)}()` returns at once, as in the notebook "

@@ -15,7 +15,7 @@ from ..cst_helpers import code_of, is_if_false, keyword
 from ..inline import Choice
 from ..meanings import IPYTHON_BUILTINS
 from ..runtime import HELPERS
-from ..vocabulary import CONFIG, CREDENTIALS, LOAD, is_unsloth_loader, kinds, parts, prompt
+from ..vocabulary import CONFIG, CREDENTIALS, LOAD, is_unsloth_loader, parts, prompt
 from .base import TreeStep
 from .placement import OURS
 
@@ -72,7 +72,7 @@ class _Facts(cst.CSTVisitor):
             return self.analysis.literal(keyword(node, key).value) if keyword(node, key) is not None else None
 
         dtype = keyword(node, "dtype") or keyword(node, "torch_dtype")
-        unsloth = any(map(is_unsloth_loader, self.analysis.meanings(node.func)))
+        unsloth = any(is_unsloth_loader(m, self.analysis.packages) for m in self.analysis.meanings(node.func))
         unsloth_default = unsloth and flag("load_in_4bit") is None and not any(
             flag(key) for key in ("load_in_8bit", "load_in_16bit", "full_finetuning"))
         if flag("load_in_4bit") or unsloth_default:
@@ -113,7 +113,7 @@ class _Facts(cst.CSTVisitor):
 
     def visit_Call(self, node):
         name = parts(code_of(node.func))[-1]
-        what = kinds(self.analysis.meanings(node.func))
+        what = self.analysis.kinds(node.func)
         credentials = any((arg.keyword is None and not arg.star) or (arg.keyword is not None and
                                                                       arg.keyword.value in CREDENTIALS)
                           for arg in node.args)

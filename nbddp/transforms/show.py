@@ -22,7 +22,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 from ..cells import starts_cell
 from ..cst_helpers import LiveVisitor
-from ..vocabulary import DISPLAY, MEMORY, PRINT, PUSH, SAVE, TRACK, kinds
+from ..vocabulary import DISPLAY, MEMORY, PRINT, PUSH, SAVE, TRACK
 from .base import TreeStep
 
 SHOW, HISTORY, INPUT = "nbddp_show", "nbddp_history", "nbddp_cell_input"
@@ -76,7 +76,7 @@ class Show(TreeStep):
             return False
         if isinstance(expr, cst.Call):
             meanings = names.meanings(expr.func)
-            if meanings & SHOW_NOTHING or kinds(meanings) & BOOKKEEPING or any(
+            if meanings & SHOW_NOTHING or names.kinds(expr.func) & BOOKKEEPING or any(
                     m.startswith(("nbddp_", "NBDDP_")) for m in meanings):
                 return False
             functions = names.definitions(expr.func)

@@ -1,0 +1,99 @@
+"""One pass over the notebook's tree for nbddp.meanings: each bound name's value, the classes' methods, the order of
+bindings, each def's parameters, every call, the packages imported; and a def's `return` values."""
+from __future__ import annotations
+
+import libcst as cst
+
+from .cst_helpers import dotted
+
+
+class _Returns(cst.CSTVisitor):
+    """The values a function's own `return` statements give (not those of functions and classes inside it)."""
+
+    def __init__(self):
+        self.values = []
+
+    def visit_Return(self, node):
+        if node.value is not None:
+            self.values.append(node.value)
+
+    def visit_FunctionDef(self, node):
+        return False
+
+    visit_ClassDef = visit_Lambda = visit_FunctionDef
+
+
+def params_of(function: cst.FunctionDef) -> list[cst.Param]:
+    """A def's parameters that take one argument each, positional ones first (keyword-only ones follow)."""
+    params = function.params
+    return [*params.posonly_params, *params.params, *params.kwonly_params]
+
+
+def returns_of(definition: cst.FunctionDef) -> list:
+    found = _Returns()
+    definition.body.visit(found)
+    return found.values
+
+
+def static(function: cst.FunctionDef) -> bool:
+    return any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in function.decorators)
+
+
+class Bindings(cst.CSTVisitor):
+    """Each bound Name (as the scope analysis sees it) -> the expression it was bound to."""
+
+    def __init__(self, top, watcher=None):
+        self.values: dict[cst.Name, cst.BaseExpression] = {}
+        self.classes: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = {}
+        self.order: dict[cst.CSTNode, int] = {}  # binding nodes in source order
+        self.params: dict[cst.Param, cst.FunctionDef] = {}  # a def's parameter -> the def
+        self.packages: set[str] = set()  # the packages the notebook imports, anywhere
+        self.calls: list[cst.Call] = []  # every call, where a parameter's arguments are looked for
+        self.top, self.watcher, self.statement = top, watcher, None
+
+    def on_visit(self, node):
+        if node in self.top:
+            self.statement = node
+        if isinstance(node, cst.Call):
+            self.calls.append(node)
+        elif isinstance(node, cst.FunctionDef):
+            self.params.update((param, node) for param in params_of(node))
+        if isinstance(node, (cst.Name, cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)):
+            self.order[node] = len(self.order)
+        if self.watcher is not None:  # what else one pass over the tree reads (nbddp.tree's statement facts)
+            self.watcher(self.statement, node)
+        return super().on_visit(node)
+
+    def _bind(self, target, value):
+        if isinstance(target, cst.Name):
+            self.values[target] = value
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._bind(element.value, value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind(target.value, value)
+
+    def visit_Assign(self, node):
+        for target in node.targets:
+            self._bind(target.target, node.value)
+
+    def visit_AnnAssign(self, node):
+        if node.value is not None:
+            self._bind(node.target, node.value)
+
+    def visit_NamedExpr(self, node):
+        self._bind(node.target, node.value)
+
+    def visit_WithItem(self, node):
+        if node.asname is not None:
+            self._bind(node.asname.name, node.item)
+
+    def visit_Import(self, node):
+        self.packages.update(dotted(alias.name).split(".")[0] for alias in node.names)
+
+    def visit_ImportFrom(self, node):
+        if not node.relative and node.module is not None:
+            self.packages.add(dotted(node.module).split(".")[0])
+
+    def visit_ClassDef(self, node):
+        self.classes[node] = {s.name.value: s for s in node.body.body if isinstance(s, cst.FunctionDef)}
