@@ -3,22 +3,25 @@ it may change in place, whether it sets up the process, the files it saves and m
 
 A statement may change a value it assigns an attribute or item of (`tok.pad_token = ...`), calls a method of
 (`rows.append(x)`, unless the method is one of the vocabulary's rank-0 kinds: a save, a push, generation, a print, a
-tracker's log), or passes to a call whose value it drops (`random.shuffle(rows)`; not to a call that writes its
-arguments out, `np.save(path, arr)`, and not a string, number or path: `os.makedirs(out_dir)`). `scan` is nbddp.needs'
+tracker's log), or passes to a call that changes what it is given (`random.shuffle(rows)`: nbddp.entries'
+CHANGES_ARGUMENTS, a notebook's own function by what its body changes, a callee nbddp cannot follow; a call of any
+other library reads its arguments: `json.dump(rows, fh)`, `mylib.send(report)`), but not a string, number or path
+(`os.makedirs(out_dir)`). `scan` is nbddp.needs'
 scan of the notebook (the names, the effects, the notebook's functions, what is imported)."""
 from __future__ import annotations
 
 import libcst as cst
 
 from .cst_helpers import LiveVisitor
-from .entries import EMITS, is_process_config, library_of
+from .entries import CHANGES_ARGUMENTS, EMITS, is_process_config, library_of
+from .entry_match import Table
 from .rank_conditions import node_reads
 from .reads_writes import file_of, files_named
 from .runtime import HELPERS
-from .vocabulary import CONFIG, MAIN_ONLY, SAVE, parts
+from .vocabulary import CONFIG, MAIN_ONLY, SAVE, known
 
 SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
-WRITES_OUT = ("save", "dump", "write", "to_", "export", "upload", "download", "log", "print", "show", "display")
+CHANGERS = Table(CHANGES_ARGUMENTS)
 
 
 def base_name(expr) -> str | None:
@@ -112,8 +115,9 @@ class Changes(LiveVisitor):
             self.changed.add(receiver)
             if node in self.drops:
                 self.mutated.add(receiver)
-        tail = parts(next(iter(meanings)))[-1].lower() if meanings else ""
-        if node in self.drops and not tail.startswith(WRITES_OUT):
+        changes = bool(definitions) or any(not known(m, self.names.packages) or CHANGERS.match(m, True)
+                                           for m in meanings)  # the notebook's own function: it may
+        if node in self.drops and changes:
             for arg in node.args:
                 base = base_name(arg.value)
                 if base is not None and not self.scan.immutable(arg.value):

@@ -83,6 +83,17 @@ PER_PROCESS = frozenset({
     "secrets.token_hex", "secrets.token_bytes", "secrets.token_urlsafe", "secrets.randbits", "secrets.randbelow",
     "secrets.choice", "random.SystemRandom",
 })
+# Library functions that change the values they are given, in place (a notebook's own function is followed
+# instead). A call of any other library is taken to read its arguments: what it is given stays as it was.
+CHANGES_ARGUMENTS = frozenset({
+    "builtins.setattr", "builtins.delattr", "random.shuffle", "random.Random().shuffle", "numpy.random.shuffle",
+    "numpy.random.Generator().shuffle", "numpy.copyto", "numpy.put", "numpy.place", "numpy.fill_diagonal",
+    "heapq.heappush", "heapq.heappop", "heapq.heapify", "heapq.heapreplace", "heapq.heappushpop", "bisect.insort",
+    "bisect.insort_left", "bisect.insort_right", "torch.nn.init.normal_", "torch.nn.init.uniform_",
+    "torch.nn.init.zeros_", "torch.nn.init.ones_", "torch.nn.init.constant_", "torch.nn.init.xavier_uniform_",
+    "torch.nn.init.xavier_normal_", "torch.nn.init.kaiming_uniform_", "torch.nn.init.kaiming_normal_",
+    "torch.nn.init.trunc_normal_", "torch.nn.init.orthogonal_", "torch.nn.utils.clip_grad_norm_",
+    "torch.nn.utils.clip_grad_value_", "peft.inject_adapter_in_model", "datasets.disable_caching"})
 CONFIG_HOMES = ("os.environ", "os.putenv", "os.unsetenv", "os.chdir", "sys.path", "warnings.", "logging.",
                 "torch.backends.", "torch._dynamo.config", "torch._inductor.config",
                 "gc.", "torch.cuda.empty_cache", "torch.cuda.reset_peak_memory_stats")  # and each rank's memory
@@ -199,6 +210,15 @@ FUNCTIONS = {
                          "trl.experimental.gold.GOLDConfig"}),
     "device": frozenset({"torch.cuda.set_device", "torch.device"}),
 }
+# The keyword that seeds a split or a shuffle (nbddp.transforms.data_prep gives it where the notebook does not).
+SEED_KEYWORDS = {"seed": frozenset({"datasets.Dataset().shuffle", "datasets.Dataset().train_test_split"}),
+                 "random_state": frozenset({"sklearn.model_selection.train_test_split"})}
+# What already orders the processes around dataset work: rank 0 first, the others after it.
+MAIN_FIRST = frozenset({"accelerate.Accelerator().main_process_first",
+                        "accelerate.Accelerator().local_main_process_first",
+                        "accelerate.PartialState().main_process_first",
+                        "accelerate.PartialState().local_main_process_first",
+                        "transformers.TrainingArguments().main_process_first"})
 # Experiment trackers: every function of these packages and every value they make logs (`wandb.log`, `run.log`).
 TRACKER_PACKAGES = frozenset({"wandb", "mlflow", "comet_ml", "neptune", "trackio", "swanlab", "clearml", "aim"})
 TRACKER_CLASSES = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter"})

@@ -16,6 +16,8 @@ TABLES = {
     "DISTRIBUTED": frozenset(rank_conditions.DISTRIBUTED), "TORCH_COLLECTIVES": entries.TORCH_COLLECTIVES,
     "LOADS": entries.LOADS, "ADAPTERS": entries.ADAPTERS, "INFERENCE": entries.INFERENCE,
     "PER_PROCESS": entries.PER_PROCESS, "DEMOS": entries.DEMOS, "TRACKER_CLASSES": entries.TRACKER_CLASSES,
+    "CHANGES_ARGUMENTS": entries.CHANGES_ARGUMENTS, "MAIN_FIRST": entries.MAIN_FIRST,
+    **{f"SEED_KEYWORDS[{name}]": table for name, table in entries.SEED_KEYWORDS.items()},
     **{f"FUNCTIONS[{kind}]": table for kind, table in entries.FUNCTIONS.items()},
     **{f"VALUE_METHODS[{kind}]": table for kind, table in entries.VALUE_METHODS.items()},
 }

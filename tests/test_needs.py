@@ -220,3 +220,18 @@ def test_a_save_two_functions_deep_is_followed_and_recursion_ends():
     recursive = ["def a(n):\n    if n:\n        b(n - 1)\n    m.save_pretrained('base')\n", "def b(n):\n    a(n)\n",
                  "b(2);\n", LOAD_BASE]  # a and b call each other: the analysis ends (it once recursed without end)
     assert convert(*recursive)[0][3] == LOADED
+
+
+@pytest.mark.parametrize("call, every_rank", [
+    ("random.shuffle(rows)", True),                      # changes what it is given
+    ("import numpy as np\nnp.random.shuffle(rows)", True),
+    ("def add(xs):\n    xs.append('x')\nadd(rows)", True),  # the notebook's own function may
+    ("import json\njson.dump(rows, open('rows.json', 'w'))", False),  # reads what it is given: once
+    ("import mylib\nmylib.summarise(rows)", False),
+    ("import pprint as pp\npp.pprint(rows)", False),
+])
+def test_a_call_changes_what_it_is_given_where_its_entry_says_so(call, every_rank):
+    import_random = "import random\n" if call.startswith("random") else ""
+    (data, middle, train), _ = convert("rows = ['a', 'b']\n", import_random + call + "\n",
+                                       "trainer = Trainer(model=model, train_dataset=rows)\nstats = trainer.train()\n")
+    assert ("NBDDP_IS_MAIN" not in middle) == every_rank, middle

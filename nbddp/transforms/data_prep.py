@@ -13,30 +13,39 @@ import libcst as cst
 from ..cells import starts_cell
 from ..cst_helpers import (DESCEND, LEAVE, TAKE, add_keyword, code_of, dotted, is_if_false, keyword, live_calls,
                            regroup, statement_blocks)
-from ..vocabulary import COLLECTIVE, DATA, SEEDED, parts
+from ..entries import MAIN_FIRST, SEED_KEYWORDS
+from ..entry_match import Table
+from ..vocabulary import COLLECTIVE, DATA, SEEDED, known, parts
 from .base import CallRewriter, TreeStep, call_kinds
 
 FIRST = "nbddp_main_process_first"
-ALREADY_ORDERED = frozenset({FIRST, "main_process_first", "local_main_process_first"})
+ORDERED = Table(MAIN_FIRST)
+SEEDS = {name: Table([e for e in entries if "()" not in e], [e for e in entries if "()" in e])  # functions, methods
+         for name, entries in SEED_KEYWORDS.items()}
 
 
-def _is_ordered_with(stmt) -> bool:
+def _is_ordered_with(stmt, names) -> bool:
+    """`with accelerator.main_process_first():` (nbddp's own, or a library's: nbddp.entries.MAIN_FIRST)."""
     return isinstance(stmt, cst.With) and any(
-        isinstance(item.item, cst.Call) and parts(dotted(item.item.func) or "?")[-1] in ALREADY_ORDERED
+        isinstance(item.item, cst.Call) and (dotted(item.item.func) == FIRST or any(
+            ORDERED.match(m, known(m, names.packages)) for m in names.meanings(item.item.func)))
         for item in stmt.items)
+
+
+def _seed_keyword(names, call):
+    """The keyword that seeds this split or shuffle (nbddp.entries.SEED_KEYWORDS), else None."""
+    for meaning in names.meanings(call.func):
+        for name, table in SEEDS.items():
+            if table.match(meaning, known(meaning, names.packages)):
+                return name
+    return None
 
 
 class _Seeds(CallRewriter):
     def leave_Call(self, original, updated):
-        meanings = self.names.meanings(original.func)
-        tails = {parts(m)[-1] for m in meanings} - {"?"}
-        is_method = isinstance(updated.func, cst.Attribute)
-        if "train_test_split" in tails:
-            name = "seed" if is_method else "random_state"
-        elif "shuffle" in tails and is_method and not any(m.startswith(("builtins.", "random.")) for m in meanings) \
-                and not any(a.keyword is None for a in updated.args):
-            name = "seed"
-        else:
+        name = _seed_keyword(self.names, original)
+        shuffle = parts(code_of(updated.func))[-1] == "shuffle"  # `shuffle(x)` given a generator or a buffer size
+        if name is None or (shuffle and any(a.keyword is None for a in updated.args)):
             return updated
         if keyword(updated, name) is not None or any(a.star == "**" for a in updated.args):
             return updated
@@ -63,7 +72,8 @@ class DataPrep(TreeStep):
         def select(stmt, nested):
             cell[0] = starts_cell(stmt) or cell[0]
             tree.at = stmt
-            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt) or _is_ordered_with(stmt):
+            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt) or \
+                    _is_ordered_with(stmt, tree.names):
                 return LEAVE
             found = [kinds(c) for c in live_calls(stmt)]
             if not any(DATA in k for k in found):

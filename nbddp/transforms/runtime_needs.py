@@ -15,11 +15,14 @@ from ..cst_helpers import code_of, is_if_false, keyword
 from ..inline import Choice
 from ..meanings import IPYTHON_BUILTINS
 from ..runtime import HELPERS
-from ..vocabulary import CONFIG, CREDENTIALS, LOAD, is_unsloth_loader, parts, prompt
+from ..entries import is_entry, is_trainer
+from ..entry_match import Table
+from ..vocabulary import CONFIG, CREDENTIALS, LOAD, SAVE, is_unsloth_loader, known, parts, prompt
 from .base import TreeStep
 from .placement import OURS
 
-TRAINER_HOMES = frozenset({"transformers", "trl", "unsloth"})
+CHECKPOINTS = Table(values={"transformers.PreTrainedModel().gradient_checkpointing_enable"})
+QUANTIZERS = frozenset({"transformers.BitsAndBytesConfig"})
 CHECKPOINTING = frozenset({"gradient_checkpointing", "use_gradient_checkpointing", "activation_checkpointing"})
 QUANTIZED = frozenset({"load_in_4bit", "load_in_8bit", "quantization_config"})
 VLLM = frozenset({"fast_inference", "use_vllm"})  # Unsloth's loader, TRL's GRPO/online configs
@@ -104,20 +107,20 @@ class _Facts(cst.CSTVisitor):
     def visit_ImportFrom(self, node):
         if node.relative or node.module is None:
             return
-        root = cst.Module([]).code_for_node(node.module).split(".")[0]
-        self.modules.add(root)
-        if root in TRAINER_HOMES:
-            names = node.names if isinstance(node.names, (list, tuple)) else ()
-            if isinstance(node.names, cst.ImportStar) or any(a.name.value.endswith("Trainer") for a in names):
-                self.trainer = True
+        self.modules.add(cst.Module([]).code_for_node(node.module).split(".")[0])
 
     def visit_Call(self, node):
         name = parts(code_of(node.func))[-1]
-        what = self.analysis.kinds(node.func)
+        what, meanings = self.analysis.kinds(node.func), self.analysis.meanings(node.func)
+        trainer = any(map(is_trainer, meanings))  # building a trainer (a class the notebook derives from one too)
+        self.trainer = self.trainer or trainer
+        self.checkpointing = self.checkpointing or any(CHECKPOINTS.match(m, known(m, self.analysis.packages))
+                                                       for m in meanings)
+        self.quantized = self.quantized or any(is_entry(m, QUANTIZERS) for m in meanings)
         credentials = any((arg.keyword is None and not arg.star) or (arg.keyword is not None and
                                                                       arg.keyword.value in CREDENTIALS)
                           for arg in node.args)
-        asks = prompt(self.analysis.meanings(node.func), credentials, self.modules)
+        asks = prompt(meanings, credentials, self.modules)
         if asks:
             self.prompts.setdefault((self.cell, asks[0], self.main_only > 0), asks[1])
         if CONFIG in what:
@@ -128,10 +131,10 @@ class _Facts(cst.CSTVisitor):
                 self.own_ddp.append(f"{name}(ddp_find_unused_parameters=...)")
             if static is not None and not _off(static.value):
                 self.own_ddp.append(f"{name}(ddp_static_graph=...)")
-        elif name.endswith("Trainer") and node.args and keyword(node, "args") is None \
+        elif trainer and node.args and keyword(node, "args") is None \
                 and sum(arg.keyword is None and not arg.star for arg in node.args) < 2:
             self.own_ddp.append(f"{name}() without args")
-        elif name in ("save_pretrained", "save_model") and node.args and node.args[0].keyword is None:
+        elif SAVE in what and node.args and node.args[0].keyword is None:
             self.saved.add(self.analysis.literal(node.args[0].value))
         elif LOAD in what:
             self._model(node)
@@ -140,19 +143,10 @@ class _Facts(cst.CSTVisitor):
                     or code_of(device_map.value.func) != OURS or device_map.value.args:
                 self.split_model = True
 
-    def visit_Attribute(self, node):  # transformers.Trainer(...), trl.SFTTrainer
-        if node.attr.value.endswith("Trainer") and isinstance(node.value, cst.Name) \
-                and any(parts(m)[0] in TRAINER_HOMES for m in self.analysis.meanings(node.value)):
-            self.trainer = True
-        if node.attr.value == "gradient_checkpointing_enable":
-            self.checkpointing = True
-
     def visit_Name(self, node):
         self.names.add(node.value)
         if node.value in IPYTHON_BUILTINS and self.analysis.meanings(node) == {node.value}:
             self.ipython.add(node.value)  # display(...) without an import: IPython's builtin
-        if node.value == "BitsAndBytesConfig":
-            self.quantized = True
 
     def visit_Arg(self, node):
         key = node.keyword.value if node.keyword is not None else None

@@ -148,7 +148,9 @@ try:
     trainer = train_on_responses_only(trainer)
 
     # %% cell 27
-    nbddp_show(tokenizer.decode(trainer.train_dataset[100]["input_ids"]))
+    if NBDDP_IS_MAIN:
+        nbddp_show(tokenizer.decode(trainer.train_dataset[100]["input_ids"]))
+    nbddp_barrier("decode")
 
     # %% cell 29
     if NBDDP_IS_MAIN:
@@ -272,5 +274,5 @@ try:
 finally:
     nbddp_teardown()
 
-# nbddp lines: 13:3=2 19:7=6 29:2=1 30:3=2 30:4=3 30:5=4 30:6=5 30:7=6
+# nbddp lines: 13:3=2 19:7=6 27:2=1 29:2=1 30:3=2 30:4=3 30:5=4 30:6=5 30:7=6
 

@@ -162,7 +162,9 @@ try:
     trainer = train_on_responses_only(trainer)
 
     # %% cell 23
-    nbddp_show(tokenizer.decode(trainer.train_dataset[5]["input_ids"]))
+    if NBDDP_IS_MAIN:
+        nbddp_show(tokenizer.decode(trainer.train_dataset[5]["input_ids"]))
+    nbddp_barrier("decode")
 
     # %% cell 24
     if NBDDP_IS_MAIN:
@@ -328,5 +330,5 @@ try:
 finally:
     nbddp_teardown()
 
-# nbddp lines: 11:15=14 13:4=3 24:2=1 24:3=2 26:3=2 26:4=3 26:5=4 26:6=5 26:7=6
+# nbddp lines: 11:15=14 13:4=3 23:2=1 24:2=1 24:3=2 26:3=2 26:4=3 26:5=4 26:6=5 26:7=6
 
