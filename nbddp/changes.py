@@ -46,6 +46,7 @@ class Changes(LiveVisitor):
         self.calls: list = []  # its live calls (nbddp.cst_helpers.live_calls)
         self.configures: set = set()  # CONFIG, and the libraries of the module functions it calls for their effect
         self.rank: set = set()  # what it reads of the job's shape (nbddp.rank_conditions: RANK, WORLD)
+        self.packages: set = set()  # the packages its calls come from, also through the notebook's functions
 
     def on_visit(self, node):
         self.rank |= node_reads(node, self.names)
@@ -102,9 +103,11 @@ class Changes(LiveVisitor):
             self.saves.update(filter(None, [file_of(node, meanings, self.names)]))
         else:  # any other call given a path may read it, whatever its library
             self.loads |= files_named(node, self.names)
-        for definition in definitions:  # the notebook's own function: what its body saves and sets up
+        self.packages.update(m.split(".", 1)[0] for m in meanings)
+        for definition in definitions:  # the notebook's own function: what its body saves, sets up and calls
             self.saves |= self.scan.saved_by(definition)
             self.configures |= self.scan.set_up_by(definition)
+            self.packages |= self.scan.packages_of(definition)
         if effects & MAIN_ONLY:
             return
         for definition in definitions:  # and what it changes

@@ -14,6 +14,9 @@
     plan.differs -> such statements that bind no value to give (`random.seed(time.time())`): id -> what it calls
     plan.setup -> statements every rank runs because they call a function of a library training comes from for its
                   effect (`PatchFastRL(...)`): id -> those libraries (the report says so: it could go either way)
+    plan.outside -> statements every rank runs because training reads what they give, that call a library neither
+                  training's objects nor Python's standard library come from (`rows = mylib.fetch(url)`): id -> (the
+                  names training reads, those libraries); the report says so, an effect there happens on every rank
 
 The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
 collectives, nbddp's own helpers, what reads the rank or the world size by meaning: `open(f"log-{dist.get_rank()}.txt",
@@ -33,6 +36,7 @@ folder made, a download, an upload. Where a guarded statement and a needed one s
 random state on every rank)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -45,6 +49,7 @@ from .reads_writes import free_reads, imported_names, imported_packages, reads_w
 from .training_end import is_own_guard, training_end
 from .vocabulary import COLLECTIVE, CONFIG, GENERATE, OWN_VALUE
 
+STANDARD = frozenset(sys.stdlib_module_names)
 PATHS = frozenset({"pathlib.Path", "pathlib.PurePath", "os.path.join", "os.path.abspath", "os.path.expanduser",
                    "os.path.dirname", "os.path.basename", "os.getcwd", "builtins.str", "builtins.int"})
 
@@ -59,6 +64,7 @@ class Plan:
     shares: dict = field(default_factory=dict)  # id of a statement rank 0 runs for every rank -> the names to give
     differs: dict = field(default_factory=dict)  # id of a needed statement whose value differs by rank -> its call
     setup: dict = field(default_factory=dict)  # id of a statement every rank runs as set-up of a library -> libraries
+    outside: dict = field(default_factory=dict)  # id of a needed statement calling another library -> (names, libs)
     libraries: set = field(default_factory=set)  # the libraries training's own objects come from, and torch
     packages: set = field(default_factory=set)  # the packages the notebook imports
 
@@ -107,6 +113,10 @@ class _Scan:
         """The set-up a function of the notebook does when it runs: the libraries of the functions it calls for their
         effect, and CONFIG where it sets up the process (nbddp.vocabulary.is_process_config)."""
         return self._by(definition, "configures")
+
+    def packages_of(self, definition) -> set[str]:
+        """The packages a function of the notebook calls into when it runs."""
+        return self._by(definition, "packages")
 
     def imported(self, name: str) -> bool:
         """A name the notebook binds by an import (a module or a library's class), not a value it made."""
@@ -192,6 +202,14 @@ def _share(plan, stmt, scan, names):
         plan.differs[id(stmt)] = next(c for c in scan.seen(stmt).calls if OWN_VALUE in scan.effects.of_call(c))
 
 
+def _outside(stmt, scan) -> list[str]:
+    """The libraries a statement's calls come from that neither training's objects nor Python's standard library
+    do (module functions and the values they made: `mylib.fetch(url)`, `requests.get(url).json()`)."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return []
+    return sorted(scan.seen(stmt).packages & scan.packages - scan.libraries - STANDARD)
+
+
 def training_needs(body, names, effects) -> Plan:
     scan = _Scan(names, effects, body)
     plan = Plan()
@@ -217,7 +235,11 @@ def training_needs(body, names, effects) -> Plan:
         if seed and set_up & scan.libraries:
             plan.setup[id(stmt)] = sorted(set_up & scan.libraries)
         if seed or changes & needed:
-            _share(plan, stmt, scan, sorted(n for n in changes & needed if not n.startswith("file:")))
+            given = sorted(n for n in changes & needed if not n.startswith("file:"))
+            _share(plan, stmt, scan, given)
+            outside = _outside(stmt, scan) if given and not seed and id(stmt) not in plan.shares else []
+            if outside:
+                plan.outside[id(stmt)] = (given, outside)
             if whole:
                 needed -= changes
             needed |= reads

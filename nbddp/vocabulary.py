@@ -1,27 +1,25 @@
 """What the notebook's calls do, by what they are: one vocabulary every conversion step uses.
 
 A call is described by its *meanings* (nbddp.meanings.Names.meanings): the dotted paths its callee resolves to through
-the notebook's imports and assignments, e.g. `unsloth.FastLanguageModel.from_pretrained` for `FLM.from_pretrained`
-after `from unsloth import FastLanguageModel as FLM`, `builtins.map` for `map(...)`, `datasets.load_dataset().map`
-for `ds.map(...)` after `ds = load_dataset(...)`; a name the notebook never binds stays as written (`display`).
-`()` after a part marks a value made by calling it. `kinds(meanings)` answers what the call is, as a set of:
+the notebook's imports, assignments, functions and calls, e.g. `unsloth.FastLanguageModel.from_pretrained` for
+`FLM.from_pretrained` after `from unsloth import FastLanguageModel as FLM`, `builtins.map` for `map(...)`,
+`datasets.load_dataset().map` for `ds.map(...)` after `ds = load_dataset(...)`, `__main__.f` for the notebook's own
+`f`; a name the notebook never binds stays as written (`display`). `()` after a part marks a value made by calling it.
+`kinds(meanings, packages)` answers what the call is, from the entries of nbddp.entries (matched as
+nbddp.entry_match says: qualified where the notebook imports the package, by name where nbddp cannot follow the
+value), as a set of:
 
-LOAD (a model loader), PEFT (get_peft_model), DATA (dataset loading, map, filter, split: main-process-first),
-COLLECTIVE (work every rank must do together: building a trainer and its train/fit/evaluate/predict, the trainer
-known by its qualified class (nbddp.entries.TRAINERS; for a value nbddp cannot follow, a parameter, by the method's
-name), a model load, get_peft_model, dataset loading and mapping, torch.distributed's and accelerate's collectives,
-building an Accelerator or DDP, a backward pass, an optimizer step), SYNC (the collectives but dataset work and set-up),
-TRAINS (of SYNC, what trains or talks to every rank, not a model load: the last one ends training; nbddp.needs),
-SAVE, PUSH,
-GENERATE, DISPLAY, PRINT, MEMORY (GPU memory stats), TRACK (an experiment tracker: a run's start, log, finish),
-BACKWARD (`loss.backward()`, `accelerator.backward(loss)`), STEP (an optimizer's `.step()`), OWN_DDP (the notebook
-distributes training itself: DistributedDataParallel, FSDP, accelerate's Accelerator, Fabric), CONFIG (a trainer
-config: TrainingArguments, SFTConfig, ...), SEEDED (a split or shuffle, which takes a seed), AMP (the deprecated
-torch.cuda.amp), DEVICE (`.to`, `.cuda`, `set_device`, `torch.device`).
+LOAD (a model loader), PEFT (adapters), DATA (dataset loading, map, filter, split: main-process-first),
+COLLECTIVE (work every rank must do together: a trainer's construction and its train/fit/evaluate/predict, a model
+load, adapters, dataset work, torch.distributed's and accelerate's collectives, building an Accelerator or DDP, a
+backward pass, an optimizer step), SYNC (the collectives but dataset work and set-up), TRAINS (of SYNC, what trains
+or talks to every rank, not a model load: the last one ends training; nbddp.needs), SAVE, PUSH, GENERATE, DISPLAY,
+PRINT, MEMORY (GPU memory stats), TRACK (an experiment tracker), BACKWARD, STEP (an optimizer's step), OWN_DDP (the
+notebook distributes training itself), CONFIG (a trainer config), SEEDED (a split or shuffle, which takes a seed),
+OWN_VALUE (a value each process computes for itself), AMP (the deprecated torch.cuda.amp), DEVICE (`.to`, `.cuda`,
+`set_device`, `torch.device`).
 
-nbddp.entries holds the tables of qualified names and `is_process_config` (the process's set-up by qualified
-name: the environment, warnings, logging, torch's flags, Python's and NumPy's seeds). `prompt(meanings, ...)` says whether a call asks the user for a value (input(), getpass(), a library's login).
-
+`prompt(meanings, ...)` says whether a call asks the user for a value (input(), getpass(), a library's login).
 MAIN_ONLY holds the kinds that run on global rank 0 only; LIGHT those that need no barrier after them inside loops
 and function bodies (nothing another rank reads later).
 """

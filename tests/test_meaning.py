@@ -241,3 +241,25 @@ def test_what_a_parameter_is_given_is_its_meaning():
     assert names.meanings(module.body[2].body.body[0].body[0].value.elements[0].value) == {"trl.SFTTrainer()"}
     assert names.meanings(module.body[2].body.body[0].body[0].value.elements[1].value) == {"sklearn.svm.SVC()"}
     assert [type(arg).__name__ for arg in names.passed(params["c"])] == ["Name", "Integer"]
+
+
+@pytest.mark.parametrize("cell, names, libraries", [
+    ("import requests\nmeta = requests.get('http://x/meta').json()\n", "meta", "requests"),
+    ("import mylib as ml\ndef fetch():\n    return ml.fetch_rows('x')\nrows = fetch()\n", "rows", "mylib"),
+    ("import mylib\nrows = []\nfor part in range(2):\n    rows += mylib.fetch_rows(part)\n", "rows", "mylib"),
+])
+def test_a_value_training_needs_from_another_library_is_reported_as_every_ranks(cell, names, libraries):
+    """Where nbddp chose between two readings (training needs the value; the call is of a library training's objects
+    do not come from), the report says which way it went and why."""
+    out, report = convert(cell, "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows, "
+                                "args=meta)\ntrainer.train()\n")
+    assert "NBDDP_IS_MAIN" not in out[0]
+    assert f"cell 1: runs on every rank: training reads {names}, made by calls of {libraries}, which training's own " \
+           "objects do not come from" in report.format()
+
+
+def test_values_of_the_standard_library_or_trainings_libraries_are_not_reported_so():
+    _, report = convert("import json, datasets\nmeta = json.load(open('m.json'))\nrows = datasets.load_dataset('x')\n",
+                        "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows, args=meta)\n"
+                        "trainer.train()\n")
+    assert "which training's own objects do not come from" not in report.format()

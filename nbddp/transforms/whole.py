@@ -24,17 +24,27 @@ def apply_plan(body, guards, tree, ctx) -> list:
         return body
     guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
     guards.libraries, guards.packages = plan.libraries, plan.packages
-    cell = None
+    cell, outside = None, {}
     for stmt in body:
         cell = starts_cell(stmt) or cell
         if id(stmt) in plan.setup:
             ctx.report.change(cell, f"runs on every rank: it calls {' and '.join(plan.setup[id(stmt)])} for its effect, "
                                     "a library training's own objects come from (set-up; a library they do not come "
                                     "from would run once)")
+        if id(stmt) in plan.outside:
+            given, libraries = plan.outside[id(stmt)]
+            found = outside.setdefault(cell, ({}, {}))
+            found[0].update(dict.fromkeys(given))
+            found[1].update(dict.fromkeys(libraries))
         if id(stmt) in plan.differs:
             ctx.report.warn(cell, f"`{code_of(plan.differs[id(stmt)].func)}()` gives each rank a value of its own (the "
                             "clock, a uuid, the OS's entropy) and training needs what this line does with it: the "
                             "ranks differ; bind the value to a name first (nbddp gives rank 0's to every rank)")
+    for cell, (given, libraries) in outside.items():
+        ctx.report.change(cell, f"runs on every rank: training reads {', '.join(given)}, made by calls of "
+                                f"{' and '.join(libraries)}, which training's own objects do not come from: what "
+                                "those calls do happens on every rank (to have it once: compute the value under "
+                                "`if NBDDP_IS_MAIN:`, save it, load it on every rank)")
     rest = body[plan.end + 1:]
     guards.rest = {id(stmt) for stmt in rest}
     if plan.marked or not rest:
