@@ -1,6 +1,9 @@
 """The frozen base sharded over 2 gloo ranks, the adapters data-parallel (nbddp/runtime/shard.py, docs/sharded.md):
-trainable weights and the mean loss equal one process's on the whole batch, with the blocks checkpointed or not, and
-between blocks no rank holds any block's frozen weights."""
+trainable weights and the mean loss equal one process's on the whole batch, with the blocks checkpointed or not,
+with the next block gathered ahead (an asynchronous all-gather) or not, with the model made on the meta device
+block by block, and with the gathers copying the other rank's slices from shared host memory (no files left);
+no rank holds more than two blocks' frozen weights at a time, and each block runs whole; 3 steps of 4 blocks make
+14 gathers."""
 from __future__ import annotations
 
 import json
@@ -15,12 +18,19 @@ pytestmark = pytest.mark.ddp
 CASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime_cases", "shard_case.py")
 
 
-@pytest.mark.parametrize("checkpointed", ["0", "1"])
-def test_sharded_frozen_blocks_train_as_one_process(checkpointed):
-    argv, env = torchrun_launch(CASE, 2, dict(os.environ), script_args=[checkpointed])
+@pytest.mark.parametrize("checkpointed,variant", [("0", "prefetch"), ("1", "prefetch"), ("1", "sync"), ("1", "meta"),
+                                                        ("1", "host")])
+def test_sharded_frozen_blocks_train_as_one_process(checkpointed, variant):
+    argv, env = torchrun_launch(CASE, 2, dict(os.environ), script_args=[checkpointed, variant])
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(next(line for line in done.stdout.splitlines() if "RESULT " in line).split("RESULT ", 1)[1])
     assert result["max_weight_diff"] < 1e-5 and result["mean_loss_diff"] < 1e-5, result
     assert result["frozen_sharded"] == 16  # 4 blocks x (base weight and bias, norm weight and bias)
     assert result["frozen_elements_kept_between_blocks"] == 50 * 16 + 16 * 50 + 50, result  # embedding and head
+    assert result["running_block_whole"] and result["most_blocks_whole"] <= 2, result
+    # 3 steps of 4 blocks in two buffers: 4 + 2 gathers in the first step (the last two blocks of the forward pass
+    # are the first two of the backward pass), 2 + 2 in each step after (the first two blocks of the backward pass
+    # are the first two of the next forward pass)
+    assert result["gathers"] == 14, result
+    assert result["files_left"] == 0, result

@@ -1,11 +1,26 @@
 """The frozen base sharded over the ranks, the adapters data-parallel (docs/sharded.md): each rank keeps 1/N of the
 bytes of each repeated block's frozen parameters; just before a block runs (forward, a checkpointed block's
-recompute, backward), the ranks all-gather them and the block runs on its whole weights; the next block to gather
-lets them go. Everything that trains stays whole on every rank, and DDP
-keeps it equal as in DDP mode; the frozen parameters are hidden from DDP, since they differ between ranks.
+recompute, backward), the ranks all-gather them and the block runs on its whole weights. Everything that trains
+stays whole on every rank, and DDP keeps it equal as in DDP mode; the frozen parameters are hidden from DDP, since
+they differ between ranks.
 
-A CPU prototype of the mechanism: gathers are synchronous (no prefetch stream yet), and 4-bit weights, loading each
-rank's share and the fit check's choice of this mode are not built (docs/sharded.md, "Next")."""
+Two buffers hold the whole weights of at most two blocks: the one that runs and the next one, gathered ahead of
+it (forward: the block after; backward: the block before) on a stream of its own (CUDA) or as an asynchronous
+collective (gloo). A block waits for its own gather only. The gather is an all-gather (NCCL, gloo), or, with
+`transport="host"` (every rank on one machine), copies from host memory: each rank writes its slices once into
+files in shared memory, every rank maps (and pins) the others', and a gather copies them in (CUDA: by the copy
+engines, no SMs taken from the compute) beside its own slice; the frozen bytes never change, so nothing is sent.
+A block left in its buffer from the pass before is used again without a gather (the last blocks of the forward
+pass are the first of the backward pass, the first of the backward pass the first of the next forward pass).
+
+Each block can be made just before it is sharded (`build`): a model built on the meta device never has more than
+one whole block of its own on a rank. Not built here: 4-bit weights, loading each rank's share from a checkpoint,
+the fit check's choice of this mode (docs/sharded.md, "Next")."""
+import os
+import shutil
+import tempfile
+import time
+
 import torch
 import torch.distributed
 
@@ -21,61 +36,259 @@ def nbddp_blocks(model):
     return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
 
 
-class NbddpShardedBlock:
-    """One block's frozen parameters: this rank's slice of their bytes, gathered whole while the block runs (its
-    forward, its recompute under checkpointing, its backward); at most one block of a model is whole at a time."""
+def _nbddp_in_backward():
+    """True while autograd runs a backward pass (a checkpointed block's recompute runs its forward there)."""
+    return torch._C._current_graph_task_id() != -1
 
-    def __init__(self, block, rank, world, whole):
+
+class NbddpShardedBlock:
+    """One block's frozen parameters: this rank's slice of their bytes; whole, as views of one of the two buffers,
+    from its gather until another block takes that buffer."""
+
+    def __init__(self, shards, block, index):
+        self.shards, self.index = shards, index
         self.params = [p for p in block.parameters() if not p.requires_grad]
         self.layout = [(p, p.shape, p.dtype, p.numel() * p.element_size()) for p in self.params]
-        flat = torch.cat([p.data.reshape(-1).view(torch.uint8) for p in self.params])
-        self.size = -(-flat.numel() // world) * world  # padded to a multiple of the ranks
-        padded = torch.zeros(self.size, dtype=torch.uint8, device=flat.device)
-        padded[:flat.numel()] = flat
+        world, rank = shards.world, shards.rank
+        flat = sum(size for *_, size in self.layout)
+        self.size = -(-flat // world) * world  # padded to a multiple of the ranks
+        device = self.params[0].device if self.params else torch.device("cpu")
+        padded = torch.zeros(self.size, dtype=torch.uint8, device=device)
+        start = 0
+        for param, _, _, size in self.layout:
+            padded[start:start + size].copy_(param.data.reshape(-1).view(torch.uint8))
+            start += size
         self.shard = padded.view(world, -1)[rank].clone()
-        self.whole = whole  # [the model's block that is whole now]
+        del padded
         self.release()
-        block.register_forward_pre_hook(lambda *_: self.gather())
+        block.register_forward_pre_hook(lambda *_: shards.use(self, _nbddp_in_backward()))
         block.register_forward_hook(self.before_backward)
 
-    def gather(self):
-        """Every rank's slice, into one buffer; each frozen parameter a view of it (the one whole block before it
-        lets its weights go)."""
-        if self.whole[0] is self:
-            return
-        if self.whole[0] is not None:
-            self.whole[0].release()
-        buffer = torch.empty(self.size, dtype=torch.uint8, device=self.shard.device)
-        _nbddp_all_gather(buffer, self.shard)
-        start = 0
-        for param, shape, dtype, size in self.layout:
-            param.data = buffer[start:start + size].view(dtype).view(shape)  # the same tensor: what autograd saved
-            start += size                                                     # of it sees these bytes
-        self.whole[0] = self
-
     def before_backward(self, block, inputs, output):
-        """The block's backward reads its weights: gather them again when the gradient reaches its output."""
+        """The block's backward reads its weights (and a checkpointed block's recompute, where the checkpoint leaves
+        the block's hooks outside it): gather them again when the gradient reaches its output."""
         first = output[0] if isinstance(output, (tuple, list)) else output
         if isinstance(first, torch.Tensor) and first.requires_grad:
-            first.register_hook(lambda grad: self.gather())
+            first.register_hook(lambda grad: self.shards.use(self, True))
+
+    def point(self, buffer):
+        """Each frozen parameter a view of `buffer` (the same tensor: what autograd saved of it sees these bytes)."""
+        start = 0
+        for param, shape, dtype, size in self.layout:
+            param.data = buffer[start:start + size].view(dtype).view(shape)
+            start += size
 
     def release(self):
         for param, _, dtype, _ in self.layout:
             param.data = torch.empty(0, dtype=dtype, device=self.shard.device)
-        if self.whole[0] is self:
-            self.whole[0] = None
 
 
-def nbddp_shard_frozen(model):
+class NbddpShards:
+    """The sharded blocks of one model, the two buffers and the gathers into them. `prefetch`: gather the next
+    block while one runs (else each block's gather waits for nothing but itself). `timing`: keep each gather's time
+    and each wait for one (CUDA events; on CPU the waits' host time), read by `take_timing()`."""
+
+    def __init__(self, group=None, prefetch=True, timing=False, transport="collective"):
+        self.group = group
+        self.rank = torch.distributed.get_rank(group)
+        self.world = torch.distributed.get_world_size(group)
+        self.prefetch, self.timing, self.transport = prefetch, timing, transport
+        self.host_files, self.pinned = [], []
+        if transport == "host":
+            where = [_nbddp_shared_dir() + f"/nbddp-shard-{os.getpid()}"]
+            torch.distributed.broadcast_object_list(where, src=torch.distributed.get_global_rank(group, 0)
+                                                    if group is not None else 0, group=group)
+            self.host_prefix = where[0]
+        elif transport != "collective":
+            raise ValueError(f"transport: 'collective' or 'host', not {transport!r}")
+        self.blocks, self.ignored = [], []
+        self.slots, self.buffers, self.ready = [None, None], [None, None], [None, None]
+        self.stream = None
+        self.records = []  # (kind, start, end): CUDA events, or host seconds
+        self.counts = {"gathers": 0, "reused": 0}
+
+    def add(self, block, names=None):
+        """Shard `block`'s frozen parameters (`names`: their names, for DDP to ignore)."""
+        sharded = NbddpShardedBlock(self, block, len(self.blocks))
+        self.blocks.append(sharded)
+        if self.transport == "host":  # this rank's slice, once, where the other ranks will map it
+            path = f"{self.host_prefix}-{sharded.index}-{self.rank}"
+            torch.from_file(path, shared=True, size=sharded.shard.numel(), dtype=torch.uint8).copy_(sharded.shard)
+            self.host_files.append(path)
+        if names is not None:
+            self.ignored += [names[id(p)] for p in sharded.params]
+        return sharded
+
+    def finish(self):
+        """After the last `add`: with `transport="host"`, every rank maps the others' slices (pinned, for copies
+        that do not wait for the host) and its own files are unlinked (the mappings keep them)."""
+        if self.transport != "host":
+            return
+        torch.distributed.barrier(group=self.group)
+        for block in self.blocks:
+            n = block.shard.numel()
+            block.host = [None if r == self.rank else torch.from_file(
+                f"{self.host_prefix}-{block.index}-{r}", shared=True, size=n, dtype=torch.uint8)
+                for r in range(self.world)]
+            if block.shard.is_cuda:
+                for src in block.host:
+                    if src is not None and _nbddp_pin(src):
+                        self.pinned.append(src)
+        torch.distributed.barrier(group=self.group)
+        for path in self.host_files:
+            os.unlink(path)
+        self.host_files = []
+
+    def use(self, block, backward):
+        """`block` is about to run: its weights whole once its gather is done; the neighbour in the direction of
+        the pass gathered ahead."""
+        slot = self._fetch(block)
+        self._wait(slot)
+        if self.prefetch:
+            nxt = block.index + (-1 if backward else 1)
+            if 0 <= nxt < len(self.blocks):
+                self._fetch(self.blocks[nxt])
+
+    def _buffer(self, slot, size, device):
+        buffer = self.buffers[slot]
+        if buffer is None or buffer.numel() < size:
+            size = max([size] + [b.size for b in self.blocks])
+            if buffer is not None and buffer.is_cuda and self.stream is not None:
+                buffer.record_stream(self.stream)
+            buffer = self.buffers[slot] = torch.empty(size, dtype=torch.uint8, device=device)
+        return buffer
+
+    def _fetch(self, block):
+        """Start the gather of `block` into its buffer unless it is there already; returns the buffer's slot."""
+        slot = block.index % 2
+        if self.slots[slot] is block:
+            self.counts["reused"] += 1
+            return slot
+        if self.slots[slot] is not None:
+            self.slots[slot].release()
+        self.slots[slot] = block
+        shard = block.shard
+        out = self._buffer(slot, block.size, shard.device)[:block.size]
+        self.counts["gathers"] += 1
+        if shard.is_cuda:
+            current = torch.cuda.current_stream(shard.device)
+            if self.prefetch and self.stream is None:
+                self.stream = torch.cuda.Stream(shard.device)
+            stream = self.stream if self.prefetch else current
+            stream.wait_stream(current)  # the buffer's last reader is done with it
+            with torch.cuda.stream(stream):
+                start = self._event(stream)
+                if self.transport == "host":
+                    self._copy_in(block, out)
+                else:
+                    _nbddp_all_gather(out, shard, group=self.group)
+                done = torch.cuda.Event(enable_timing=self.timing)
+                done.record(stream)
+            if self.timing:
+                self.records.append(("gather", start, done))
+            self.ready[slot] = done
+        elif self.transport == "host":
+            self._copy_in(block, out)
+        else:
+            self.ready[slot] = _nbddp_all_gather(out, shard, group=self.group, async_op=self.prefetch)
+        block.point(out)
+        return slot
+
+    def _copy_in(self, block, out):
+        n = block.shard.numel()
+        for r, src in enumerate(block.host):
+            out[r * n:(r + 1) * n].copy_(block.shard if src is None else src, non_blocking=True)
+
+    def _event(self, stream):
+        if not self.timing:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        return event
+
+    def _wait(self, slot):
+        ready, self.ready[slot] = self.ready[slot], None
+        if ready is None:
+            return
+        if isinstance(ready, torch.cuda.Event):
+            current = torch.cuda.current_stream()
+            before = self._event(current)
+            current.wait_event(ready)
+            if self.timing:
+                self.records.append(("wait", before, self._event(current)))
+        else:
+            started = time.perf_counter()
+            ready.wait()
+            if self.timing:
+                self.records.append(("wait", started, time.perf_counter()))
+
+    def take_timing(self):
+        """The gathers' and the waits' milliseconds since the last call ({"gather_ms", "wait_ms", "gathers",
+        "reused"}); CUDA: after a synchronize."""
+        out = {"gather_ms": 0.0, "wait_ms": 0.0}
+        if any(isinstance(start, torch.cuda.Event) for _, start, _ in self.records):
+            torch.cuda.synchronize()
+        for kind, start, end in self.records:
+            ms = start.elapsed_time(end) if isinstance(start, torch.cuda.Event) else 1000 * (end - start)
+            out[f"{kind}_ms"] += ms
+        out.update(self.counts)
+        self.records, self.counts = [], {"gathers": 0, "reused": 0}
+        return out
+
+    def whole_blocks(self):
+        """The blocks whose frozen weights are whole on this rank now (at most two)."""
+        return [b.index for b in self.blocks if b.params and b.params[0].numel()]
+
+    def free(self):
+        """Every block back to its share and the buffers let go (before an evaluation or a save that needs the
+        memory); the next forward gathers again."""
+        for slot, block in enumerate(self.slots):
+            self._wait(slot)
+            if block is not None:
+                block.release()
+        self.slots, self.buffers, self.ready = [None, None], [None, None], [None, None]
+
+
+def _nbddp_shared_dir():
+    """/dev/shm where it has room (a container may give it 64 MB), else the temporary folder."""
+    try:
+        if shutil.disk_usage("/dev/shm").free > 2 ** 32:
+            return "/dev/shm"
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
+def _nbddp_pin(tensor):
+    """Page-lock a CPU tensor's memory for the GPU's copy engines (cudaHostRegister); False where it fails."""
+    try:
+        rc = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
+    except Exception:  # noqa: BLE001 (no CUDA runtime bindings: copies still work, from pageable memory)
+        return False
+    return int(rc) == 0 if not isinstance(rc, tuple) else int(rc[0]) == 0
+
+
+def nbddp_shard_model(model, build=None, group=None, prefetch=True, timing=False, transport="collective"):
+    """Shard the frozen parameters of the model's repeated blocks over the process group; returns the `NbddpShards`
+    (its `ignored`: the names DDP must leave alone, for `nbddp_ddp_ignore`). `build(index, block)`, if given, runs
+    just before each block is sharded: it makes the block's weights (a model built on the meta device), so that a
+    rank never holds more than one whole block of its own. `transport`: "collective" (an all-gather) or "host"
+    (copies from the other ranks' slices in shared host memory; all ranks on one machine)."""
+    shards = NbddpShards(group, prefetch, timing, transport)
+    names = {id(p): n for n, p in model.named_parameters()}
+    for index, block in enumerate(nbddp_blocks(model)):
+        if build is not None:
+            build(index, block)
+            names.update({id(p): n for n, p in model.named_parameters()})
+        shards.add(block, names)
+    shards.finish()
+    return shards
+
+
+def nbddp_shard_frozen(model, **kwargs):
     """Shard the frozen parameters of the model's repeated blocks over the process group; returns the names of the
     parameters DDP must leave alone (give them to `nbddp_ddp_ignore`)."""
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    names = {id(p): n for n, p in model.named_parameters()}
-    ignored, whole = [], [None]
-    for block in nbddp_blocks(model):
-        sharded = NbddpShardedBlock(block, rank, world, whole)
-        ignored += [names[id(p)] for p in sharded.params]
-    return ignored
+    return nbddp_shard_model(model, **kwargs).ignored
 
 
 def nbddp_ddp_ignore(model, names):

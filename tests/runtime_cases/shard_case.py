@@ -2,7 +2,11 @@
 model of frozen blocks with trainable LoRA-style adapters trains k steps on 2 ranks, each on its half of the global
 batch, and rank 0 trains an unsharded copy alone on the whole batch. Rank 0 prints one `RESULT {json}` line.
 
-    torchrun --nproc_per_node=2 shard_case.py CHECKPOINT   # CHECKPOINT: 0 or 1 (the blocks checkpointed)
+    torchrun --nproc_per_node=2 shard_case.py CHECKPOINT [VARIANT]   # CHECKPOINT: 0 or 1 (the blocks checkpointed)
+
+VARIANT: `prefetch` (the default: the next block gathered while one runs, gloo's asynchronous all-gather), `sync`
+(each block's gather on its own), `meta` (the model made on the meta device, each block made just before it is
+sharded, by `build`) or `host` (the gathers copy the other ranks' slices from shared host memory).
 """
 import json
 import os
@@ -16,9 +20,13 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
-from nbddp.runtime.shard import nbddp_ddp_ignore, nbddp_shard_frozen  # noqa: E402
+from nbddp.runtime.shard import nbddp_ddp_ignore, nbddp_shard_model  # noqa: E402
+
+sys.path.insert(0, HERE)
+from _layer import finish  # noqa: E402
 
 CHECKPOINT = sys.argv[1] == "1"
+VARIANT = sys.argv[2] if len(sys.argv) > 2 else "prefetch"
 STEPS, BATCH, DIM, VOCAB = 3, 8, 16, 50
 
 
@@ -46,12 +54,36 @@ class Model(nn.Module):
         return self.head(x)
 
 
-def build():
+def build(device=None):
     torch.manual_seed(0)
-    model = Model()
+    if device is None:
+        model = Model()
+    else:
+        with torch.device(device):
+            model = Model()
     for name, param in model.named_parameters():
         param.requires_grad = "lora_" in name
     return model
+
+
+def made_on_meta(weights):
+    """The model on the meta device: the modules outside the blocks made now, each block by `build` (its weights
+    from `weights`) just before it is sharded."""
+    model = build("meta")
+    for name in ("embed", "head"):
+        getattr(model, name).to_empty(device="cpu")
+
+    def make(index, block):
+        block.to_empty(device="cpu")
+        with torch.no_grad():
+            for name, param in block.named_parameters():
+                param.copy_(weights[f"layers.{index}.{name}"])
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.startswith("layers."):
+                param.copy_(weights[name])
+    return model, make
 
 
 def train(model, batches):
@@ -72,13 +104,29 @@ torch.manual_seed(1)
 batches = [torch.randint(0, VOCAB, (BATCH, 6)) for _ in range(STEPS)]
 reference = build()
 whole = sum(p.numel() for p in reference.parameters() if not p.requires_grad)
-model = build()
-ignored = nbddp_shard_frozen(model)
+left = []
+if VARIANT == "meta":
+    model, make = made_on_meta(reference.state_dict())
+    shards = nbddp_shard_model(model, build=make, timing=True)
+else:
+    model = build()
+    shards = nbddp_shard_model(model, prefetch=VARIANT != "sync", timing=True,
+                               transport="host" if VARIANT == "host" else "collective")
+    if VARIANT == "host":  # every rank's files unlinked once mapped
+        dist.barrier()
+        left = [f for f in os.listdir(os.path.dirname(shards.host_prefix))
+                if f.startswith(os.path.basename(shards.host_prefix))]
+ignored = shards.ignored
 kept = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+whole_at_once = []
+for layer in model.layers:  # after the shard's own hook: the block about to run is whole, and at most one other
+    layer.register_forward_pre_hook(lambda block, _: whole_at_once.append(
+        (block.base.weight.numel() > 0, len(shards.whole_blocks()))))
 nbddp_ddp_ignore(model, ignored)
 ddp = nn.parallel.DistributedDataParallel(model)
 share = BATCH // world
 losses = train(ddp, [b[rank * share:(rank + 1) * share] for b in batches])
+timing = shards.take_timing()
 gathered = [None] * world
 dist.all_gather_object(gathered, losses)
 if rank == 0:
@@ -91,6 +139,7 @@ if rank == 0:
         "rank_losses": gathered, "one_process_losses": ref_losses,
         "frozen_sharded": len(ignored), "frozen_elements_kept_between_blocks": kept, "frozen_elements": whole,
         "mean_loss_diff": max(abs(sum(ls) / world - r) for ls, r in zip(zip(*gathered), ref_losses)),
+        "running_block_whole": all(w for w, _ in whole_at_once), "most_blocks_whole": max(n for _, n in whole_at_once),
+        "gathers": timing["gathers"], "reused": timing["reused"], "variant": VARIANT, "files_left": len(left),
     }), flush=True)
-dist.barrier()
-dist.destroy_process_group()
+finish()  # every rank waits, the group closes, then the process leaves at once (_layer.finish says why)
