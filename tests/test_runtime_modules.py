@@ -796,3 +796,39 @@ def test_which_values_differ_between_ranks():
     assert agree.nbddp_what_differs([same, other], ["a", "b"], 1, shown=1) == \
         "on rank 1: a (sum 1.5 against 1) and 1 more of 2 tensors"
     assert agree.nbddp_what_differs([same, same[:1]], ["a", "b"], 1) == "rank 1 trained 1 tensors, rank 0 2"
+
+
+STDIN_READERS = """
+import json, os, sys, torch.distributed as dist
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=rank, world_size=2)
+from nbddp.runtime import ask
+whole = sys.stdin.read()  # a library that reads what is left of stdin
+below = os.read(0, 64)  # a reader below Python's stdin: on rank 1 the end of its input, at once
+print(json.dumps({"rank": rank, "whole": whole, "below": below.decode()}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_stdin_read_whole_reaches_every_rank_and_fd_0_is_rank_0s_alone(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NBDDP_")}
+    ranks = []
+    for r in range(2):
+        read, write = os.pipe()  # each rank's stdin: a pipe; rank 0's holds the answer, rank 1's other text
+        os.write(write, b"first line\nsecond line\n" if r == 0 else b"rank 1's own\n")
+        os.close(write)
+        ranks.append(subprocess.Popen([sys.executable, "-c", STDIN_READERS], stdin=read, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                                      env={**env, "PORT": str(port), "RANK": str(r), "WORLD_SIZE": "2"}))
+        os.close(read)
+    out = [rank.communicate(timeout=120)[0] for rank in ranks]
+    import json
+
+    records = [json.loads(line) for text in out for line in text.splitlines() if line.startswith("{")]
+    assert [r["whole"] for r in records] == ["first line\nsecond line\n"] * 2, out
+    assert {r["rank"]: r["below"] for r in records}[1] == "", out  # not rank 1's own pipe: fd 0 reads /dev/null

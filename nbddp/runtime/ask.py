@@ -3,8 +3,11 @@ library's own reads of sys.stdin (`sys.stdin.readline()`, iterating it), and hug
 token. Rank 0 asks, where a terminal or a line on its stdin can answer, and every
 rank gets the same answer through the store; where no one can answer (stdin closed, a pipe that nobody writes, a
 Kaggle Script), every rank gets EOFError, and rank 0 says in one line which prompt it was and how to give the value
-instead. Never a hang, never two ranks reading one stdin. The patches are in place before the notebook's first line,
-so a library's own `from getpass import getpass`, run when the notebook imports it, takes rank 0's prompt too."""
+instead. Never a hang, never two ranks reading one stdin: on the other ranks file descriptor 0 reads /dev/null, so a
+reader below Python's stdin (`os.read(0, ...)`, a prompt toolkit's raw terminal) sees the end of its input at once
+there; only rank 0's such reader gets what is typed (it is not shared). The patches are in place before the
+notebook's first line, so a library's own `from getpass import getpass`, run when the notebook imports it, takes rank
+0's prompt too."""
 import builtins
 import getpass
 import hashlib
@@ -130,6 +133,20 @@ class NbddpStdin:
         except EOFError:
             return ""
 
+    def read(self, size=-1):
+        """What is left of the input, line by line as readline() gives it, to the end (a size reads whole lines)."""
+        lines, total = [], 0
+        while size is None or size < 0 or total < size:
+            line = self.readline()
+            if not line:
+                break
+            lines.append(line)
+            total += len(line)
+        return "".join(lines)
+
+    def readlines(self, hint=-1):
+        return self.read(hint).splitlines(keepends=True)
+
     def __iter__(self):
         return iter(self.readline, "")
 
@@ -177,6 +194,22 @@ def _nbddp_patch_prompts():
         getpass.getpass = nbddp_getpass
         if sys.stdin is not None and not isinstance(sys.stdin, NbddpStdin):
             sys.stdin = NbddpStdin(sys.stdin)
+        if not NBDDP_IS_MAIN:  # a reader below Python's (os.read(0), a prompt toolkit): the end of its input at
+            _nbddp_no_stdin()  # once, never a race with rank 0 for the terminal or the pipe
+
+
+def _nbddp_no_stdin():
+    """This process's file descriptor 0 reads /dev/null (its stdin objects keep working: they ask rank 0)."""
+    try:
+        empty = os.open(os.devnull, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.dup2(empty, 0)
+    except OSError:
+        pass
+    finally:
+        os.close(empty)
 
 
 _nbddp_patch_prompts()
