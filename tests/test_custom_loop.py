@@ -295,3 +295,13 @@ def test_a_loop_that_trains_then_validates_each_epoch_trains_one_model(tmp_path)
     records = [json.loads((tmp_path / f"val-{rank}.json").read_text()) for rank in range(2)]
     assert records[0] == records[1] and records[0]["seen"] == 16, records
     assert done.count("EPOCH 2 acc") == 1 and done.count("SAVED") == 1, done.explain()
+
+
+@pytest.mark.parametrize("make", [
+    "from lion_pytorch import Lion\nopt = Lion(model.parameters(), lr = 1e-4)\n",
+    "import timm.optim as to\nopt = to.Lamb([p for p in model.parameters() if p.requires_grad])\n",
+])
+def test_an_optimizer_of_a_library_nbddp_has_no_entry_for_is_known_by_the_parameters_it_was_built_from(make):
+    loop = "for batch in loader:\n    loss = model(batch).mean()\n    loss.backward()\n    opt.step()\n"
+    out, _ = convert_cells("import torch\nmodel = torch.nn.Linear(2, 1)\n" + make, loop)
+    assert out[1].startswith("nbddp_ddp(model)\n"), out[1]

@@ -46,7 +46,7 @@ class _Rewrite(TreeTransformer):
             definitions = self.names.definitions(call.func)
             if not (definitions and all(map(self._holds_loop, definitions))):
                 done |= self.effects.of_call(call)
-        return BACKWARD in done and STEP in done
+        return BACKWARD in done and (STEP in done or bool(self._built_from_parameters(node)))
 
     def _holds_loop(self, definition) -> bool:
         """The notebook's function has a training loop of its own in its body."""
@@ -101,19 +101,32 @@ class _Rewrite(TreeTransformer):
 
     # ---- one loop ----
 
-    def _optimizers(self, loop) -> list[cst.BaseExpression]:
-        """The optimizer expressions the loop steps, itself or in the notebook's functions it calls: `opt` in
-        `opt.step()` and in `scaler.step(opt)`."""
+    def _calls_in(self, loop) -> list[cst.Call]:
+        """The loop's calls, and those of the notebook's functions it calls, transitively."""
         found, seen, todo = [], set(), list(live_calls(loop.body))
         while todo:
             call = todo.pop(0)
-            if STEP in self.names.kinds(call.func) and isinstance(call.func, cst.Attribute):
-                found += [a.value for a in call.args if a.keyword is None] + [call.func.value]
+            found.append(call)
             for definition in self.names.definitions(call.func):
                 if definition not in seen:
                     seen.add(definition)
                     todo += live_calls(definition.body)
         return found
+
+    def _optimizers(self, loop) -> list[cst.BaseExpression]:
+        """The optimizer expressions the loop steps, itself or in the notebook's functions it calls: `opt` in
+        `opt.step()` and in `scaler.step(opt)`, and an optimizer of a library nbddp has no entry for."""
+        found = []
+        for call in self._calls_in(loop):
+            if STEP in self.names.kinds(call.func) and isinstance(call.func, cst.Attribute):
+                found += [a.value for a in call.args if a.keyword is None] + [call.func.value]
+        return found + self._built_from_parameters(loop)
+
+    def _built_from_parameters(self, loop) -> list[cst.BaseExpression]:
+        """`opt` of `opt.step()` where `opt` was built from a model's `.parameters()`: torch's optimizer protocol,
+        whatever library the optimizer comes from (`Lion(model.parameters())`, `create_optimizer(model)` aside)."""
+        return [call.func.value for call in self._calls_in(loop) if isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "step" and self._model_of(call.func.value) is not None]
 
     def _model_of(self, optimizer, depth: int = 0) -> str | None:
         """`model` for an optimizer (its name, or the call that makes it) built from `model.parameters()` anywhere in
