@@ -153,8 +153,8 @@ INFERENCE = frozenset(f"{cls}.for_inference" for cls in UNSLOTH_LOADERS)  # Unsl
 # of that package's classes (VALUE_HOMES: the model that Unsloth's loader makes is a transformers model).
 VALUE_HOMES = {
     "transformers": frozenset({"transformers", "unsloth", "unsloth_zoo", "peft", "trl", "sentence_transformers",
-                               "setfit"}),
-    "peft": frozenset({"peft", "unsloth", "unsloth_zoo", "trl"}),
+                               "setfit", "accelerate", "torch"}),  # `accelerator.unwrap_model(m)`, `torch.compile(m)`
+    "peft": frozenset({"peft", "unsloth", "unsloth_zoo", "trl", "accelerate", "torch"}),
     "unsloth": frozenset({"unsloth", "unsloth_zoo", "trl", "peft"}),
     "datasets": frozenset({"datasets", "unsloth", "unsloth_zoo", "trl"}),
     "torch": frozenset({"torch", "transformers", "unsloth", "unsloth_zoo", "peft", "trl", "accelerate",

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from nbddp import entries, rank_conditions
-from nbddp.vocabulary import GENERATE, LOAD, STEP, TRAINS, kinds
+from nbddp.vocabulary import GENERATE, LOAD, SAVE, STEP, TRAINS, kinds
 
 TABLES = {
     "TRAINERS": entries.TRAINERS, "COLLECTIVES": entries.COLLECTIVES, "OWN_DISTRIBUTION": entries.OWN_DISTRIBUTION,
@@ -75,6 +75,7 @@ def test_a_meaning_matches_an_entry_by_package_and_name():
     ("unsloth.FastLanguageModel.from_pretrained().generate", {"unsloth"}, GENERATE),  # a value Unsloth made
     ("trl.SFTTrainer().model.generate", {"trl"}, GENERATE),  # the trainer's model
     ("torch.optim.AdamW().step", {"torch"}, STEP),
+    ("accelerate.Accelerator().unwrap_model().save_pretrained", {"accelerate"}, SAVE),  # accelerate's idiom
     ("FastLanguageModel.from_pretrained", set(), LOAD),  # a name never bound (a cell converted alone): by name
     ("model.generate", set(), GENERATE), ("opt.step", set(), STEP), ("trainer.train", set(), TRAINS),
 ])
