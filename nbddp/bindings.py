@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst_helpers import dotted
+from .cst_helpers import dotted, is_if_false
 
 
 class _Returns(cst.CSTVisitor):
@@ -47,7 +47,8 @@ class Bindings(cst.CSTVisitor):
         self.classes: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = {}
         self.order: dict[cst.CSTNode, int] = {}  # binding nodes in source order
         self.params: dict[cst.Param, cst.FunctionDef] = {}  # a def's parameter -> the def
-        self.packages: set[str] = set()  # the packages the notebook imports, anywhere
+        self.packages: set[str] = set()  # the packages the notebook imports, anywhere but in dead code
+        self.dead = 0  # how deep in `if False:` blocks
         self.calls: list[cst.Call] = []  # every call, where a parameter's arguments are looked for
         self.top, self.watcher, self.statement = top, watcher, None
 
@@ -88,11 +89,18 @@ class Bindings(cst.CSTVisitor):
         if node.asname is not None:
             self._bind(node.asname.name, node.item)
 
+    def visit_If(self, node):
+        self.dead += is_if_false(node)
+
+    def leave_If(self, node):
+        self.dead -= is_if_false(node)
+
     def visit_Import(self, node):
-        self.packages.update(dotted(alias.name).split(".")[0] for alias in node.names)
+        if not self.dead:  # an import in `if False:` imports nothing
+            self.packages.update(dotted(alias.name).split(".")[0] for alias in node.names)
 
     def visit_ImportFrom(self, node):
-        if not node.relative and node.module is not None:
+        if not self.dead and not node.relative and node.module is not None:
             self.packages.add(dotted(node.module).split(".")[0])
 
     def visit_ClassDef(self, node):

@@ -45,7 +45,7 @@ def _rank_0_only(node) -> bool:
 class _Facts(cst.CSTVisitor):
     def __init__(self, names):
         self.analysis = names  # nbddp.meanings.Names: what the notebook's calls are
-        self.modules: set[str] = set()  # top-level packages imported
+        self.modules = set(names.packages)  # the packages the notebook imports (the one name analysis')
         self.names: set[str] = set()
         self.trainer = self.checkpointing = self.quantized = self.weight_tying = self.tiled_mlp = False
         self.own_ddp = []  # why the DDP settings the converter wrote may not hold
@@ -98,16 +98,6 @@ class _Facts(cst.CSTVisitor):
 
     def leave_If(self, node):
         self.main_only -= _rank_0_only(node)
-
-    def visit_Import(self, node):
-        for alias in node.names:
-            root = cst.Module([]).code_for_node(alias.name).split(".")[0]
-            self.modules.add(root)
-
-    def visit_ImportFrom(self, node):
-        if node.relative or node.module is None:
-            return
-        self.modules.add(cst.Module([]).code_for_node(node.module).split(".")[0])
 
     def visit_Call(self, node):
         name = parts(code_of(node.func))[-1]
