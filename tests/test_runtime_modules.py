@@ -708,6 +708,29 @@ def test_a_loop_nbddp_could_not_wrap_stops_every_rank_with_one_line(monkeypatch,
     assert capsys.readouterr().out.startswith("nbddp: the training loop of cell 3 trains outside DDP")
 
 
+def _group_env(world: int = 1) -> list[dict]:
+    """Each rank's environment for a script that starts its own gloo group on a free port (PORT, RANK, WORLD_SIZE)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NBDDP_")}
+    return [{**env, "PORT": str(port), "RANK": str(r), "WORLD_SIZE": str(world)} for r in range(world)]
+
+
+def _ranks(script: str, cwd, stdins=None) -> list[str]:
+    """The output of each rank of a 2-process job of `script` (stdout and stderr), after each exits 0."""
+    ranks = [subprocess.Popen([sys.executable, "-c", script], env=env, stdin=stdins[r] if stdins else None,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+             for r, env in enumerate(_group_env(2))]
+    for fd in stdins or ():
+        os.close(fd)
+    out = [rank.communicate(timeout=120)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], out
+    return out
+
+
 AGREE_FAILS = """
 import os, torch, torch.distributed as dist
 from nbddp.runtime import agree
@@ -724,14 +747,8 @@ dist.destroy_process_group()
 
 
 def test_an_agreement_check_that_cannot_read_the_weights_warns_and_the_training_stands(tmp_path):
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NBDDP_")}
-    done = subprocess.run([sys.executable, "-c", AGREE_FAILS], env={**env, "PORT": str(port)}, capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-c", AGREE_FAILS], env=_group_env()[0], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
     lines = done.stdout.splitlines()
     assert done.returncode == 0 and "same []" in lines and "broken None" in lines, done.stdout + done.stderr[-2000:]
     assert ("nbddp: warning: after train(), the ranks' weights were not compared (rank 0: RuntimeError: meta "
@@ -770,18 +787,7 @@ dist.destroy_process_group()
 
 
 def test_ranks_that_differ_are_told_with_the_values_that_differ(tmp_path):
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NBDDP_")}
-    ranks = [subprocess.Popen([sys.executable, "-c", AGREE_DIFFERS], env={**env, "PORT": str(port), "RANK": str(r),
-                                                                            "WORLD_SIZE": "2"},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
-             for r in range(2)]
-    out = [rank.communicate(timeout=120)[0] for rank in ranks]
-    assert [rank.returncode for rank in ranks] == [0, 0], out
+    out = _ranks(AGREE_DIFFERS, tmp_path)
     said = [line for line in out[0].splitlines() if line.startswith("nbddp: warning: after")]
     assert len(said) == 2 and "other weights" not in out[1], out
     assert "(5 trained values in 2 tensors): on rank 1: layer.lora_B (sum 4 against 2) of 2 tensors." in said[0]
@@ -811,22 +817,13 @@ dist.destroy_process_group()
 
 
 def test_stdin_read_whole_reaches_every_rank_and_fd_0_is_rank_0s_alone(tmp_path):
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NBDDP_")}
-    ranks = []
-    for r in range(2):
-        read, write = os.pipe()  # each rank's stdin: a pipe; rank 0's holds the answer, rank 1's other text
-        os.write(write, b"first line\nsecond line\n" if r == 0 else b"rank 1's own\n")
+    stdins = []
+    for text in (b"first line\nsecond line\n", b"rank 1's own\n"):  # rank 0's holds the answer, rank 1's other text
+        read, write = os.pipe()
+        os.write(write, text)
         os.close(write)
-        ranks.append(subprocess.Popen([sys.executable, "-c", STDIN_READERS], stdin=read, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                                      env={**env, "PORT": str(port), "RANK": str(r), "WORLD_SIZE": "2"}))
-        os.close(read)
-    out = [rank.communicate(timeout=120)[0] for rank in ranks]
+        stdins.append(read)
+    out = _ranks(STDIN_READERS, tmp_path, stdins)
     import json
 
     records = [json.loads(line) for text in out for line in text.splitlines() if line.startswith("{")]
