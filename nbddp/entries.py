@@ -86,7 +86,8 @@ PER_PROCESS = frozenset({
 # Library functions that change the values they are given, in place (a notebook's own function is followed
 # instead). A call of any other library is taken to read its arguments: what it is given stays as it was.
 CHANGES_ARGUMENTS = frozenset({
-    "builtins.setattr", "builtins.delattr", "random.shuffle", "random.Random().shuffle", "numpy.random.shuffle",
+    "builtins.setattr", "builtins.delattr", "builtins.exec", "builtins.eval", "operator.setitem", "operator.delitem",
+    "struct.pack_into", "random.shuffle", "random.Random().shuffle", "numpy.random.shuffle",
     "numpy.random.Generator().shuffle", "numpy.copyto", "numpy.put", "numpy.place", "numpy.fill_diagonal",
     "heapq.heappush", "heapq.heappop", "heapq.heapify", "heapq.heapreplace", "heapq.heappushpop", "bisect.insort",
     "bisect.insort_left", "bisect.insort_right", "torch.nn.init.normal_", "torch.nn.init.uniform_",
@@ -223,3 +224,13 @@ MAIN_FIRST = frozenset({"accelerate.Accelerator().main_process_first",
 TRACKER_PACKAGES = frozenset({"wandb", "mlflow", "comet_ml", "neptune", "trackio", "swanlab", "clearml", "aim"})
 TRACKER_CLASSES = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter"})
 PIPELINE = "transformers.pipeline"
+
+# Libraries whose calls compute values (and read files) without effects outside the process: a value training reads
+# that they made is no effect on every rank worth a report line.
+COMPUTES = frozenset({"numpy", "pandas", "polars", "pyarrow", "scipy", "sklearn", "einops", "tqdm", "regex"})
+
+# The packages nbddp has entries for, or knows the values of: a value another library made, nbddp cannot tell
+ENTRY_ROOTS = frozenset(entry.split(".")[0] for table in (
+    TRAINERS, PASS_THROUGH, COLLECTIVES, TORCH_COLLECTIVES, OWN_DISTRIBUTION, DEMOS, PER_PROCESS, CHANGES_ARGUMENTS,
+    SEEDS, LOADS, ADAPTERS, INFERENCE, TRACKER_CLASSES, MAIN_FIRST, *FUNCTIONS.values(), *VALUE_METHODS.values(),
+    *SEED_KEYWORDS.values()) for entry in table) | TRACKER_PACKAGES | frozenset().union(*VALUE_HOMES.values())

@@ -43,7 +43,7 @@ import libcst as cst
 
 from .changes import Changes, base_name
 from .cst_helpers import is_if_false, names_in
-from .entries import library_of
+from .entries import COMPUTES, VALUE_HOMES
 from .rank_conditions import is_rank_test
 from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
 from .training_end import is_own_guard, training_end
@@ -166,8 +166,10 @@ class _Scan:
         loader, the trainer, the data) and of the trainer's configuration, and torch."""
         for stmt in body:
             for call in self.seen(stmt).calls if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else ():
-                if self.effects.of_call(call) & {COLLECTIVE, CONFIG}:
-                    self.libraries.update(set(map(library_of, self.names.meanings(call.func))) & self.packages)
+                if self.effects.of_call(call) & {COLLECTIVE, CONFIG}:  # a function of the library, or its value's
+                    self.libraries.update({m.split(".", 1)[0] for m in self.names.meanings(call.func)} & self.packages)
+        self.libraries |= {home for home, makers in VALUE_HOMES.items() if makers & self.libraries}  # and what
+        # those libraries' values are (an Unsloth model is a transformers model)
 
 
 def _aliases(body) -> dict:
@@ -207,7 +209,7 @@ def _outside(stmt, scan) -> list[str]:
     do (module functions and the values they made: `mylib.fetch(url)`, `requests.get(url).json()`)."""
     if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
         return []
-    return sorted(scan.seen(stmt).packages & scan.packages - scan.libraries - STANDARD)
+    return sorted(scan.seen(stmt).packages & scan.packages - scan.libraries - STANDARD - COMPUTES)
 
 
 def training_needs(body, names, effects) -> Plan:

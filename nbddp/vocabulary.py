@@ -25,9 +25,10 @@ and function bodies (nothing another rank reads later).
 """
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 
-from .entries import (ADAPTERS, COLLECTIVES, FUNCTIONS, INFERENCE, LOADS, OWN_DISTRIBUTION, PER_PROCESS, PIPELINE,
+from .entries import (ADAPTERS, COLLECTIVES, ENTRY_ROOTS, FUNCTIONS, INFERENCE, LOADS, OWN_DISTRIBUTION, PER_PROCESS, PIPELINE,
                       TORCH_COLLECTIVES, TORCH_DISTRIBUTED_FACTS, TRAINER_WORK, TRAINERS, UNSLOTH_LOADERS, VALUE_METHODS,
                       is_entry, parts)
 from .entry_match import Table, is_tracker
@@ -57,6 +58,10 @@ TOGETHER = Table(TRAINERS | {f"{t}().{work}" for t in TRAINERS for work in TRAIN
                  TORCH_COLLECTIVES)
 ALSO = {LOAD: {COLLECTIVE, SYNC}, PEFT: {COLLECTIVE, SYNC}, DATA: {COLLECTIVE}, BACKWARD: {COLLECTIVE, SYNC, TRAINS},
         STEP: {COLLECTIVE, SYNC, TRAINS}}
+# The kinds a method of a value a library nbddp has no entries for made is matched by name for (it may be a dataset,
+# a model, a DataFrame): those that put work on rank 0 or order it; training itself needs a qualified entry.
+BY_NAME = (SAVE, PUSH, GENERATE, DATA, SEEDED)
+ENTRY_PACKAGES = frozenset(sys.stdlib_module_names) | ENTRY_ROOTS | KNOWN
 UNSLOTH = Table(owned=frozenset(f"{cls}.{name}" for cls in UNSLOTH_LOADERS for name in ("from_pretrained",
                                                                                         "get_peft_model")))
 
@@ -70,6 +75,8 @@ def _kinds_of(meaning: str, known: bool) -> frozenset:
     if meaning.startswith("builtins."):
         return frozenset({PRINT} if meaning == "builtins.print" else ())
     found = {kind for kind, table in TABLES.items() if table.match(meaning, known)}
+    if known and _foreign_value(meaning):  # a method of a value a library nbddp has no entries for made
+        found |= {kind for kind in BY_NAME if TABLES[kind].match(meaning, False)}
     for kind in list(found):
         found |= ALSO.get(kind, set())
     if meaning == "nbddp_barrier":  # nbddp's wait for rank-0 work
@@ -91,11 +98,25 @@ def _kinds_of(meaning: str, known: bool) -> frozenset:
     return frozenset(found)
 
 
+def _foreign_value(meaning: str) -> bool:
+    """A method of a value that a library made which nbddp has no entries for and which is not Python's own
+    (`llama_index...RAFTDatasetPack().run().to_json`): what the value is, nbddp cannot tell."""
+    segments = meaning.split(".")
+    return segments[0] not in ENTRY_PACKAGES and any(s.endswith(("()", "[]")) for s in segments[1:-1])
+
+
 def known(meaning: str, packages) -> bool:
     """The meaning is a qualified name: its root is one of the `packages` the notebook imports
     (nbddp.meanings.Names.packages), Python's builtins or the notebook's own `__main__`."""
     root = meaning.split(".", 1)[0]
     return root in packages or root in KNOWN
+
+
+def matches(table, meaning: str, packages) -> bool:
+    """A meaning matches one of the table's entries; a method of a value a library nbddp has no entries for made,
+    by the method's name (as BY_NAME's kinds)."""
+    qualified = known(meaning, packages)
+    return table.match(meaning, qualified) or (qualified and _foreign_value(meaning) and table.match(meaning, False))
 
 
 def kinds(meanings, packages=frozenset()) -> frozenset:

@@ -8,13 +8,13 @@ import importlib.util
 import pytest
 
 from nbddp import entries, rank_conditions
-from nbddp.vocabulary import GENERATE, LOAD, SAVE, STEP, TRAINS, kinds
+from nbddp.vocabulary import DATA, GENERATE, LOAD, SAVE, STEP, TRAINS, kinds
 
 TABLES = {
     "TRAINERS": entries.TRAINERS, "COLLECTIVES": entries.COLLECTIVES, "OWN_DISTRIBUTION": entries.OWN_DISTRIBUTION,
     "PASS_THROUGH": entries.PASS_THROUGH, "SEEDS": entries.SEEDS, "STATE_CLASSES": rank_conditions.STATE_CLASSES,
     "DISTRIBUTED": frozenset(rank_conditions.DISTRIBUTED), "TORCH_COLLECTIVES": entries.TORCH_COLLECTIVES,
-    "LOADS": entries.LOADS, "ADAPTERS": entries.ADAPTERS, "INFERENCE": entries.INFERENCE,
+    "ADAPTERS": entries.ADAPTERS, "INFERENCE": entries.INFERENCE,
     "PER_PROCESS": entries.PER_PROCESS, "DEMOS": entries.DEMOS, "TRACKER_CLASSES": entries.TRACKER_CLASSES,
     "CHANGES_ARGUMENTS": entries.CHANGES_ARGUMENTS, "MAIN_FIRST": entries.MAIN_FIRST,
     **{f"SEED_KEYWORDS[{name}]": table for name, table in entries.SEED_KEYWORDS.items()},
@@ -62,6 +62,22 @@ def test_every_entry_is_an_importable_qualified_name(table, entry):
     assert callable(found), entry
 
 
+def test_every_model_load_is_a_class_its_package_exports():
+    """`LOADS`, over a thousand (transformers' model classes): each class is among the names its package exports,
+    read from the package's own list without importing every model (each loads like any PreTrainedModel)."""
+    missing, exported = [], {}
+    for entry in sorted(entries.LOADS):
+        package, *path, _ = entry.split(".")
+        module = ".".join([package, *path[:-1]])
+        if importlib.util.find_spec(package) is None:
+            continue
+        if module not in exported:
+            exported[module] = set(dir(importlib.import_module(module)))
+        if path[-1] not in exported[module]:
+            missing.append(entry)
+    assert not missing, missing[:10]
+
+
 def test_a_meaning_matches_an_entry_by_package_and_name():
     assert entries.is_trainer("trl.trainer.sft_trainer.SFTTrainer") and entries.is_trainer("SFTTrainer")
     assert not entries.is_trainer("mylib.SFTTrainer") and not entries.is_trainer("trl.SFTTrainer()")
@@ -91,7 +107,21 @@ def test_qualified_meanings_match_their_entries_and_names_never_bound_by_name(me
     ("torch.nn.Linear().train", {"torch"}, TRAINS),  # a module's train mode
     ("transformers.get_linear_schedule_with_warmup().step", {"transformers"}, STEP),  # a scheduler
     ("torch.optim.lr_scheduler.LinearLR().step", {"torch"}, STEP),
-    ("gym.make().step", {"gym"}, STEP), ("mylib.Sampler().generate", {"mylib"}, GENERATE),
+    ("gym.make().step", {"gym"}, STEP), ("sklearn.ensemble.RandomForestClassifier().predict", {"sklearn"}, TRAINS),
 ])
 def test_a_qualified_meaning_without_an_entry_is_nothing_of_the_kind(meaning, packages, absent):
     assert absent not in kinds([meaning], packages)
+
+
+@pytest.mark.parametrize("meaning, found", [
+    ("llama_index.packs.RAFTDatasetPack().run().to_json", SAVE),  # a dataset another library made
+    ("llama_index.packs.RAFTDatasetPack().run().map", DATA),
+    ("mylib.Sampler().generate", GENERATE),
+])
+def test_a_method_of_a_value_a_library_without_entries_made_is_matched_by_name_for_rank_0_work(meaning, found):
+    assert found in kinds([meaning], {meaning.split(".")[0]})
+
+
+@pytest.mark.parametrize("meaning", ["mylib.Estimator().fit", "gym.make().step", "mylib.Net().backward"])
+def test_training_is_never_matched_by_name_for_such_a_value(meaning):
+    assert not kinds([meaning], {meaning.split(".")[0]}) & {TRAINS, STEP, LOAD}

@@ -15,7 +15,7 @@ from ..cst_helpers import (DESCEND, LEAVE, TAKE, add_keyword, code_of, dotted, i
                            regroup, statement_blocks)
 from ..entries import MAIN_FIRST, SEED_KEYWORDS
 from ..entry_match import Table
-from ..vocabulary import COLLECTIVE, DATA, SEEDED, known, parts
+from ..vocabulary import COLLECTIVE, DATA, SEEDED, known, matches, parts
 from .base import CallRewriter, TreeStep, call_kinds
 
 FIRST = "nbddp_main_process_first"
@@ -36,7 +36,7 @@ def _seed_keyword(names, call):
     """The keyword that seeds this split or shuffle (nbddp.entries.SEED_KEYWORDS), else None."""
     for meaning in names.meanings(call.func):
         for name, table in SEEDS.items():
-            if table.match(meaning, known(meaning, names.packages)):
+            if matches(table, meaning, names.packages):
                 return name
     return None
 
