@@ -2,6 +2,8 @@
 that the notebook's tree (nbddp.tree) and the generated script hold before each cell."""
 from __future__ import annotations
 
+import bisect
+
 MARKER = "# %% cell "
 LINES = "# nbddp lines: "  # a script's last comment: `cell:line=line` where a converted cell's line is another line of
 # the notebook's cell (guards and helpers nbddp added shift the lines after them)
@@ -33,14 +35,24 @@ def cell_starts(lines) -> list[tuple[int, str]]:
 def cell_at(lines, number: int):
     """(cell, line in the cell) for script line `number`, or None before the first cell: the line as the notebook's
     cell numbers it where the script carries its line map (`# nbddp lines:`), else the converted cell's line."""
-    starts = cell_starts(lines)
-    before = [(start, cell) for start, cell in starts if start <= number]
-    if not before:
-        return None
-    start, cell = before[-1]
-    shifted = next((line[len(LINES):] for line in reversed(lines[-3:]) if line.startswith(LINES)), "")
-    moves = dict(entry.split("=") for entry in shifted.split())
-    return cell, int(moves.get(f"{cell}:{number - start}", number - start))
+    return CellIndex(lines).at(number)
+
+
+class CellIndex:
+    """cell_at for many lines of one script: its cells' starts and its line map read once."""
+
+    def __init__(self, lines):
+        starts = cell_starts(lines)
+        self.lines, self.cells = [start for start, _ in starts], [cell for _, cell in starts]
+        shifted = next((line[len(LINES):] for line in reversed(lines[-3:]) if line.startswith(LINES)), "")
+        self.moves = dict(entry.split("=") for entry in shifted.split())
+
+    def at(self, number: int):
+        found = bisect.bisect_right(self.lines, number)
+        if not found:
+            return None
+        start, cell = self.lines[found - 1], self.cells[found - 1]
+        return cell, int(self.moves.get(f"{cell}:{number - start}", number - start))
 
 
 def line_map_comment(mapping: dict) -> str:

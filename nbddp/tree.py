@@ -9,11 +9,16 @@ nbddp.render; `cells()` gives each cell's code back (the converter's API and tes
 """
 from __future__ import annotations
 
+import operator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
 from functools import cached_property
 
 import libcst as cst
+from libcst._nodes.internal import CodegenState
 
-from .cells import MARKER, cell_at, cell_number, marker_number, starts_cell
+from .cells import MARKER, CellIndex, cell_at, cell_number, marker_number, starts_cell
 from .cst_helpers import is_if_false, names_in, parse
 from .effects import Effects
 from .meanings import Names
@@ -187,20 +192,21 @@ class Tree:
 
     def line_map(self) -> dict:
         """(cell, line in the converted cell) -> the line of the cell's own text it came from, for each statement a
-        step kept or rewrote in place (through `names.origin`); lines nbddp added (guards, barriers) map to none."""
-        from libcst.metadata import MetadataWrapper, PositionProvider
-
-        first = MetadataWrapper(self.first, unsafe_skip_copy=True).resolve(PositionProvider)
-        final = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
-        first_lines, final_lines = self.first.code.splitlines(), self.module.code.splitlines()
-        found = {}
-        for node, where in final.items():
-            origin = self.names.orig(node)
-            if not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) or origin not in first:
-                continue
-            now, then = cell_at(final_lines, where.start.line), cell_at(first_lines, first[origin].start.line)
-            if now and then and now[0] == then[0]:
-                found[(int(now[0]), now[1])] = then[1]
+        step kept or rewrote in place (through `names.origin`); lines nbddp added (guards, barriers) map to none.
+        Only the cells whose code a step changed are read (the others' lines are their own)."""
+        first, found = _by_cell(self.first.body), {}
+        for cell, statements in _by_cell(self.module.body).items():
+            before = first.get(cell, [])
+            if all(map(operator.is_, statements, before)) and len(statements) == len(before):
+                continue  # no step touched the cell
+            (now_at, now_cells), (then_at, then_cells) = _positions(statements), _positions(before)
+            for node, where in now_at.items():
+                origin = self.names.orig(node)
+                if not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) or origin not in then_at:
+                    continue
+                now, then = now_cells.at(where), then_cells.at(then_at[origin])
+                if now and then and now[0] == then[0]:
+                    found[(int(now[0]), now[1])] = then[1]
         return found
 
     def where(self, node) -> tuple[int | None, int | None]:
@@ -215,6 +221,43 @@ class Tree:
         lines = self.first.code.splitlines()
         found = cell_at(lines, line)
         return (int(found[0]), found[1]) if found else (None, None)
+
+
+def _by_cell(body) -> dict:
+    """Cell number -> its top-level statements (a cell starts at its marker's statement)."""
+    found, cell = {}, None
+    for statement in body:
+        cell = starts_cell(statement) or cell
+        found.setdefault(cell, []).append(statement)
+    return found
+
+
+def _positions(statements):
+    """The first line of each statement of these, in a module of them alone, and that module's cells' index: one
+    code generation that counts lines (libcst's PositionProvider places every node, at several times the cost)."""
+    module = cst.Module(body=statements)
+    state = _Lines(default_indent=module.default_indent, default_newline=module.default_newline)
+    module._codegen(state)
+    return state.starts, CellIndex("".join(state.tokens).splitlines())
+
+
+@dataclass
+class _Lines(CodegenState):
+    """Code generation that records the line each statement starts at (where its syntax starts: after its leading
+    blank and comment lines and its decorators)."""
+
+    line: int = 1
+    starts: dict = field(default_factory=dict)
+
+    def add_token(self, value: str) -> None:
+        self.tokens.append(value)
+        self.line += value.count("\n")
+
+    @contextmanager
+    def record_syntactic_position(self, node, *, start_node=None, end_node=None):
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self.starts[node] = self.line
+        yield
 
 
 class Recording:

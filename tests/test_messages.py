@@ -58,3 +58,37 @@ def test_a_traceback_of_the_script_names_the_notebooks_own_line(tmp_path):
     number = next(i for i, line in enumerate(lines, start=1) if "raise ValueError('boom')" in line)
     shown = cell_frames(f'  File "{script}", line {number}, in <module>\n    raise ValueError(\'boom\')\n', str(script))
     assert "cell 1, line 3: raise ValueError('boom')" in shown, shown
+
+
+def test_the_line_map_places_statements_as_libcst_positions_do():
+    """The line map counts lines in one code generation per changed cell: the same moved lines as libcst's
+    PositionProvider over the whole notebook, through decorators, strings over several lines and nbddp's guards."""
+    import libcst as cst
+    import nbformat
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    from conftest import make_notebook
+    from nbddp.cells import CellIndex
+    from nbddp.pipeline import run_tree
+    from nbddp.report import Report
+    from nbddp.transforms.base import Context, Options
+
+    cells = ["import functools, os\ntext = '''a\nb\nc'''\n@functools.lru_cache\ndef f(x):\n    return x\n",
+             "os.makedirs('out')\nprint(f(1))\nmodel.save_pretrained('out')\nx = 2\n",
+             "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model)\ntrainer.train()\nprint(text)\n"]
+    tree = run_tree(nbformat.reads(nbformat.writes(make_notebook(*cells)), as_version=4),
+                    Context(report=Report(source="t.ipynb"), options=Options()))
+    first = MetadataWrapper(tree.first, unsafe_skip_copy=True).resolve(PositionProvider)
+    final = MetadataWrapper(tree.module, unsafe_skip_copy=True).resolve(PositionProvider)
+    then_cells, now_cells = CellIndex(tree.first.code.splitlines()), CellIndex(tree.module.code.splitlines())
+    expected = {}
+    for node, where in final.items():
+        origin = tree.names.orig(node)
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and origin in first and \
+                not isinstance(node, cst.FunctionDef):  # a def starts at its decorator there, after it here
+            now, then = now_cells.at(where.start.line), then_cells.at(first[origin].start.line)
+            if now and then and now[0] == then[0]:
+                expected[(int(now[0]), now[1])] = then[1]
+    found = tree.line_map()
+    assert {k: v for k, v in found.items() if k in expected} == expected
+    assert any(k[1] != v for k, v in expected.items())  # some lines moved
