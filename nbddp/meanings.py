@@ -10,7 +10,11 @@ API (every node may be one a step rewrote: `orig()` maps it back to the node the
   names.meanings(expr)    -> frozenset of dotted paths: `unsloth.FastLanguageModel.get_peft_model` for
                              `FLM.get_peft_model`, `builtins.map`, `datasets.load_dataset().map` for `ds.map` after
                              `ds = load_dataset(...)`, `torch.optim.AdamW().step` for `opt.step`; `()` marks a
-                             value made by a call; a name bound nowhere stays as written. nbddp.vocabulary reads them.
+                             value made by a call; the notebook's own `f` is `__main__.f`; a parameter is what the
+                             notebook's calls give it (`sites`); a name bound nowhere stays as written.
+                             nbddp.vocabulary reads them (`names.kinds(expr)`, with the packages the notebook imports).
+  names.sites(function)   -> each call of the notebook's function with the arguments it binds (parameter -> argument);
+                             names.passed(param): what those calls (and its default) give one parameter.
   names.definitions(expr) -> the notebook's own FunctionDef/Lambda nodes a callee refers to (a def, a lambda bound to
                              a name, `partial(f, ...)`, a method of a class the notebook defines, through `obj.m`).
   names.value(name)       -> the expression a name was last assigned (`'org/model'` for `model_id`), or None.
