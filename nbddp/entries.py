@@ -143,7 +143,8 @@ UNSLOTH_LOADERS = frozenset(f"unsloth.{name}" for name in (
 MODEL_CLASSES = UNSLOTH_LOADERS | frozenset(f"peft.{name}" for name in (
     "AutoPeftModel", "AutoPeftModelForCausalLM", "AutoPeftModelForSeq2SeqLM", "AutoPeftModelForSequenceClassification",
     "AutoPeftModelForTokenClassification", "AutoPeftModelForQuestionAnswering",
-    "AutoPeftModelForFeatureExtraction")) | frozenset(f"transformers.{name}" for name in _data("transformers_models.txt"))
+    "AutoPeftModelForFeatureExtraction")) | frozenset(
+    f"transformers.{name}" for name in _data("transformers_models.txt"))
 LOADS = frozenset(f"{cls}.from_pretrained" for cls in MODEL_CLASSES)
 ADAPTERS = frozenset(f"{cls}.get_peft_model" for cls in UNSLOTH_LOADERS)  # and peft.get_peft_model
 INFERENCE = frozenset(f"{cls}.for_inference" for cls in UNSLOTH_LOADERS)  # Unsloth's switch to generation
@@ -202,9 +203,11 @@ FUNCTIONS = {
         "max_memory_reserved", "max_memory_allocated", "memory_reserved", "memory_allocated",
         "get_device_properties", "memory_summary", "mem_get_info")),
     "config": frozenset({"transformers.TrainingArguments", "transformers.Seq2SeqTrainingArguments",
-                         "unsloth.UnslothTrainingArguments", "sentence_transformers.SentenceTransformerTrainingArguments",
+                         "unsloth.UnslothTrainingArguments",
+                         "sentence_transformers.SentenceTransformerTrainingArguments",
                          "sentence_transformers.cross_encoder.CrossEncoderTrainingArguments",
-                         "setfit.TrainingArguments", "trl.SFTConfig", "trl.DPOConfig", "trl.GRPOConfig", "trl.KTOConfig",
+                         "setfit.TrainingArguments", "trl.SFTConfig", "trl.DPOConfig", "trl.GRPOConfig",
+                         "trl.KTOConfig",
                          "trl.RLOOConfig", "trl.RewardConfig", "trl.DistillationConfig",
                          "trl.experimental.orpo.ORPOConfig", "trl.experimental.cpo.CPOConfig",
                          "trl.experimental.gkd.GKDConfig", "trl.experimental.online_dpo.OnlineDPOConfig",

@@ -65,7 +65,9 @@ def node_reads(node, names, depth=0) -> set:
     if isinstance(node, cst.Name):
         return _name_reads(node, names, depth)
     if isinstance(node, cst.Attribute):  # (only the attributes that tell the shape can: the meanings only then)
-        return {w for w in (_of_value(m, names) for m in names.meanings(node)) if w} if node.attr.value in ATTRIBUTES else set()
+        if node.attr.value not in ATTRIBUTES:
+            return set()
+        return {w for w in (_of_value(m, names) for m in names.meanings(node)) if w}
     if isinstance(node, cst.Call):
         return _call_reads(node, names, depth)
     if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index) and \
@@ -92,7 +94,8 @@ def _call_reads(node, names, depth) -> set:
     if isinstance(node.func, cst.Attribute) and node.func.attr.value not in CALLED:
         return set()  # a method of no value that tells the shape (a notebook's own class aside: rare, not followed)
     meanings = names.meanings(node.func)
-    found = {DISTRIBUTED[m] for m in meanings if m in DISTRIBUTED} | {w for w in (_of_value(m, names) for m in meanings) if w}
+    found = {DISTRIBUTED[m] for m in meanings if m in DISTRIBUTED} | {
+        w for w in (_of_value(m, names) for m in meanings) if w}
     if meanings & ENVIRONMENT_READS and node.args:
         found |= _environment(node.args[0].value, names)
     if depth < MAX_DEPTH:  # the notebook's own function that returns the rank

@@ -28,7 +28,8 @@ def _is_launch(meaning: str, names) -> bool:
 
 class _Demos(CallRewriter):
     def leave_Call(self, original, updated):
-        if not any(_is_launch(m, self.names) for m in self.names.meanings(original.func)) or keyword(updated, KEY) is not None \
+        launches = any(_is_launch(m, self.names) for m in self.names.meanings(original.func))
+        if not launches or keyword(updated, KEY) is not None \
                 or has_star_kwargs(updated):
             return updated
         self.report.change(self.cell, f"`{code_of(updated.func)}()` returns at once, as in the notebook "

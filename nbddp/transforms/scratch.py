@@ -30,7 +30,8 @@ def _strings(node) -> set[str]:
 
 class _Scratch(CallRewriter):
     def leave_Call(self, original, updated):
-        if PEFT not in self.kinds(original) or not any(is_unsloth_loader(m, self.names.packages) for m in self.names.meanings(original.func)):
+        unsloth = any(is_unsloth_loader(m, self.names.packages) for m in self.names.meanings(original.func))
+        if PEFT not in self.kinds(original) or not unsloth:
             return updated
         if keyword(updated, "temporary_location") is not None or any(a.star == "**" for a in updated.args):
             return updated
