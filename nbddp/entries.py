@@ -163,6 +163,9 @@ VALUE_HOMES = {
                         "sentence_transformers", "bitsandbytes", "__main__"}),
     "pandas": frozenset({"pandas"}), "vllm": frozenset({"vllm"}), "bitsandbytes": frozenset({"bitsandbytes"}),
 }
+# The keyword that seeds a split or a shuffle (nbddp.transforms.data_prep gives it where the notebook does not).
+SEED_KEYWORDS = {"seed": frozenset({"datasets.Dataset().shuffle", "datasets.Dataset().train_test_split"}),
+                 "random_state": frozenset({"sklearn.model_selection.train_test_split"})}
 MODEL_VALUE = "unsloth.FastLanguageModel.from_pretrained()"  # what Unsloth's loaders give: a model it patched
 VALUE_METHODS = {
     "generate": frozenset({"transformers.GenerationMixin().generate", f"{MODEL_VALUE}.fast_generate",
@@ -179,7 +182,7 @@ VALUE_METHODS = {
                        *(f"{MODEL_VALUE}.{name}" for name in ("push_to_hub_merged", "push_to_hub_gguf",
                                                               "push_to_hub_torchao"))}),
     "data": frozenset({"datasets.Dataset().map", "datasets.Dataset().filter", "datasets.Dataset().train_test_split"}),
-    "seeded": frozenset({"datasets.Dataset().shuffle", "datasets.Dataset().train_test_split"}),
+    "seeded": frozenset(e for entries in SEED_KEYWORDS.values() for e in entries if "()" in e),
     "backward": frozenset({"torch.Tensor().backward"}),
     "step": frozenset({"bitsandbytes.optim.optimizer.Optimizer8bit().step"}),
     "device": frozenset({"torch.nn.Module().to", "torch.nn.Module().cuda", "torch.Tensor().to", "torch.Tensor().cuda"}),
@@ -187,7 +190,8 @@ VALUE_METHODS = {
 # Library functions and the methods of one class's values, by qualified name.
 FUNCTIONS = {
     "data": frozenset({"datasets.load_dataset", "datasets.load_from_disk"}),
-    "seeded": frozenset({"sklearn.model_selection.train_test_split", "torch.utils.data.random_split"}),
+    "seeded": frozenset({"torch.utils.data.random_split"} |  # seeded by its generator
+                        {e for entries in SEED_KEYWORDS.values() for e in entries if "()" not in e}),
     "save": frozenset({"torch.save", "safetensors.torch.save_file", "safetensors.torch.save_model", "numpy.save",
                        "numpy.savez", "numpy.savez_compressed"}),
     "push": frozenset({"huggingface_hub.upload_folder", "huggingface_hub.upload_file",
@@ -214,9 +218,6 @@ FUNCTIONS = {
                          "trl.experimental.gold.GOLDConfig"}),
     "device": frozenset({"torch.cuda.set_device", "torch.device"}),
 }
-# The keyword that seeds a split or a shuffle (nbddp.transforms.data_prep gives it where the notebook does not).
-SEED_KEYWORDS = {"seed": frozenset({"datasets.Dataset().shuffle", "datasets.Dataset().train_test_split"}),
-                 "random_state": frozenset({"sklearn.model_selection.train_test_split"})}
 # What already orders the processes around dataset work: rank 0 first, the others after it.
 MAIN_FIRST = frozenset({"accelerate.Accelerator().main_process_first",
                         "accelerate.Accelerator().local_main_process_first",
