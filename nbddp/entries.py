@@ -161,8 +161,7 @@ VALUE_HOMES = {
     "datasets": frozenset({"datasets", "unsloth", "unsloth_zoo", "trl"}),
     "torch": frozenset({"torch", "transformers", "unsloth", "unsloth_zoo", "peft", "trl", "accelerate",
                         "sentence_transformers", "bitsandbytes", "__main__"}),
-    "pandas": frozenset({"pandas"}), "vllm": frozenset({"vllm"}), "bitsandbytes": frozenset({"bitsandbytes"}),
-}
+}  # any other package: its own values only
 # The keyword that seeds a split or a shuffle (nbddp.transforms.data_prep gives it where the notebook does not).
 SEED_KEYWORDS = {"seed": frozenset({"datasets.Dataset().shuffle", "datasets.Dataset().train_test_split"}),
                  "random_state": frozenset({"sklearn.model_selection.train_test_split"})}
