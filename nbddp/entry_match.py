@@ -18,13 +18,16 @@ def _made(segment: str) -> bool:
 
 
 class Table:
-    """The entries of one kind, found by their last name. A meaning rooted in a package the notebook imports (or in
-    the notebook's own `__main__`) matches an entry of the same package whose last two names are its own
-    (`unsloth.models.loader.FastLanguageModel.from_pretrained` is `unsloth.FastLanguageModel.from_pretrained`); a
-    method of a value (VALUE_METHODS) matches where the value was made in one of the entry's VALUE_HOMES. A meaning
-    nbddp cannot follow (a name the notebook never binds, as in a cell converted alone; a loop variable; a
-    parameter that no call of the notebook gives a value) matches by what is left: the method's name for a method
-    of a value, the class and its function for a class's, the function's name for a module's."""
+    """The entries of one kind, found by their last name. A qualified meaning (rooted in a package the notebook
+    imports, Python's builtins or the notebook's own `__main__`) matches an entry of the same package: a class or a
+    module's function by its name (`trl.trainer.sft_trainer.SFTTrainer` is `trl.SFTTrainer`), a class's function by
+    the class and the function (`unsloth.FastLanguageModel.from_pretrained`), a method of one class's values by that
+    class (`trl.SFTTrainer().train`), a method of the values a library makes (VALUE_METHODS) where the value was made
+    in one of the entry's VALUE_HOMES. A meaning nbddp cannot follow (a name the notebook never binds, as in a cell
+    converted alone; a loop variable; a parameter that no call of the notebook gives a value) matches by what is
+    left: the method's name for a method of a value, the class and its function for a class's, the function's name
+    for a module's (`match(meaning, known=False)`; nbddp.vocabulary also asks so for a value that a library without
+    entries made)."""
 
     def __init__(self, entries=(), values=(), owned=()):
         """`entries`: functions, classes, methods of one class's values; `values`: VALUE_METHODS; `owned`: functions
