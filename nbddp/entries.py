@@ -102,7 +102,7 @@ CONFIG_HOMES = ("os.environ", "os.putenv", "os.unsetenv", "os.chdir", "sys.path"
 # own are theirs: a module function of a library training uses, called for its effect, is set-up of every rank).
 SEEDS = frozenset({"random.seed", "numpy.random.seed", "numpy.random.set_state", "random.setstate"})
 EMITS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log", "showwarning"})
-NOT_LIBRARIES = frozenset({"builtins"})
+NOT_LIBRARIES = frozenset({"builtins", "__main__"})  # Python's own, the notebook's own
 
 
 def is_process_config(meaning: str) -> bool:
