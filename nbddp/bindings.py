@@ -1,5 +1,6 @@
 """One pass over the notebook's tree for nbddp.meanings: each bound name's value, the classes' methods, the order of
-bindings, each def's parameters, every call, the packages imported; and a def's `return` values."""
+bindings, each def's parameters, every call, the packages imported; a def's `return` values; and `Assignments`, the
+walk over what an assignment binds that nbddp.install_values shares."""
 from __future__ import annotations
 
 import libcst as cst
@@ -39,7 +40,38 @@ def static(function: cst.FunctionDef) -> bool:
     return any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in function.decorators)
 
 
-class Bindings(cst.CSTVisitor):
+class Assignments(cst.CSTVisitor):
+    """A visitor told each name an assignment binds (`=`, annotated, `:=`, `with ... as`): `bind(name, value)`, the
+    name node and the expression. A tuple or list target's i-th name gets `element(value, i)` (the whole value,
+    unless a subclass pairs them); a starred name (`*rest`) gets the whole value where `starred` is set."""
+
+    starred = True
+
+    def bind(self, name: cst.Name, value) -> None:
+        raise NotImplementedError
+
+    def element(self, value, index: int):
+        return value
+
+    def targets(self, target, value) -> None:
+        if isinstance(target, cst.Name):
+            self.bind(target, value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for index, element in enumerate(target.elements):
+                self.targets(element.value, self.element(value, index))
+        elif isinstance(target, cst.StarredElement) and self.starred:
+            self.targets(target.value, value)
+
+    def visit_Assign(self, node):
+        for target in node.targets:
+            self.targets(target.target, node.value)
+
+    def visit_AnnAssign(self, node):
+        if node.value is not None:
+            self.targets(node.target, node.value)
+
+
+class Bindings(Assignments):
     """Each bound Name (as the scope analysis sees it) -> the expression it was bound to."""
 
     def __init__(self, top, watcher=None):
@@ -65,29 +97,15 @@ class Bindings(cst.CSTVisitor):
             self.watcher(self.statement, node)
         return super().on_visit(node)
 
-    def _bind(self, target, value):
-        if isinstance(target, cst.Name):
-            self.values[target] = value
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._bind(element.value, value)
-        elif isinstance(target, cst.StarredElement):
-            self._bind(target.value, value)
-
-    def visit_Assign(self, node):
-        for target in node.targets:
-            self._bind(target.target, node.value)
-
-    def visit_AnnAssign(self, node):
-        if node.value is not None:
-            self._bind(node.target, node.value)
+    def bind(self, name, value):
+        self.values[name] = value
 
     def visit_NamedExpr(self, node):
-        self._bind(node.target, node.value)
+        self.targets(node.target, node.value)
 
     def visit_WithItem(self, node):
         if node.asname is not None:
-            self._bind(node.asname.name, node.item)
+            self.targets(node.asname.name, node.item)
 
     def visit_If(self, node):
         self.dead += is_if_false(node)

@@ -15,12 +15,16 @@ import re
 
 import libcst as cst
 
+from .bindings import Assignments
+
 MAX_LINES, MAX_VALUES, MAX_DEPTH = 4, 4, 6
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")  # IPython's {name} and $name
 
 
-class _Assignments(cst.CSTVisitor):
+class _Assignments(Assignments):
     """name -> the expressions the notebook's top level assigns it (tuple targets paired with tuple values)."""
+
+    starred = False  # `*rest` holds a list, never a string
 
     def __init__(self):
         self.found: dict = {}
@@ -30,20 +34,11 @@ class _Assignments(cst.CSTVisitor):
 
     visit_ClassDef = visit_Lambda = visit_FunctionDef
 
-    def visit_Assign(self, node):
-        for target in node.targets:
-            self._bind(target.target, node.value)
+    def bind(self, name, value):
+        self.found.setdefault(name.value, []).append(value)
 
-    def visit_AnnAssign(self, node):
-        if node.value is not None:
-            self._bind(node.target, node.value)
-
-    def _bind(self, target, value):
-        if isinstance(target, cst.Name):
-            self.found.setdefault(target.value, []).append(value)
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            for i, element in enumerate(target.elements):
-                self._bind(element.value, _Item(value, i))
+    def element(self, value, index):
+        return _Item(value, index)
 
 
 class _Item:
