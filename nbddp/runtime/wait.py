@@ -4,6 +4,7 @@ kills the rank); a rank polling the store can wait for hours, says once what it 
 when torchrun stops the job because rank 0 failed."""
 import atexit
 import os
+import socket
 import sys
 import time
 
@@ -15,7 +16,7 @@ NBDDP_WAITS = [0]  # barriers this rank has passed; every rank counts the same o
 NBDDP_BARRIER_KEY = "nbddp/barrier/{}/{}"  # (barrier number, rank): that rank has reached it
 NBDDP_ALONE = [False]  # rank 0 after training's end (group.nbddp_rest_on_rank0): no one to wait for
 NBDDP_FAILED_KEY = "nbddp/failed"  # "rank|error" of the first rank that failed
-NBDDP_GONE_KEY = "nbddp/failed/gone"  # that rank has said all it had to say (its traceback) and is leaving
+NBDDP_GONE_KEY = "nbddp/failed/gone"  # "host|pid": that rank has said all it had to say (its traceback) and is leaving
 NBDDP_GONE_WAIT = 30  # seconds a stopping rank waits for it at most (a rank killed without Python's exit says nothing)
 
 
@@ -44,16 +45,27 @@ def _nbddp_say_gone(store):
     """At this failed rank's exit, once its traceback is out: the ranks it stopped may leave now. Leaving first, they
     would be the launcher's "first observed failure" and the report would blame a rank that only stopped."""
     try:
-        store.set(NBDDP_GONE_KEY, "1")
+        store.set(NBDDP_GONE_KEY, f"{socket.gethostname()}|{os.getpid()}")
     except Exception:
         pass
 
 
 def _nbddp_gone(store):
+    """The failed rank has left: it said so at its exit and, where it ran on this machine, its process is gone too
+    (its launcher has seen it end, so it is the launcher's first failure)."""
     try:
-        return store.check([NBDDP_GONE_KEY])
+        if not store.check([NBDDP_GONE_KEY]):
+            return False
+        host, pid = store.get(NBDDP_GONE_KEY).decode().split("|")
     except Exception:  # the store went with the failed rank
         return True
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, PermissionError, ValueError):
+        return True
+    return False
 
 
 def _nbddp_stop_if_failed(store):
