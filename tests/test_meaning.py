@@ -50,6 +50,20 @@ def test_per_rank_code_after_training_runs_on_every_rank(after):
     assert out[2] == after + REST and REST not in out[0] + out[1], out  # as it is, then training's end
 
 
+@pytest.mark.parametrize("says, shown", [
+    ("import torch.distributed as dist\nme = dist.get_rank()\nprint('rank', me)\n", "print('rank', me)"),
+    ("import os\ndef where():\n    return f\"{os.environ['LOCAL_RANK']} of {os.environ['WORLD_SIZE']}\"\n"
+     "print(where())\n", "print(where())"),
+    ("from accelerate import Accelerator as A\nstate = A()\nprint(f'process {state.process_index}')\n",
+     "print(f'process {state.process_index}')"),
+])
+def test_a_print_of_the_rank_runs_on_every_rank(says, shown):
+    out, _ = convert(TRAIN, "print('trained')\n" + says)
+    lines = out[1].splitlines()
+    assert shown in lines, out  # at the top level: each rank says its own
+    assert "    print('trained')" in lines, out  # the same line on every rank: once
+
+
 def test_the_waits_of_a_notebook_written_for_accelerate_meet_every_rank():
     loop = ("for x, y in data:\n    loss = loss_fn(model(x), y)\n    accelerator.backward(loss)\n    opt.step()\n"
             "    opt.zero_grad()\n")

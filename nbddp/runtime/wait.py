@@ -4,7 +4,6 @@ kills the rank); a rank polling the store can wait for hours, says once what it 
 when torchrun stops the job because rank 0 failed."""
 import atexit
 import os
-import socket
 import sys
 import time
 
@@ -45,27 +44,21 @@ def _nbddp_say_gone(store):
     """At this failed rank's exit, once its traceback is out: the ranks it stopped may leave now. Leaving first, they
     would be the launcher's "first observed failure" and the report would blame a rank that only stopped."""
     try:
-        store.set(NBDDP_GONE_KEY, f"{socket.gethostname()}|{os.getpid()}")
+        store.set(NBDDP_GONE_KEY, f"{os.uname().nodename}|{os.getpid()}")
     except Exception:
         pass
 
 
 def _nbddp_gone(store):
-    """The failed rank has left: it said so at its exit and, where it ran on this machine, its process is gone too
-    (its launcher has seen it end, so it is the launcher's first failure)."""
+    """The failed rank said it leaves, and its process is gone where it ran here (its launcher saw it end first)."""
     try:
-        if not store.check([NBDDP_GONE_KEY]):
-            return False
-        host, pid = store.get(NBDDP_GONE_KEY).decode().split("|")
-    except Exception:  # the store went with the failed rank
-        return True
-    if host != socket.gethostname():
-        return True
-    try:
+        host, pid = store.get(NBDDP_GONE_KEY).decode().split("|") if store.check([NBDDP_GONE_KEY]) else ("", "")
+        if not pid or host != os.uname().nodename:
+            return bool(pid)
         os.kill(int(pid), 0)
-    except (ProcessLookupError, PermissionError, ValueError):
+        return False
+    except Exception:  # the store went with the failed rank, or its process is gone
         return True
-    return False
 
 
 def _nbddp_stop_if_failed(store):

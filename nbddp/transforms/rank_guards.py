@@ -20,7 +20,7 @@ from ..cells import starts_cell
 from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, names_in,
                            regroup, statement_blocks)
 from ..training_end import REST
-from ..rank_conditions import is_rank_test
+from ..rank_conditions import RANK, is_rank_test, reads_rank
 from ..reads_writes import header_of, reads_writes
 from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_generation_pipeline, parts
 from .base import TreeStep
@@ -168,7 +168,8 @@ class _Guards:
                 return LEAVE
             self.used.setdefault(self.cell, set()).update(header_reads & self.tainted)
             why.append((frozenset({USES}), "", ""))
-        if not blocks and self.options.main_prints and _is_print(stmt, self.names) and not collective:
+        if not blocks and self.options.main_prints and _is_print(stmt, self.names) and not collective and \
+                RANK not in reads_rank(stmt, self.names):  # `print(dist.get_rank())`: each rank says its own
             why.append((frozenset({"print"}), "print", "print"))
         if why and leaves_block(stmt):  # guarded whole, rank 0 would skip what follows (a barrier: a hang)
             if blocks:
