@@ -81,7 +81,7 @@ PER_PROCESS = frozenset({
     "time.monotonic", "time.perf_counter", "datetime.datetime.now", "datetime.datetime.utcnow",
     "datetime.datetime.today", "datetime.date.today", "uuid.uuid1", "uuid.uuid4", "os.urandom", "os.getpid",
     "secrets.token_hex", "secrets.token_bytes", "secrets.token_urlsafe", "secrets.randbits", "secrets.randbelow",
-    "secrets.choice", "random.SystemRandom",
+    "secrets.choice", "random.SystemRandom", "tempfile.mkdtemp", "tempfile.mktemp",
 })
 # Library functions that change the values they are given, in place (a notebook's own function is followed
 # instead). A call of any other library is taken to read its arguments: what it is given stays as it was.

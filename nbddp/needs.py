@@ -47,9 +47,10 @@ from .entries import COMPUTES, VALUE_HOMES
 from .rank_conditions import is_rank_test
 from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
 from .training_end import is_own_guard, training_end
-from .vocabulary import COLLECTIVE, CONFIG, GENERATE, OWN_VALUE
+from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT
 
 STANDARD = frozenset(sys.stdlib_module_names)
+MAKES = frozenset({CONFIG, LOAD, PEFT})  # training's own objects: made by every rank (they hold the process's state)
 PATHS = frozenset({"pathlib.Path", "pathlib.PurePath", "os.path.join", "os.path.abspath", "os.path.expanduser",
                    "os.path.dirname", "os.path.basename", "os.getcwd", "builtins.str", "builtins.int"})
 
@@ -198,7 +199,7 @@ def _share(plan, stmt, scan, names):
         return
     changes = scan.seen(stmt)
     names = [name for name in names if name in changes.mutated or name in reads_writes(stmt)[1]]
-    if names:
+    if names and not found & MAKES:  # a trainer's configuration, a model: every rank makes its own, never rank 0's
         plan.shares[id(stmt)] = names
     elif OWN_VALUE in found:
         plan.differs[id(stmt)] = next(c for c in scan.seen(stmt).calls if OWN_VALUE in scan.effects.of_call(c))

@@ -161,6 +161,7 @@ GIVE_TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, trai
     ("def synth(n):\n    return [tok.decode(model.generate(x)[0]) for x in range(n)]\nrows = synth(4)\n", ["rows"]),
     ("import uuid\nrows = [f'run-{uuid.uuid4().hex}']\n", ["rows"]),
     ("from datetime import datetime as dt\nstamp = dt.now().strftime('%H%M%S')\nrows = [stamp]\n", ["stamp"]),
+    ("import tempfile as tf\nwork = tf.mkdtemp()\nrows = [work]\n", ["work"]),  # a folder of a random name
 ])
 def test_values_training_needs_that_each_rank_would_compute_alone_are_rank_0s_given_to_every_rank(cell, names):
     (out, train), report = convert(cell, GIVE_TRAIN)
@@ -170,10 +171,17 @@ def test_values_training_needs_that_each_rank_would_compute_alone_are_rank_0s_gi
     assert f"every rank gets rank 0's {', '.join(names)}" in report.format()
 
 
-def test_a_value_of_its_own_that_training_needs_but_no_name_holds_is_reported():
-    (out, _), report = convert("import random, time\nrandom.seed(time.time())\n", GIVE_TRAIN)
-    assert "NBDDP_IS_MAIN" not in out
-    assert "`time.time()` gives each rank a value of its own" in report.format()
+@pytest.mark.parametrize("cell, call", [
+    ("import random, time\nrandom.seed(time.time())\n", "time.time"),
+    ("import time\nfrom trl import SFTConfig\ndef make_args():\n    return SFTConfig(output_dir=f'out/{time.time_ns()}')\n"
+     "args = make_args()\n", "make_args"),  # a trainer's configuration holds the process's state: never rank 0's
+    ("import uuid\nfrom transformers import TrainingArguments as TA\nargs = TA(output_dir='o/' + uuid.uuid4().hex)\n",
+     "uuid.uuid4"),
+])
+def test_a_value_of_its_own_that_training_needs_but_no_name_holds_is_reported(cell, call):
+    (out, _), report = convert(cell, GIVE_TRAIN.replace("rows)", "rows, args=args)") if "args" in cell else GIVE_TRAIN)
+    assert "NBDDP_IS_MAIN" not in out and "nbddp_share_values" not in out, out
+    assert f"`{call}()` gives each rank a value of its own" in report.format()
 
 
 def test_a_clock_read_training_does_not_need_is_left_to_rank_0():
