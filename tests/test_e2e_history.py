@@ -1,5 +1,6 @@
 """IPython's output and input history, a cell's shown value of any shape, and IPython called by name
-(`get_ipython().run_cell_magic(...)`, a saved `shell = get_ipython()`), in a converted notebook run as a 2-process
+(`get_ipython().run_cell_magic(...)`, a saved `shell = get_ipython()`, its methods under names of their own, with
+arguments the notebook computes), in a converted notebook run as a 2-process
 torchrun job (gloo), against a real Jupyter kernel running the same cells (the oracle): what each rank binds from
 `_`, `__`, `___`, `_N`, `Out[N]`, `In`, `_iN`, and what the magics wrote and set, is what the kernel has, and what
 the cells show is shown once (issue 49)."""
@@ -33,6 +34,12 @@ CELLS = [
     "%%bash -s \"$x\" {x * 2}\necho bash-args $1 $2\n",
     "%%writefile note_{x}.txt\nhello\n",
     "seen['note'] = open(f'note_{x}.txt').read()\n",
+    # IPython's methods through names of their own, with arguments the notebook computes (in a function, in a loop)
+    "run = shell.run_line_magic\nrun('env', 'ALIASED=yes')\nsh = get_ipython().system\n",
+    "def write(path, text):\n    get_ipython().run_cell_magic('writefile', path, text)\n"
+    "write(f'computed_{x}.txt', 'computed\\n')\nfor word in ['a', 'b']:\n    sh(f'echo {word} $x >> system.txt')\n",
+    "seen.update(aliased=os.environ['ALIASED'], computed=open('computed_21.txt').read(), "
+    "system=open('system.txt').read())\n",
     "with open(f\"rank{os.environ.get('RANK', 'kernel')}.json\", 'w') as fh:\n    json.dump(seen, fh)\n",
 ]
 

@@ -270,6 +270,16 @@ def test_ipython_called_by_name_is_rewritten_and_what_is_left_of_it_is_warned():
      "def setup():\n    nbddp_shell('echo hi\\n', shell='/bin/bash')\n"),
     ("ip = get_ipython()\nip.run_line_magic('pip', 'install x')\n",
      "ip = get_ipython()\n# nbddp: removed `%pip install x` (install; see the header)\n"),
+    # its methods under names of their own, and arguments computed when the script runs
+    ("magic = get_ipython().run_line_magic\nmagic('env', 'A=1')\n",
+     "# nbddp: `magic` stands for get_ipython().run_line_magic: its calls are rewritten as IPython's\n"
+     "os.environ['A'] = '1'\n"),
+    ("ip = get_ipython()\nrun = ip.system\nfor c in cmds:\n    run(c)\n",
+     "for c in cmds:\n    nbddp_shell(nbddp_expand(c))\n"),
+    ("def save(path, text):\n    get_ipython().run_cell_magic('writefile', path, text)\n",
+     "def save(path, text):\n    nbddp_write_file(nbddp_expand(path), text)\n"),
+    ("def sh(line, body):\n    get_ipython().run_cell_magic('bash', line, body)\n",
+     "    nbddp_shell(body, shell='/bin/bash', args=nbddp_expand(line))\n"),
 ])
 def test_ipython_called_by_name_means_what_the_magic_means(cell, written):
     converted, report = convert_cell(cell)

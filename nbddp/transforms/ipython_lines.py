@@ -16,11 +16,10 @@ from ..cst_helpers import code_of, live_calls, names_in, parse, statement_blocks
 from ..errors import ConversionError
 from .base import Context, Transform
 from .expansion import line_expression
-from .ipython_calls import IPythonCalls, shell_aliases
+from .ipython_calls import EQUAL, IPythonCalls, Unalias, method_aliases, shell_aliases
 from .markers import MARK, Tidy, is_marker
 from .shell import OWN_PROCESS, install_lines, is_launch, one_line, runs_python, script_lines
 
-_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 BODY_MAGICS = frozenset({"time", "timeit", "prun", "debug", "memit", "ipytest"})
 CAPTURE_FLAGS = {"--no-stdout": "stdout", "--no-stderr": "stderr", "--no-display": "display"}
 SHELL_CELL_MAGICS = frozenset({"bash", "sh", "shell", "system", "sx"})
@@ -65,7 +64,27 @@ def _calls_left(module, aliases) -> bool:
     saved = [s.value for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine) for s in stmt.body
              if isinstance(s, cst.Assign) and isinstance(s.value, cst.Call) and code_of(s.value) == "get_ipython()"]
     calls = [c for c in live_calls(module) if code_of(c.func) == "get_ipython" and c not in saved]
-    return bool(calls) or bool(names_in(module) & aliases - shell_aliases(module))
+    return bool(calls) or bool(_used_names(module) & aliases - shell_aliases(module))
+
+
+def _used_names(module) -> set[str]:
+    """The names the code uses as values (not a keyword's name, `shell=`, nor an attribute's, `x.shell`)."""
+    found: set[str] = set()
+
+    class _Used(cst.CSTVisitor):
+        def visit_Name(self, node):
+            found.add(node.value)
+
+        def visit_Arg(self, node):
+            node.value.visit(self)
+            return False
+
+        def visit_Attribute(self, node):
+            node.value.visit(self)
+            return False
+
+    module.visit(_Used())
+    return found
 
 
 class Magics(Transform):
@@ -75,6 +94,7 @@ class Magics(Transform):
 
     def __init__(self):
         self.aliases: set[str] = set()  # names the notebook bound to get_ipython(), so far
+        self.methods: dict = {}  # names it bound to a method of it -> the method (`run = ip.run_line_magic`)
 
     def preprocess_cell(self, cell, ctx):
         cell.source = self.convert(cell.source, cell_number(cell), ctx)
@@ -85,7 +105,7 @@ class Magics(Transform):
         header, rest = _leading_comments(source)
         if rest.lstrip().startswith("%%"):
             return header + self._cell_magic(rest.lstrip(), cell, ctx)
-        if "get_ipython" not in source and not self.aliases and _is_python(source):
+        if "get_ipython" not in source and not self.aliases and not self.methods and _is_python(source):
             return source  # no IPython syntax: every magic and `!` line is a Python syntax error
         try:
             python = _ipython_to_python(source)
@@ -94,8 +114,11 @@ class Magics(Transform):
                                   line=exc.lineno and exc.lineno + offset)
         module = parse(python, cell=cell, step=self.name)  # not Python even for IPython: say so here
         self.aliases |= shell_aliases(module)  # `ip = get_ipython()`: its calls are IPython's, in later cells too
-        if "get_ipython" not in python and not names_in(module) & self.aliases:
+        self.methods.update(method_aliases(module, self.aliases))  # `run = ip.run_line_magic`, likewise
+        if "get_ipython" not in python and not names_in(module) & (self.aliases | set(self.methods)):
             return source
+        if self.methods:
+            module = module.visit(Unalias(self.methods, frozenset(self.aliases)))
         calls = IPythonCalls(cell, ctx, self.name, offset, frozenset(self.aliases),
                              lambda text: self._cell_magic(text, cell, ctx))
         new = calls.rewrite(module).visit(Tidy())
@@ -188,9 +211,9 @@ class Magics(Transform):
             for command in filter(runs_python, script_lines(body)):
                 report.change(cell, f"`{one_line(command, 60)}` {OWN_PROCESS}")
             args = [cst.Arg(cst.SimpleString(repr(body))), cst.Arg(cst.SimpleString("'/bin/bash'"), keyword=cst.Name(
-                "shell"), equal=_EQUAL)]
+                "shell"), equal=EQUAL)]
             if line.strip():  # IPython runs the shell with the line's arguments, expanded, the cell on its stdin
-                args.append(cst.Arg(line_expression(line.strip()), keyword=cst.Name("args"), equal=_EQUAL))
+                args.append(cst.Arg(line_expression(line.strip()), keyword=cst.Name("args"), equal=EQUAL))
             call = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name("nbddp_shell"), args=args))])
             return MARK + f"%%{name} {line}".rstrip() + "\n" + cst.Module([call]).code
         if name in DISPLAY_CELL_MAGICS:
