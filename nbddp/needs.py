@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from .changes import Changes, base_name
-from .cst_helpers import is_if_false, names_in
+from .cst_helpers import is_if_false, names_in, statement_blocks
 from .entries import COMPUTES, VALUE_HOMES
 from .rank_conditions import is_rank_test
 from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
@@ -66,6 +66,8 @@ class Plan:
     differs: dict = field(default_factory=dict)  # id of a needed statement whose value differs by rank -> its call
     setup: dict = field(default_factory=dict)  # id of a statement every rank runs as set-up of a library -> libraries
     outside: dict = field(default_factory=dict)  # id of a needed statement calling another library -> (names, libs)
+    nested_once: set = field(default_factory=set)  # ids of statements inside blocks and functions every rank runs that
+    # only call another library for its effect (`requests.post(hook)`, `os.makedirs(p)` in a function that trains)
     libraries: set = field(default_factory=set)  # the libraries training's own objects come from, and torch
     packages: set = field(default_factory=set)  # the packages the notebook imports
 
@@ -213,6 +215,44 @@ def _outside(stmt, scan) -> list[str]:
     return sorted(scan.seen(stmt).packages & scan.packages - scan.libraries - STANDARD - COMPUTES)
 
 
+def _effect_only(stmt, scan, handles) -> bool:
+    """A line that calls a library for its effect alone where that library is none of training's, Python's own or a
+    computing one (a web hook, a notifier): its calls' values are dropped, it changes and binds nothing, reads
+    neither the rank nor the world nor a file an enclosing `with` opened, and sets up nothing."""
+    if not all(isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) for small in stmt.body):
+        return False
+    reads, changes, seed, _ = scan.facts(stmt)
+    seen = scan.seen(stmt)
+    packages = seen.packages - {"builtins"}
+    return bool(packages) and not (seed or changes or seen.rank or seen.together or reads & handles) and not \
+        packages & (scan.libraries | STANDARD | COMPUTES | {"__main__"}) and not scan.kinds(stmt) & {COLLECTIVE, CONFIG}
+
+
+def _nested_effects(body, scan, names) -> set:
+    """The effect-only lines (_effect_only) inside the blocks and function bodies of these statements, and the
+    statements that hold them (by id)."""
+    found = set()
+
+    def walk(stmt, handles) -> bool:
+        if is_if_false(stmt) or is_rank_test(stmt, names):
+            return False
+        if isinstance(stmt, cst.SimpleStatementLine):
+            held = _effect_only(stmt, scan, handles)
+        else:
+            if isinstance(stmt, cst.With):  # `with open(path, "w") as fh:` on every rank: what writes to fh too
+                handles = handles | {n for item in stmt.items if item.asname is not None
+                                     for n in names_in(item.asname.name)}
+            held = any([walk(s, handles) for block in statement_blocks(stmt, defs=True) for s in block.body])
+        if held:
+            found.add(id(stmt))
+        return held
+
+    for stmt in body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            walk(stmt, frozenset())
+    return found
+
+
 def training_needs(body, names, effects) -> Plan:
     scan = _Scan(names, effects, body)
     plan = Plan()
@@ -248,4 +288,5 @@ def training_needs(body, names, effects) -> Plan:
             needed |= reads
         elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).calls:
             plan.once.add(id(stmt))  # one that calls nothing (`x = 5`) follows what it reads
+    plan.nested_once = _nested_effects([s for s in body[:plan.end + 1] if id(s) not in plan.once], scan, names)
     return plan

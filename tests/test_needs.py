@@ -47,6 +47,45 @@ def test_what_training_does_not_need_runs_once(before, word):
     assert any("training does not need it" in n.text for n in report.changes)
 
 
+HOOK = "import requests\nimport notifylib as nl\nfrom transformers import Trainer\n"
+
+
+@pytest.mark.parametrize("cell, guarded", [
+    # inside a function that trains
+    ("def run(ds):\n    requests.post('https://x/hook', json={'start': 1})\n"
+     "    trainer = Trainer(model=model, train_dataset=ds)\n    trainer.train()\n    nl.send('done')\n"
+     "    return trainer\ntr = run(ds)\n",
+     ["        requests.post('https://x/hook', json={'start': 1})\n", "        nl.send('done')\n"]),
+    # in a loop that trains, through a name of its own
+    ("from notifylib import send as tell\ntr = Trainer(model=model, train_dataset=ds)\nfor epoch in range(2):\n"
+     "    tr.train()\n    tell(f'epoch {epoch}')\n", ["        tell(f'epoch {epoch}')\n"]),
+    # over cells: the loop in one cell, what it calls made in another
+    ("def notify(text):\n    nl.send(text)\ntr = Trainer(model=model, train_dataset=ds)\nfor i in range(2):\n"
+     "    tr.train()\n    if i:\n        notify('again')\n", ["        nl.send(text)\n"]),
+])
+def test_effects_inside_what_trains_run_once(cell, guarded):
+    """A line inside a function or loop that trains, calling a library none of training's, Python's or a computing
+    one's for its effect alone, runs on rank 0 (no barrier: nothing another rank reads)."""
+    out, report = convert(HOOK, cell)
+    for line in guarded:
+        assert "if NBDDP_IS_MAIN:\n" + line in out[1], out[1]
+    assert "nbddp_barrier" not in out[1] and ".train()\n" in out[1].replace("    ", ""), out[1]  # trains on every rank
+    assert "training does not need it" in report.format()
+
+
+@pytest.mark.parametrize("line", [
+    "    time.sleep(1)\n",                                   # Python's own: the process's business
+    "    np.copyto(buffer, np.zeros(2))\n",                  # a computing library's: it may change what it is given
+    "    with open(path, 'w') as fh:\n        yaml.dump(cfg, fh)\n",  # a file every rank opened
+    "    client.extend([1])\n",                              # a method of a value: it may change it
+    "    torch.cuda.empty_cache()\n",                        # training's own library
+])
+def test_what_may_matter_inside_what_trains_stays_on_every_rank(line):
+    cell = ("import time, yaml, torch\nimport numpy as np\nfrom transformers import Trainer\n"
+            "tr = Trainer(model=model, train_dataset=ds)\nfor i in range(2):\n    tr.train()\n" + line)
+    assert convert(cell)[0] == [cell]
+
+
 @pytest.mark.parametrize("setup", [
     "import os\nos.environ['WANDB_DISABLED'] = 'true'\n",
     "import random\nrandom.seed(3)\n" + DONE,

@@ -81,6 +81,8 @@ class _Guards:
         self.waits: set = set()  # cells with a barrier after a guard
         self.hoisted: set = set()  # ids of the bodies of statements that show a collective's result (hoist.py)
         self.once: set = set()  # ids of top-level statements training does not need (nbddp.needs)
+        self.nested_once: set = set()  # ids of lines in blocks and functions that only call another library for
+        # its effect, and of the statements holding them (nbddp.needs)
         self.files: dict = {}  # id of a top-level save whose files training reads later -> paths (nbddp.needs)
         self.for_machines: dict = {}  # id of the body of such a save, taken -> its paths
         self.machine_cells: set = set()  # cells with such a save
@@ -130,10 +132,13 @@ class _Guards:
             return LEAVE
         if not nested and id(stmt) in self.once and not leaves_block(stmt):  # else rank 0 alone skips what follows
             return self.unneeded_work(stmt, self.calls[id(stmt)])
+        if nested and id(stmt) in self.nested_once and isinstance(stmt, cst.SimpleStatementLine):
+            return self.unneeded_work(stmt, live_calls(stmt))
         reads, writes = reads_writes(stmt)
         if isinstance(stmt, cst.FunctionDef):
             self.tainted -= writes
-            return self.function(stmt) if self.effects.mixed(stmt, self.options.main_prints) else LEAVE
+            return self.function(stmt) if self.effects.mixed(stmt, self.options.main_prints) or \
+                id(stmt) in self.nested_once else LEAVE
         if isinstance(stmt, cst.ClassDef):
             self.tainted -= writes
             if self.libraries and is_callback(stmt, self.names):
@@ -187,7 +192,8 @@ class _Guards:
             return TAKE
         own = _bound_by_header(stmt)  # `with open(p) as fh:`, `for row in rows:`: names made anew on every rank
         self.tainted -= own
-        if blocks and (any(self.reason(c) for c in calls) or reads & self.tainted or self._prints_in(blocks)):
+        if blocks and (any(self.reason(c) for c in calls) or reads & self.tainted or self._prints_in(blocks) or
+                       id(stmt) in self.nested_once):
             return DESCEND
         self.tainted -= writes
         return LEAVE

@@ -23,6 +23,7 @@ def apply_plan(body, guards, tree, ctx) -> list:
     if plan.end is None:
         return body
     guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
+    guards.nested_once = plan.nested_once
     guards.libraries, guards.packages = plan.libraries, plan.packages
     cell, outside = None, {}
     for stmt in body:
