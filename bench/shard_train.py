@@ -6,13 +6,24 @@ batch, same weights, on the T4-class share.
         [--modes shard,split,shard-sync]                # bench/results/shard-train-*-2026-11-28.json
     python3 bench/shard_train.py run --out /tmp/check.json --device cpu --shape tiny --dtype float32 --sms 0 \\
         --cores ""                                      # the same comparison on CPU (gloo), a tiny Llama
+    # 4-bit (bitsandbytes, carried as a wheel to the GPU machine): the sharded layers against the whole ones, bit for
+    # bit, then a Qwen2.5-32B stand-in             # bench/results/shard-4bit-*-2026-11-28.*
+    python3 bench/shard_train.py run --out $OUT/check.json --shape tiny_qwen --quant nf4 --modes check --sms 0 \\
+        --batch 2 --seq 128
+    python3 bench/shard_train.py run --out $OUT/q32.json --shape qwen25_32b --quant nf4 --optim adamw8bit \\
+        --bucket-view --batch 1 --seq 512 --fallback-batch 0 --steps 6 --warmup 2 --modes shard-host,split,shard
 
-The stand-in: a Llama of Llama-3.1-8B's shape (hidden 4096, 32 layers, intermediate 14336, 32 heads / 8 kv heads,
-vocabulary 128256, untied head) in float16 with random weights, made on the meta device and filled on the GPU from
-one fixed random pool (every weight the same in both modes, whatever GPU holds it); LoRA (peft, r=16, alpha 16, no
+The stand-in (`--shape`): a model of a real one's shape (llama31_8b, the default: Llama-3.1-8B, hidden 4096, 32
+layers, intermediate 14336, 32 heads / 8 kv heads, vocabulary 128256, untied head; mistral_7b: Mistral-7B-v0.3;
+qwen25_32b: Qwen2.5-32B, 64 layers, hidden 5120, intermediate 27648, 40 / 8 heads, vocabulary 152064, q/k/v biases;
+tiny, tiny_qwen: for CPU and the check; `--layers` fewer layers) in `--dtype` (float16) with random weights, made on
+the meta device and filled on the GPU from one fixed random pool (every weight the same in both modes, whatever GPU
+holds it); with `--quant nf4` every linear layer inside the decoder layers a bitsandbytes Linear4bit (NF4, double
+quantization, float16 compute, uint8 storage, as load_in_4bit makes them), each weight made in float16 and
+quantized on its GPU one linear layer at a time (never the whole model on one GPU); LoRA (peft, r=16, alpha 16, no
 dropout) on q/k/v/o/gate/up/down, A from the pool, B zero; gradient checkpointing (non-reentrant); AdamW on the
-adapters (fp32) with a fixed loss scale (GradScaler, no growth); one fixed batch of random token ids, `--batch` x
-`--seq` per GPU, every step.
+adapters (fp32; `--optim adamw8bit`: bitsandbytes' 8-bit AdamW, as Unsloth's notebooks choose) with a fixed loss
+scale (GradScaler, no growth); one fixed batch of random token ids, `--batch` x `--seq` per GPU, every step.
 
 Modes, each a child process started here (the driver starts and stops MPS: every process on `--sms` SMs of its GPU;
 NCCL_P2P_DISABLE=1; the whole job on `--cores`; each process's allocator capped at `--cap-gib` per GPU):
@@ -29,8 +40,14 @@ NCCL_P2P_DISABLE=1; the whole job on `--cores`; each process's allocator capped 
   shard-1ch-ce  1 channel, its shared-memory copies by cudaMemcpy (NCCL_SHM_USE_CUDA_MEMCPY=1; on the T4-class
            share it made no step in 296 s);
   shard-host  no collective: each rank's slices written once to shared host memory, the gathers copy the other
-           rank's slices in from there (pinned, on the side stream: the copy engines, no SMs).
-The first mode out of memory at `--batch` runs again, and every mode after it, at `--fallback-batch`.
+           rank's slices in from there (pinned, on the side stream: the copy engines, no SMs);
+  check    (no training) 2 processes: on each, the stand-in whole and sharded; every sharded layer, once gathered,
+           byte for byte the whole one's (4-bit packed weights included) with the same quantization state, and two
+           forward and backward passes (layers checkpointed and not) giving the same losses, logits and adapter
+           gradients bit for bit; "ok" in its result (the driver's exit status fails otherwise).
+The first mode out of memory at `--batch` runs again, and every mode after it, at `--fallback-batch` (or, with no
+smaller batch, at `--fallback-seq`). `--bucket-view`: DDP's gradient_as_bucket_view in the sharded modes (the
+gradients are views of DDP's buckets, not a second copy).
 Per mode: the losses of each step, samples/s (the median of the timed steps), the peak memory of each GPU
 (max_memory_allocated, and reserved), the adapters at the end (compared between modes); sharded, per step: forward,
 backward and optimizer time (CUDA events on the compute stream), the gathers' time (their stream), the exposed wait
@@ -53,15 +70,26 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
-SHAPES = {
-    "llama31_8b": dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, num_attention_heads=32,
-                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+SHAPES = {  # each a real model's shape ("family": its transformers class), or a tiny one for CPU and checks
+    "llama31_8b": dict(family="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
                        tie_word_embeddings=False),
-    "tiny": dict(hidden_size=64, num_hidden_layers=4, intermediate_size=160, num_attention_heads=4,
+    "mistral_7b": dict(family="mistral", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=32768, max_position_embeddings=32768,
+                       sliding_window=None, tie_word_embeddings=False),  # Mistral-7B-v0.3
+    "qwen25_32b": dict(family="qwen2", hidden_size=5120, num_hidden_layers=64, intermediate_size=27648,
+                       num_attention_heads=40, num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False),  # Qwen2.5-32B (q/k/v with biases)
+    "tiny": dict(family="llama", hidden_size=64, num_hidden_layers=4, intermediate_size=160, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=256, tie_word_embeddings=False),
+    "tiny_qwen": dict(family="qwen2", hidden_size=128, num_hidden_layers=4, intermediate_size=384,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=512, max_position_embeddings=256,
+                      tie_word_embeddings=False),
 }
+FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
+            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
 MODE_ENV = {  # a sharded mode's variants: its NCCL settings, its gather's transport
-    "shard": {}, "shard-sync": {},
+    "shard": {}, "shard-sync": {}, "check": {},
     "shard-1ch": {"NCCL_MAX_NCHANNELS": "1"},
     "shard-2ch": {"NCCL_MAX_NCHANNELS": "2"},
     "shard-1ch-ce": {"NCCL_MAX_NCHANNELS": "1", "NCCL_SHM_USE_CUDA_MEMCPY": "1"},
@@ -93,7 +121,13 @@ def fill(name, param):
         if ".lora_B." in name:
             param.zero_()
             return
-        std = (3 * param.shape[-1]) ** -0.5 if ".lora_A." in name else 0.02
+        pool_fill(name, param, (3 * param.shape[-1]) ** -0.5 if ".lora_A." in name else 0.02)
+
+
+def pool_fill(name, param, std):
+    """`param` = std x the pool, from an offset its name picks."""
+    import torch
+    with torch.no_grad():
         pool = pool_on(param.device)
         flat, n, off, pos = param.view(-1), param.numel(), zlib.crc32(name.encode()) % POOL, 0
         while pos < n:
@@ -102,19 +136,73 @@ def fill(name, param):
             pos, off = pos + take, 0
 
 
+def shape_of(args):
+    shape = {k: v for k, v in SHAPES[args.shape].items() if k != "family"}
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    return shape
+
+
 def meta_model(args):
-    """The stand-in with its adapters and gradient checkpointing, every tensor on the meta device."""
+    """The stand-in with its adapters and gradient checkpointing, every tensor on the meta device; with
+    `--quant nf4` every linear layer inside the decoder layers a bitsandbytes Linear4bit (as Unsloth's and
+    transformers' load_in_4bit make them: NF4, double quantization, float16 compute, uint8 storage), its weight a
+    meta Params4bit of the packed shape, quantized when it is made (`materialize`)."""
     import torch
+    import transformers
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(**SHAPES[args.shape], use_cache=False)
+    config_cls, model_cls = (getattr(transformers, n) for n in FAMILIES[SHAPES[args.shape]["family"]])
+    config = config_cls(**shape_of(args), use_cache=False)
     with torch.device("meta"):
-        base = LlamaForCausalLM(config)
+        base = model_cls(config)
     base.to(getattr(torch, args.dtype))
+    if args.quant == "nf4":
+        to_4bit(base, getattr(torch, args.dtype))
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM")
     model = get_peft_model(base, lora)
     return config, model
+
+
+def to_4bit(model, dtype):
+    """Every nn.Linear inside the decoder layers replaced by a meta Linear4bit (the head stays in `dtype`)."""
+    import bitsandbytes as bnb
+    import torch
+    prefix = layers_name(model)
+    for name, module in list(model.named_modules()):
+        if not name.startswith(prefix + "."):
+            continue
+        for child_name, child in list(module.named_children()):
+            if type(child) is not torch.nn.Linear:
+                continue
+            q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                  compute_dtype=dtype, compress_statistics=True, quant_type="nf4",
+                                  quant_storage=torch.uint8, device="meta")
+            packed = torch.empty((child.in_features * child.out_features + 1) // 2, 1, dtype=torch.uint8,
+                                 device="meta")
+            q.weight = bnb.nn.Params4bit(packed, requires_grad=False, compress_statistics=True, quant_type="nf4",
+                                         quant_storage=torch.uint8, module=q, bnb_quantized=True)
+            if child.bias is not None:
+                q.bias = torch.nn.Parameter(torch.empty(child.out_features, dtype=dtype, device="meta"),
+                                            requires_grad=False)
+            setattr(module, child_name, q)
+
+
+def quantize_linear(module, prefix, device, dtype):
+    """A meta Linear4bit's weight made in `dtype` on `device`, filled by its name and quantized there (the whole
+    weight of one linear layer at a time in `dtype`); its bias made and filled."""
+    import bitsandbytes as bnb
+    import torch
+    weight = torch.empty(module.out_features, module.in_features, dtype=dtype, device=device)
+    fill(f"{prefix}weight", weight)
+    param = bnb.nn.Params4bit(weight, requires_grad=False, compress_statistics=True, quant_type="nf4",
+                              quant_storage=torch.uint8, module=module)
+    module.weight = param._quantize(device)
+    del weight
+    if module.bias is not None:
+        bias = torch.nn.Parameter(torch.empty(module.out_features, dtype=dtype, device=device), requires_grad=False)
+        fill(f"{prefix}bias", bias)
+        module.bias = bias
 
 
 def layers_name(model):
@@ -135,10 +223,17 @@ def rotary_on(model, config, device):
 
 
 def materialize(module, prefix, device, recurse=True):
-    """`module`'s parameters (and buffers) from meta onto `device`, filled by their full names."""
-    module.to_empty(device=device, recurse=recurse)
-    for name, param in module.named_parameters(recurse=recurse):
-        fill(f"{prefix}{name}", param)
+    """`module`'s parameters (and buffers) from meta onto `device`, filled by their full names (a Linear4bit's
+    weight quantized there)."""
+    for name, sub in (module.named_modules() if recurse else [("", module)]):
+        where = f"{prefix}{name}." if name else prefix
+        if type(sub).__name__ == "Linear4bit" and type(sub).__module__.startswith("bitsandbytes"):
+            if sub.weight.is_meta:
+                quantize_linear(sub, where, device, sub.compute_dtype)
+            continue
+        sub.to_empty(device=device, recurse=False)
+        for pname, param in sub.named_parameters(recurse=False):
+            fill(f"{where}{pname}", param)
 
 
 def token_batch(args, config):
@@ -164,6 +259,11 @@ def memory(devices):
                      "peak_reserved_gib": round(torch.cuda.max_memory_reserved(d) / GIB, 3)} for d in devices}
 
 
+def quant_tensors(param):
+    from nbddp.runtime.shard import nbddp_quant_state_tensors
+    return nbddp_quant_state_tensors(param)
+
+
 def model_bytes(model):
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -176,7 +276,11 @@ def save_adapters(model, path):
 def optimizer(args, model, device):
     import torch
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    if args.optim == "adamw8bit":  # bitsandbytes' 8-bit AdamW, as Unsloth's notebooks choose (optim="adamw_8bit")
+        import bitsandbytes as bnb
+        opt = bnb.optim.AdamW8bit(params, lr=args.lr, weight_decay=0.0)
+    else:
+        opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     scaler = torch.amp.GradScaler(device.type, init_scale=args.loss_scale, growth_interval=10 ** 9,
                                   enabled=device.type == "cuda")
     return opt, scaler
@@ -193,6 +297,15 @@ def transformers_version():
     import peft
     import transformers
     return f"transformers {transformers.__version__}, peft {peft.__version__}"
+
+
+def versions(args):
+    import torch
+    out = {"torch": torch.__version__, "transformers": transformers_version()}
+    if args.quant != "none" or args.optim == "adamw8bit":
+        import bitsandbytes
+        out["bitsandbytes"] = bitsandbytes.__version__
+    return out
 
 
 # ---------------------------------------------------------------- split mode: one process, both GPUs
@@ -255,20 +368,19 @@ def split(args):
                                                                        balanced.items()},
             "device_map_outside_layers": {n: d for n, d in device_map.items()
                                           if not n.startswith(layers_name(model) + ".")},
-            "model_gib": round(model_bytes(model) / GIB, 3), "scales": scales,
+            "model_gib": round(model_bytes(model) / GIB, 3), "scales": scales, "quant": args.quant,
+            "optim": args.optim, "versions": versions(args),
+            "quant_state_gib": round(sum(t.numel() * t.element_size() for p in model.parameters()
+                                         for t in quant_tensors(p)) / GIB, 3),
             "attn_implementation": getattr(config, "_attn_implementation", None),
             "gpus": [torch.cuda.get_device_name(d) for d in devices] if cuda else None}
 
 
 # ---------------------------------------------------------------- sharded mode: one process per GPU
 
-def shard(args):
+def init_ranks(args):
     import torch
     import torch.distributed as dist
-
-    from nbddp.runtime.shard import nbddp_ddp_ignore, nbddp_shard_model
-
-    t0 = time.time()
     cuda = args.device == "cuda"
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
@@ -277,8 +389,16 @@ def shard(args):
         dist.init_process_group("nccl", device_id=device)
     else:
         dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cap_memory(args, [local])
+    return cuda, local, device
+
+
+def sharded_model(args, device, prefetch=True, transport="collective"):
+    """The stand-in on this rank: every module outside the decoder layers whole, each layer made (and quantized,
+    with --quant nf4) one at a time and sharded at once. Returns (config, model, shards, layers' prefix, the
+    GiB allocated outside the layers)."""
+    import torch
+
+    from nbddp.runtime.shard import nbddp_shard_model
     config, model = meta_model(args)
     prefix = layers_name(model)
     rotary_on(model, config, device)
@@ -288,22 +408,37 @@ def shard(args):
         own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
         if any(t.is_meta for t in own):
             materialize(module, f"{name}." if name else "", device, recurse=False)
-    outside_gib = torch.cuda.memory_allocated(device) / GIB if cuda else None
+    outside_gib = torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else None
 
     def make(index, block):
         materialize(block, f"{prefix}.{index}.", device)
 
-    shards = nbddp_shard_model(model, build=make, prefetch=args.prefetch, timing=True, transport=args.transport)
+    shards = nbddp_shard_model(model, build=make, prefetch=prefetch, timing=True, transport=transport)
     if any(p.is_meta for p in model.parameters()):
         raise SystemExit("a parameter is still on the meta device")
+    return config, model, shards, prefix, outside_gib
+
+
+def shard(args):
+    import torch
+    import torch.distributed as dist
+
+    from nbddp.runtime.shard import nbddp_ddp_ignore
+
+    t0 = time.time()
+    cuda, local, device = init_ranks(args)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cap_memory(args, [local])
+    config, model, shards, prefix, outside_gib = sharded_model(args, device, args.prefetch, args.transport)
     built_peak = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
-    whole_model_gib = (sum(b.size for b in shards.blocks) + sum(
+    whole_model_gib = (sum(b.size for b in shards.blocks) + shards.state_bytes() + sum(
         p.numel() * p.element_size() for n, p in model.named_parameters()
         if not (n.startswith(prefix + ".")))) / GIB
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     nbddp_ddp_ignore(model, frozen)  # the shards differ by rank; the rest is equal by construction
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None,
-                                                    broadcast_buffers=False)
+                                                    broadcast_buffers=False,
+                                                    gradient_as_bucket_view=args.bucket_view)
     built_s = time.time() - t0
     opt, scaler = optimizer(args, model, device)
     ids = token_batch(args, config)[rank * args.batch:(rank + 1) * args.batch].to(device)
@@ -346,7 +481,9 @@ def shard(args):
             print(f"shard step {step}: loss {mean:.6f} ({step_s[-1]:.3f} s) {json.dumps(breakdown[-1])}", flush=True)
     mine = {"rank": rank, "losses": rank_losses, "step_s": step_s, "breakdown": breakdown,
             "memory": memory([local] if cuda else ["cpu"]), "outside_layers_gib": outside_gib,
-            "peak_after_build_gib": built_peak, "shard_gib": sum(b.shard.numel() for b in shards.blocks) / GIB}
+            "peak_after_build_gib": built_peak, "shard_gib": sum(b.shard.numel() for b in shards.blocks) / GIB,
+            "quant_state_gib": shards.state_bytes() / GIB,
+            "quantized_params": sum(b.quantized for b in shards.blocks)}
     every = [None] * world
     dist.all_gather_object(every, mine)
     if rank == 0:
@@ -360,13 +497,97 @@ def shard(args):
                   "ranks": every, "breakdown_mean_timed": mean_of, "whole_model_gib": round(whole_model_gib, 3),
                   "layer_buffer_gib": round(2 * max(b.size for b in shards.blocks) / GIB, 3),
                   "scales": scales, "attn_implementation": getattr(config, "_attn_implementation", None),
+                  "quant": args.quant, "optim": args.optim, "gradient_as_bucket_view": args.bucket_view,
                   "gpu": torch.cuda.get_device_name(device) if cuda else None,
-                  "versions": {"torch": torch.__version__, "transformers": transformers_version()}}
+                  "versions": versions(args)}
         with open(args.result, "w") as fh:
             json.dump(result, fh, indent=1)
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # no teardown of DDP's reducer and the group (tests/runtime_cases/_layer.finish says why)
+
+
+# ---------------------------------------------------------------- the sharded layers compute as the whole ones
+
+def check(args):
+    """(torchrun) On each rank the stand-in twice: whole (every layer made on this rank) and sharded (as `shard`
+    makes it). Each sharded layer, once gathered, must hold the whole layer's bytes (4-bit packed weights, biases,
+    norms) and the same quantization state; then two forward and backward passes of each model on one batch, with
+    the layers checkpointed and without (where bitsandbytes keeps a view of the packed weight from the forward
+    pass for the backward), must give the same losses, logits and adapter gradients, bit for bit (LoRA's B filled,
+    so that every adapter has a gradient)."""
+    import torch
+    import torch.distributed as dist
+
+    from nbddp.runtime.shard import nbddp_quant_state_tensors
+    cuda, local, device = init_ranks(args)
+    rank = dist.get_rank()
+    config, whole = meta_model(args)
+    materialize(whole, "", device)
+    rotary_on(whole, config, device)
+    _, model, shards, prefix, _ = sharded_model(args, device)
+    for m in (whole, model):
+        for n, p in m.named_parameters():
+            if ".lora_B." in n:
+                pool_fill(n, p, 0.02)
+    names, ref = {id(p): n for n, p in model.named_parameters()}, dict(whole.named_parameters())
+    mismatched, states_differ, compared, quantized = [], [], 0, 0
+    for block in shards.blocks:
+        shards.use(block, False)
+        if cuda:
+            torch.cuda.synchronize(device)
+        for param, *_ in block.layout:
+            name = names[id(param)]
+            compared += 1
+            if not torch.equal(param.data.reshape(-1).view(torch.uint8), ref[name].data.reshape(-1).view(torch.uint8)):
+                mismatched.append(name)
+            mine, theirs = nbddp_quant_state_tensors(param), nbddp_quant_state_tensors(ref[name])
+            quantized += bool(mine)
+            if len(mine) != len(theirs) or not all(torch.equal(a, b) for a, b in zip(mine, theirs)):
+                states_differ.append(name)
+    shards.free()
+    ids = token_batch(args, config)[rank * args.batch:(rank + 1) * args.batch].to(device)
+    passes = {}
+    for variant in ("checkpointed", "not_checkpointed"):
+        if variant == "not_checkpointed":
+            for m in (whole, model):
+                m.base_model.model.gradient_checkpointing_disable()
+        got = []
+        for m in (whole, model):
+            m.train()
+            m.zero_grad(set_to_none=True)
+            losses = []
+            for _ in range(2):
+                out = m(input_ids=ids, labels=ids)
+                out.loss.backward()
+                losses.append(out.loss.item())
+                logits = out.logits.detach().float()
+            got.append((losses, logits, {n: p.grad.detach().float().clone() for n, p in m.named_parameters()
+                                         if p.requires_grad and p.grad is not None}))
+        (lw, xw, gw), (ls, xs, gs) = got
+        passes[variant] = {"losses_whole": lw, "losses_sharded": ls, "losses_equal": lw == ls,
+                           "max_abs_logit_diff": (xw - xs).abs().max().item(),
+                           "grads": [len(gw), len(gs)], "grads_nonzero": sum(1 for g in gw.values() if g.any()),
+                           "max_abs_grad_diff": max((gw[n] - gs[n]).abs().max().item() for n in gw)
+                           if sorted(gw) == sorted(gs) else None}
+    timing = shards.take_timing()
+    mine = {"rank": rank, "compared_params": compared, "quantized_params": quantized, "mismatched": mismatched,
+            "states_differ": states_differ, "passes": passes, "gathers": timing["gathers"],
+            "reused": timing["reused"], "quant_state_gib": shards.state_bytes() / GIB,
+            "shard_gib": sum(b.shard.numel() for b in shards.blocks) / GIB}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if rank == 0:
+        ok = all(not r["mismatched"] and not r["states_differ"] and r["compared_params"] and
+                 all(p["losses_equal"] and p["max_abs_logit_diff"] == 0 and p["max_abs_grad_diff"] == 0 and
+                     p["grads_nonzero"] == p["grads"][0] > 0 for p in r["passes"].values()) for r in every)
+        with open(args.result, "w") as fh:
+            json.dump({"mode": "check", "ok": ok, "ranks": every, "quant": args.quant,
+                       "gpu": torch.cuda.get_device_name(device) if cuda else None,
+                       "versions": versions(args)}, fh, indent=1)
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 # ---------------------------------------------------------------- the driver
@@ -381,10 +602,14 @@ def child(args, mode, extra_env, log, limit):
     common = ["--shape", args.shape, "--dtype", args.dtype, "--device", args.device, "--batch", str(args.batch),
               "--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup), "--lr", str(args.lr),
               "--loss-scale", str(args.loss_scale), "--cap-gib", str(args.cap_gib), "--result", result,
-              "--adapters", adapters, "--out", args.out]
+              "--adapters", adapters, "--out", args.out, "--quant", args.quant, "--optim", args.optim,
+              "--layers", str(args.layers)] + (["--bucket-view"] if args.bucket_view else [])
     me = os.path.abspath(__file__)
     if mode == "split":
         argv = [sys.executable, me, "split"] + common
+    elif mode == "check":
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", me, "check"] + \
+            common
     else:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", me, "shard"] + \
             common + ["--mode", mode] + (["--no-prefetch"] if mode == "shard-sync" else []) + \
@@ -460,7 +685,9 @@ def run(args):
     os.makedirs(logs, exist_ok=True)
     env = {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": os.environ.get("BENCH_MACHINE"),
-              "argv": sys.argv, "shape": dict(SHAPES[args.shape], name=args.shape), "dtype": args.dtype,
+              "argv": sys.argv, "shape": dict(SHAPES[args.shape], **shape_of(args), name=args.shape),
+              "dtype": args.dtype, "quant": args.quant, "optim": args.optim,
+              "gradient_as_bucket_view": args.bucket_view,
               "batch_per_gpu": args.batch, "seq": args.seq, "global_batch": 2 * args.batch, "steps": args.steps,
               "warmup": args.warmup, "cap_gib": args.cap_gib, "cores": args.cores, "sms": args.sms, "modes": {}}
     mps = args.device == "cuda" and args.sms
@@ -480,15 +707,19 @@ def run(args):
             log = os.path.join(logs, f"{os.path.basename(args.out).rsplit('.', 1)[0]}-{mode}.log")
             print(f"== {mode} ({left:.0f} s left)", flush=True)
             report["modes"][mode] = child(args, mode, env, log, left - 20)
-            if len(report["modes"]) == 1 and report["modes"][mode]["out_of_memory"] and \
-                    0 < args.fallback_batch < args.batch:
-                report["out_of_memory_at_batch"] = {"batch": args.batch, mode: report["modes"][mode]}
-                args.batch = args.fallback_batch
-                report.update(batch_per_gpu=args.batch, global_batch=2 * args.batch)
-                print(f"== {mode} out of memory: every mode at batch {args.batch}", flush=True)
+            first = [m for m in report["modes"] if m != "check"] == [mode]
+            if first and report["modes"][mode]["out_of_memory"] and (
+                    0 < args.fallback_batch < args.batch or 0 < args.fallback_seq < args.seq):
+                report["out_of_memory_at"] = {"batch": args.batch, "seq": args.seq, mode: report["modes"][mode]}
+                if 0 < args.fallback_batch < args.batch:
+                    args.batch = args.fallback_batch
+                else:
+                    args.seq = args.fallback_seq
+                report.update(batch_per_gpu=args.batch, global_batch=2 * args.batch, seq=args.seq)
+                print(f"== {mode} out of memory: every mode at batch {args.batch} x {args.seq}", flush=True)
                 report["modes"][mode] = child(args, mode, env, log, args.deadline - (time.time() - t0) - 20)
             print(json.dumps({k: v for k, v in report["modes"][mode].items()
-                              if k in ("returncode", "losses", "rate", "memory", "breakdown_mean_timed",
+                              if k in ("returncode", "ok", "losses", "rate", "memory", "breakdown_mean_timed",
                                        "out_of_memory", "log_tail")})[:3000], flush=True)
             report["comparison"] = compare(report["modes"])
             with open(args.out, "w") as fh:
@@ -501,17 +732,23 @@ def run(args):
     with open(args.out, "w") as fh:
         json.dump(report, fh, indent=1)
     print(json.dumps(report["comparison"])[:4000], flush=True)
-    ok = all(m.get("returncode") == 0 for m in report["modes"].values() if "skipped" not in m)
+    ok = all(m.get("returncode") == 0 and m.get("ok", True)
+             for m in report["modes"].values() if "skipped" not in m)
     return 0 if ok else 1
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("run", "split", "shard"))
+    parser.add_argument("what", choices=("run", "split", "shard", "check"))
     parser.add_argument("--out", required=True, help="the driver's JSON (its logs beside it)")
     parser.add_argument("--modes", default="shard,split,shard-sync", help="the first one decides the batch")
     parser.add_argument("--shape", default="llama31_8b", choices=sorted(SHAPES))
-    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--dtype", default="float16", help="the weights' dtype (with --quant: the compute dtype)")
+    parser.add_argument("--quant", default="none", choices=("none", "nf4"),
+                        help="nf4: the decoder layers' linear layers in bitsandbytes 4-bit (NF4, double quantization)")
+    parser.add_argument("--optim", default="adamw", choices=("adamw", "adamw8bit"))
+    parser.add_argument("--layers", type=int, default=0, help="decoder layers (0: the shape's own)")
+    parser.add_argument("--bucket-view", action="store_true", help="DDP's gradient_as_bucket_view (sharded modes)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--sms", type=int, default=8, help="MPS: each process on this many SMs (0: whole GPUs)")
     parser.add_argument("--cap-gib", type=float, default=15.0, help="each process's allocator capped per GPU")
@@ -524,6 +761,9 @@ def main(argv=None):
     parser.add_argument("--loss-scale", type=float, default=2.0 ** 13)
     parser.add_argument("--fallback-batch", type=int, default=1,
                         help="the first mode out of memory: every mode at this batch instead (0: none)")
+    parser.add_argument("--fallback-seq", type=int, default=0,
+                        help="the first mode out of memory (and no --fallback-batch below --batch): every mode at "
+                             "this sequence length instead (0: none)")
     parser.add_argument("--deadline", type=float, default=540, help="seconds: no mode starts with less than 60 left")
     parser.add_argument("--work", default="/tmp/shard-train")
     parser.add_argument("--result")
@@ -534,7 +774,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.what == "run":
         return run(args)
-    result = split(args) if args.what == "split" else shard(args)
+    result = {"split": split, "shard": shard, "check": check}[args.what](args)
     with open(args.result, "w") as fh:
         json.dump(result, fh, indent=1)
     return 0

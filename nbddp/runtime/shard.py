@@ -14,8 +14,15 @@ A block left in its buffer from the pass before is used again without a gather (
 pass are the first of the backward pass, the first of the backward pass the first of the next forward pass).
 
 Each block can be made just before it is sharded (`build`): a model built on the meta device never has more than
-one whole block of its own on a rank. Not built here: 4-bit weights, loading each rank's share from a checkpoint,
-the fit check's choice of this mode (docs/sharded.md, "Next")."""
+one whole block of its own on a rank.
+
+bitsandbytes' 4-bit weights (`Params4bit` in `Linear4bit`, quantized before they are sharded) are sharded as their
+packed bytes, like any other frozen parameter's: the gather moves bytes, whatever their dtype. Each one's
+quantization state (`quant_state`: the block scales, 1/64 of the elements or less) is not a parameter's data and
+stays whole on every rank, so the gathered layer is the unsharded one byte for byte. Each parameter's bytes start
+at a multiple of 256 in the buffer (the alignment of the CUDA allocator's own blocks). bitsandbytes is not imported
+here. Not built here: loading each rank's share from a checkpoint, the fit check's choice of this mode
+(docs/sharded.md, "Next")."""
 import os
 import shutil
 import tempfile
@@ -26,6 +33,18 @@ import torch.distributed
 
 
 _nbddp_all_gather = getattr(torch.distributed, "all_gather_single", None) or torch.distributed.all_gather_into_tensor
+_NBDDP_ALIGN = 256  # each parameter's bytes start at a multiple of this in a block's flat buffer
+
+
+def nbddp_quant_state_tensors(param):
+    """The tensors of a bitsandbytes 4-bit parameter's quantization state (its absmax, code and offset, and the
+    nested state's with double quantization), kept whole on every rank; [] for any other parameter."""
+    state, out = getattr(param, "quant_state", None), []
+    while state is not None:
+        out += [t for t in (getattr(state, k, None) for k in ("absmax", "code", "offset"))
+                if isinstance(t, torch.Tensor)]
+        state = getattr(state, "state2", None)
+    return out
 
 
 def nbddp_blocks(model):
@@ -48,16 +67,23 @@ class NbddpShardedBlock:
     def __init__(self, shards, block, index):
         self.shards, self.index = shards, index
         self.params = [p for p in block.parameters() if not p.requires_grad]
-        self.layout = [(p, p.shape, p.dtype, p.numel() * p.element_size()) for p in self.params]
+        for param in self.params:
+            if getattr(param, "bnb_quantized", True) is False:  # bitsandbytes quantizes on its move to the GPU
+                raise ValueError(f"block {index}: a 4-bit parameter not yet quantized cannot be sharded; move the "
+                                 "block to its device first")
+        self.layout, start = [], 0  # (parameter, shape, dtype, first byte, bytes)
+        for param in self.params:
+            size = param.numel() * param.element_size()
+            self.layout.append((param, param.shape, param.dtype, start, size))
+            start = -(-(start + size) // _NBDDP_ALIGN) * _NBDDP_ALIGN
         world, rank = shards.world, shards.rank
-        flat = sum(size for *_, size in self.layout)
-        self.size = -(-flat // world) * world  # padded to a multiple of the ranks
+        self.size = -(-start // (world * _NBDDP_ALIGN)) * world * _NBDDP_ALIGN  # each rank's slice aligned too
+        self.quantized = sum(1 for p in self.params if nbddp_quant_state_tensors(p))
+        self.state_bytes = sum(t.numel() * t.element_size() for p in self.params for t in nbddp_quant_state_tensors(p))
         device = self.params[0].device if self.params else torch.device("cpu")
         padded = torch.zeros(self.size, dtype=torch.uint8, device=device)
-        start = 0
-        for param, _, _, size in self.layout:
-            padded[start:start + size].copy_(param.data.reshape(-1).view(torch.uint8))
-            start += size
+        for param, _, _, first, size in self.layout:
+            padded[first:first + size].copy_(param.data.reshape(-1).view(torch.uint8))
         self.shard = padded.view(world, -1)[rank].clone()
         del padded
         self.release()
@@ -72,14 +98,14 @@ class NbddpShardedBlock:
             first.register_hook(lambda grad: self.shards.use(self, True))
 
     def point(self, buffer):
-        """Each frozen parameter a view of `buffer` (the same tensor: what autograd saved of it sees these bytes)."""
-        start = 0
-        for param, shape, dtype, size in self.layout:
-            param.data = buffer[start:start + size].view(dtype).view(shape)
-            start += size
+        """Each frozen parameter a view of `buffer` (the same tensor: what autograd saved of it sees these bytes;
+        a view taken of it, as bitsandbytes saves of a 4-bit weight, sees them too: a block always gathers into
+        the same buffer at the same place)."""
+        for param, shape, dtype, first, size in self.layout:
+            param.data = buffer[first:first + size].view(dtype).view(shape)
 
     def release(self):
-        for param, _, dtype, _ in self.layout:
+        for param, _, dtype, _, _ in self.layout:
             param.data = torch.empty(0, dtype=dtype, device=self.shard.device)
 
 
@@ -234,6 +260,10 @@ class NbddpShards:
         out.update(self.counts)
         self.records, self.counts = [], {"gathers": 0, "reused": 0}
         return out
+
+    def state_bytes(self):
+        """Bytes of the 4-bit parameters' quantization states, whole on this rank (0 without 4-bit weights)."""
+        return sum(b.state_bytes for b in self.blocks)
 
     def whole_blocks(self):
         """The blocks whose frozen weights are whole on this rank now (at most two)."""
