@@ -229,13 +229,15 @@ def _effect_only(stmt, scan, handles) -> bool:
 
 
 def _nested_effects(body, scan, names) -> set:
-    """The effect-only lines (_effect_only) inside the blocks and function bodies of these statements, and the
-    statements that hold them (by id)."""
+    """The effect-only lines (_effect_only) inside the blocks of these statements and the bodies of the functions that
+    do work every rank must do (a trainer's, a collective), and the statements that hold them (by id); a callback's
+    hooks are the rank guards' (nbddp.transforms.callbacks)."""
     found = set()
 
     def walk(stmt, handles) -> bool:
-        if is_if_false(stmt) or is_rank_test(stmt, names):
-            return False
+        if is_if_false(stmt) or is_rank_test(stmt, names) or isinstance(stmt, cst.ClassDef) or isinstance(
+                stmt, cst.FunctionDef) and COLLECTIVE not in scan.effects.of_def(stmt):
+            return False  # a function that does no work every rank must do runs where it is called
         if isinstance(stmt, cst.SimpleStatementLine):
             held = _effect_only(stmt, scan, handles)
         else:

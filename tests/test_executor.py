@@ -177,9 +177,7 @@ def test_cli_run_ends_with_one_line_and_all_ranks_shows_rank_1s_prints(tmp_path,
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setattr("tempfile.tempdir", None)
     (tmp_path / "tmp").mkdir()
-    (tmp_path / "talk.py").write_text("import os\n\n\ndef hello():\n"
-                                      "    print('PRINT from rank', os.environ['RANK'], flush=True)\n")
-    code = "import os, warnings, torch, talk\ndef hello():\n    talk.hello()\n" \
+    code = "import os, warnings, torch\ndef hello():\n    print('PRINT from rank', os.environ['RANK'], flush=True)\n" \
            "    warnings.warn(f\"WARN from rank {os.environ['RANK']}\")\n    torch.distributed.barrier()\nhello()\n"
     (tmp_path / "train_ddp.py").write_text(nbddp.convert(make_notebook(code)), encoding="utf-8")
     assert main(["run", "train_ddp.py", "--nproc", "2"]) == 0

@@ -23,13 +23,12 @@ stays whole on every rank, so the gathered layer is the unsharded one byte for b
 at a multiple of 256 in the buffer (the alignment of the CUDA allocator's own blocks). bitsandbytes is not imported
 here. Not built here: loading each rank's share from a checkpoint, the fit check's choice of this mode
 (docs/sharded.md, "Next")."""
-import os
-import shutil
-import tempfile
 import time
 
 import torch
 import torch.distributed
+
+from .shard_host import nbddp_host_copy, nbddp_host_map, nbddp_host_prefix, nbddp_host_write
 
 
 _nbddp_all_gather = getattr(torch.distributed, "all_gather_single", None) or torch.distributed.all_gather_into_tensor
@@ -121,10 +120,7 @@ class NbddpShards:
         self.prefetch, self.timing, self.transport = prefetch, timing, transport
         self.host_files, self.pinned = [], []
         if transport == "host":
-            where = [_nbddp_shared_dir() + f"/nbddp-shard-{os.getpid()}"]
-            torch.distributed.broadcast_object_list(where, src=torch.distributed.get_global_rank(group, 0)
-                                                    if group is not None else 0, group=group)
-            self.host_prefix = where[0]
+            self.host_prefix = nbddp_host_prefix(group)
         elif transport != "collective":
             raise ValueError(f"transport: 'collective' or 'host', not {transport!r}")
         self.blocks, self.ignored = [], []
@@ -138,32 +134,15 @@ class NbddpShards:
         sharded = NbddpShardedBlock(self, block, len(self.blocks))
         self.blocks.append(sharded)
         if self.transport == "host":  # this rank's slice, once, where the other ranks will map it
-            path = f"{self.host_prefix}-{sharded.index}-{self.rank}"
-            torch.from_file(path, shared=True, size=sharded.shard.numel(), dtype=torch.uint8).copy_(sharded.shard)
-            self.host_files.append(path)
+            self.host_files.append(nbddp_host_write(f"{self.host_prefix}-{sharded.index}-{self.rank}", sharded.shard))
         if names is not None:
             self.ignored += [names[id(p)] for p in sharded.params]
         return sharded
 
     def finish(self):
-        """After the last `add`: with `transport="host"`, every rank maps the others' slices (pinned, for copies
-        that do not wait for the host) and its own files are unlinked (the mappings keep them)."""
-        if self.transport != "host":
-            return
-        torch.distributed.barrier(group=self.group)
-        for block in self.blocks:
-            n = block.shard.numel()
-            block.host = [None if r == self.rank else torch.from_file(
-                f"{self.host_prefix}-{block.index}-{r}", shared=True, size=n, dtype=torch.uint8)
-                for r in range(self.world)]
-            if block.shard.is_cuda:
-                for src in block.host:
-                    if src is not None and _nbddp_pin(src):
-                        self.pinned.append(src)
-        torch.distributed.barrier(group=self.group)
-        for path in self.host_files:
-            os.unlink(path)
-        self.host_files = []
+        """After the last `add`: with `transport="host"`, every rank maps the others' slices (nbddp_host_map)."""
+        if self.transport == "host":
+            nbddp_host_map(self)
 
     def use(self, block, backward):
         """`block` is about to run: its weights whole once its gather is done; the neighbour in the direction of
@@ -205,7 +184,7 @@ class NbddpShards:
             with torch.cuda.stream(stream):
                 start = self._event(stream)
                 if self.transport == "host":
-                    self._copy_in(block, out)
+                    nbddp_host_copy(block, out)
                 else:
                     _nbddp_all_gather(out, shard, group=self.group)
                 done = torch.cuda.Event(enable_timing=self.timing)
@@ -214,16 +193,11 @@ class NbddpShards:
                 self.records.append(("gather", start, done))
             self.ready[slot] = done
         elif self.transport == "host":
-            self._copy_in(block, out)
+            nbddp_host_copy(block, out)
         else:
             self.ready[slot] = _nbddp_all_gather(out, shard, group=self.group, async_op=self.prefetch)
         block.point(out)
         return slot
-
-    def _copy_in(self, block, out):
-        n = block.shard.numel()
-        for r, src in enumerate(block.host):
-            out[r * n:(r + 1) * n].copy_(block.shard if src is None else src, non_blocking=True)
 
     def _event(self, stream):
         if not self.timing:
@@ -277,25 +251,6 @@ class NbddpShards:
             if block is not None:
                 block.release()
         self.slots, self.buffers, self.ready = [None, None], [None, None], [None, None]
-
-
-def _nbddp_shared_dir():
-    """/dev/shm where it has room (a container may give it 64 MB), else the temporary folder."""
-    try:
-        if shutil.disk_usage("/dev/shm").free > 2 ** 32:
-            return "/dev/shm"
-    except OSError:
-        pass
-    return tempfile.gettempdir()
-
-
-def _nbddp_pin(tensor):
-    """Page-lock a CPU tensor's memory for the GPU's copy engines (cudaHostRegister); False where it fails."""
-    try:
-        rc = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
-    except Exception:  # noqa: BLE001 (no CUDA runtime bindings: copies still work, from pageable memory)
-        return False
-    return int(rc) == 0 if not isinstance(rc, tuple) else int(rc[0]) == 0
 
 
 def nbddp_shard_model(model, build=None, group=None, prefetch=True, timing=False, transport="collective"):

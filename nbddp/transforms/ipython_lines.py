@@ -16,7 +16,8 @@ from ..cst_helpers import code_of, live_calls, names_in, parse, statement_blocks
 from ..errors import ConversionError
 from .base import Context, Transform
 from .expansion import line_expression
-from .ipython_calls import EQUAL, IPythonCalls, Unalias, method_aliases, shell_aliases
+from .ipython_calls import IPythonCalls
+from .ipython_names import EQUAL, Unalias, method_aliases, shell_aliases
 from .markers import MARK, Tidy, is_marker
 from .shell import OWN_PROCESS, install_lines, is_launch, one_line, runs_python, script_lines
 
