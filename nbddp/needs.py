@@ -223,9 +223,9 @@ def _effect_only(stmt, scan, handles) -> bool:
         return False
     reads, changes, seed, _ = scan.facts(stmt)
     seen = scan.seen(stmt)
-    packages = seen.packages - {"builtins"}
+    packages = seen.packages - {"builtins", "__main__"}  # the notebook's own functions: by what they call
     return bool(packages) and not (seed or changes or seen.rank or seen.together or reads & handles) and not \
-        packages & (scan.libraries | STANDARD | COMPUTES | {"__main__"}) and not scan.kinds(stmt) & {COLLECTIVE, CONFIG}
+        packages & (scan.libraries | STANDARD | COMPUTES) and not scan.kinds(stmt) & {COLLECTIVE, CONFIG}
 
 
 def _nested_effects(body, scan, names) -> set:

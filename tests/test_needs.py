@@ -61,7 +61,7 @@ HOOK = "import requests\nimport notifylib as nl\nfrom transformers import Traine
      "    tr.train()\n    tell(f'epoch {epoch}')\n", ["        tell(f'epoch {epoch}')\n"]),
     # over cells: the loop in one cell, what it calls made in another
     ("def notify(text):\n    nl.send(text)\ntr = Trainer(model=model, train_dataset=ds)\nfor i in range(2):\n"
-     "    tr.train()\n    if i:\n        notify('again')\n", ["        nl.send(text)\n"]),
+     "    tr.train()\n    if i:\n        notify('again')\n", ["            notify('again')\n"]),  # where it is called
 ])
 def test_effects_inside_what_trains_run_once(cell, guarded):
     """A line inside a function or loop that trains, calling a library none of training's, Python's or a computing
