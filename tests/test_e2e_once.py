@@ -2,7 +2,7 @@
 2-process torchrun job (gloo), every rank's output shown.
 
 The notebook is one of ours, split over cells. Outside training it calls `sidefx`, a module beside the script that
-nbddp has never heard of (it logs each call with the calling rank to effects.log), and the standard library: a folder
+nbddp has never heard of (it logs each call with the calling rank to effects.log, below Python's open, as a web call would act: no file net of the runtime's hides a second rank's call), and the standard library: a folder
 made without exist_ok, a CSV appended to at a path computed from the notebook's own variables and read back for
 training, a text file written by the notebook's own function, prints in a loop and an `if`, an upload, an archive, a
 server started after training, a submission built from a list filled after training, a print inside the
@@ -24,9 +24,10 @@ pytestmark = pytest.mark.ddp
 SIDEFX = '''import os
 
 
-def _log(what):
-    with open("effects.log", "a") as fh:
-        fh.write(f"{os.environ.get('RANK', '0')} {what}\\n")
+def _log(what):  # below Python's open (a web call would be too): no file net of nbddp's sees it
+    fd = os.open("effects.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, f"{os.environ.get('RANK', '0')} {what}\\n".encode())
+    os.close(fd)
 
 
 def publish(path):
