@@ -14,6 +14,9 @@
     plan.differs -> such statements that bind no value to give (`random.seed(time.time())`): id -> what it calls
     plan.setup -> statements every rank runs because they call a function of a library training comes from for its
                   effect (`PatchFastRL(...)`): id -> those libraries (the report says so: it could go either way)
+    plan.nested_once -> lines inside the blocks and functions every rank runs that only call a library none of
+                  training's, Python's own or a computing one's for its effect (a web hook, a notifier): rank 0 runs
+                  them (and the statements that hold them, by id)
     plan.outside -> statements every rank runs because training reads what they give, that call a library neither
                   training's objects nor Python's standard library come from (`rows = mylib.fetch(url)`): id -> (the
                   names training reads, those libraries); the report says so, an effect there happens on every rank
@@ -67,7 +70,8 @@ class Plan:
     setup: dict = field(default_factory=dict)  # id of a statement every rank runs as set-up of a library -> libraries
     outside: dict = field(default_factory=dict)  # id of a needed statement calling another library -> (names, libs)
     nested_once: set = field(default_factory=set)  # ids of statements inside blocks and functions every rank runs that
-    # only call another library for its effect (`requests.post(hook)`, `os.makedirs(p)` in a function that trains)
+    # only call another library for its effect (`requests.post(hook)`, `notify(text)` in a loop that trains), and of
+    # the statements holding them
     libraries: set = field(default_factory=set)  # the libraries training's own objects come from, and torch
     packages: set = field(default_factory=set)  # the packages the notebook imports
 
@@ -244,7 +248,7 @@ def _nested_effects(body, scan, names) -> set:
             if isinstance(stmt, cst.With):  # `with open(path, "w") as fh:` on every rank: what writes to fh too
                 handles = handles | {n for item in stmt.items if item.asname is not None
                                      for n in names_in(item.asname.name)}
-            held = any([walk(s, handles) for block in statement_blocks(stmt, defs=True) for s in block.body])
+            held = any([walk(s, handles) for block in statement_blocks(stmt, defs=True) for s in block.body])  # all
         if held:
             found.add(id(stmt))
         return held
