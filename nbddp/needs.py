@@ -46,7 +46,7 @@ import libcst as cst
 
 from .changes import Changes, base_name
 from .cst_helpers import is_if_false, names_in, statement_blocks
-from .entries import COMPUTES, VALUE_HOMES
+from .entries import COMPUTES, TRAINING_HOOKS, VALUE_HOMES, is_entry
 from .rank_conditions import is_rank_test
 from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
 from .training_end import is_own_guard, training_end
@@ -232,17 +232,26 @@ def _effect_only(stmt, scan, handles) -> bool:
         packages & (scan.libraries | STANDARD | COMPUTES) and not scan.kinds(stmt) & {COLLECTIVE, CONFIG}
 
 
+def is_hooks(node: cst.ClassDef, names) -> bool:
+    """A class of the notebook's derived from a trainer's callback class or Lightning's module (through its bases'
+    meanings): a trainer calls its methods on every rank."""
+    return any(is_entry(m, TRAINING_HOOKS) for base in node.bases for m in names.meanings(base.value))
+
+
 def _nested_effects(body, scan, names) -> set:
     """The effect-only lines (_effect_only) inside the blocks of these statements and the bodies of the functions that
-    do work every rank must do (a trainer's, a collective), and the statements that hold them (by id); a callback's
-    hooks are the rank guards' (nbddp.transforms.callbacks)."""
+    do work every rank must do (a trainer's, a collective) or that a trainer calls (a callback's hooks), and the
+    statements that hold them (by id)."""
     found = set()
 
-    def walk(stmt, handles) -> bool:
-        if is_if_false(stmt) or is_rank_test(stmt, names) or isinstance(stmt, cst.ClassDef) or isinstance(
-                stmt, cst.FunctionDef) and COLLECTIVE not in scan.effects.of_def(stmt):
+    def walk(stmt, handles, hook=False) -> bool:
+        if is_if_false(stmt) or is_rank_test(stmt, names) or isinstance(stmt, cst.ClassDef) and not is_hooks(
+                stmt, names) or isinstance(stmt, cst.FunctionDef) and not hook and COLLECTIVE not in \
+                scan.effects.of_def(stmt):
             return False  # a function that does no work every rank must do runs where it is called
-        if isinstance(stmt, cst.SimpleStatementLine):
+        if isinstance(stmt, cst.ClassDef):  # a trainer calls its methods on every rank
+            held = any([walk(s, handles, True) for s in stmt.body.body])
+        elif isinstance(stmt, cst.SimpleStatementLine):
             held = _effect_only(stmt, scan, handles)
         else:
             if isinstance(stmt, cst.With):  # `with open(path, "w") as fh:` on every rank: what writes to fh too

@@ -212,6 +212,15 @@ def test_an_effect_in_a_training_callbacks_hook_runs_on_rank_0(hook):
     assert "in the callback's Notify hooks" in report.format()
 
 
+def test_an_effect_in_a_lightning_modules_hook_runs_on_rank_0_and_pythons_own_calls_stay():
+    cell = ("import requests, time\nimport lightning as L\nclass Module(L.LightningModule):\n"
+            "    def training_step(self, batch, i):\n        return self.model(batch).loss\n"
+            "    def on_train_epoch_end(self):\n        time.sleep(0)\n        requests.post('https://x', json={})\n")
+    out, report = convert(cell, "trainer = L.Trainer(max_epochs=1)\ntrainer.fit(Module(), dl)\n")
+    assert "        time.sleep(0)\n        if NBDDP_IS_MAIN:\n            requests.post('https://x', json={})\n" in out[0]
+    assert "return self.model(batch).loss\n" in out[0] and "post() in the callback's Module hooks" in report.format()
+
+
 @pytest.mark.parametrize("cells", [
     ["import gradio as gr\ndemo = gr.Interface(fn=str, inputs='text', outputs='text')\n", "demo.launch(share=False)\n"],
     ["import gradio\nwith gradio.Blocks() as app:\n    box = gradio.Textbox()\n", "app.launch()\n"],

@@ -19,12 +19,13 @@ import libcst as cst
 from ..cells import starts_cell
 from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, names_in,
                            regroup, statement_blocks)
+from ..needs import is_hooks
 from ..training_end import REST
 from ..rank_conditions import RANK, is_rank_test, reads_rank
 from ..reads_writes import header_of, reads_writes
 from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_generation_pipeline, parts
 from .base import TreeStep
-from .callbacks import callback, is_callback
+from .callbacks import callback
 from .hoist import hoist
 from .whole import GIVE, GIVEN, apply_plan, given_names, take_given
 
@@ -141,8 +142,8 @@ class _Guards:
                 id(stmt) in self.nested_once else LEAVE
         if isinstance(stmt, cst.ClassDef):
             self.tainted -= writes
-            if self.libraries and is_callback(stmt, self.names):
-                return callback(self, stmt, self.libraries, self.packages)
+            if self.libraries and is_hooks(stmt, self.names):  # a trainer calls its methods on every rank
+                return callback(self, stmt)
             return DESCEND if any(isinstance(s, cst.FunctionDef) and self.effects.mixed(s, self.options.main_prints)
                                   for s in stmt.body.body) else LEAVE
         if is_if_false(stmt):
