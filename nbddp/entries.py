@@ -5,6 +5,7 @@ name the notebook never binds matches an entry of that name (a cell converted al
 tests/test_entries.py holds every entry to an importable name where its library is installed."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 # Trainers, by qualified name (the class's package and name: `trl.SFTTrainer` is also
@@ -233,6 +234,7 @@ PIPELINE = "transformers.pipeline"
 
 # Libraries whose calls compute values (and read files) without effects outside the process: a value training reads
 # that they made is no effect on every rank worth a report line.
+STANDARD = frozenset(sys.stdlib_module_names)  # Python's own packages
 COMPUTES = frozenset({"numpy", "pandas", "polars", "pyarrow", "scipy", "sklearn", "einops", "tqdm", "regex"})
 
 # The packages nbddp has entries for, or knows the values of: a value another library made, nbddp cannot tell

@@ -39,20 +39,19 @@ folder made, a download, an upload. Where a guarded statement and a needed one s
 random state on every rank)."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from .changes import Changes, base_name
-from .cst_helpers import is_if_false, names_in, statement_blocks
-from .entries import COMPUTES, TRAINING_HOOKS, VALUE_HOMES, is_entry
+from .cst_helpers import is_if_false, names_in
+from .entries import COMPUTES, STANDARD, VALUE_HOMES
+from .inside import nested_effects
 from .rank_conditions import is_rank_test
 from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
 from .training_end import is_own_guard, training_end
 from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT
 
-STANDARD = frozenset(sys.stdlib_module_names)
 MAKES = frozenset({CONFIG, LOAD, PEFT})  # training's own objects: made by every rank (they hold the process's state)
 PATHS = frozenset({"pathlib.Path", "pathlib.PurePath", "os.path.join", "os.path.abspath", "os.path.expanduser",
                    "os.path.dirname", "os.path.basename", "os.getcwd", "builtins.str", "builtins.int"})
@@ -219,55 +218,6 @@ def _outside(stmt, scan) -> list[str]:
     return sorted(scan.seen(stmt).packages & scan.packages - scan.libraries - STANDARD - COMPUTES)
 
 
-def _effect_only(stmt, scan, handles) -> bool:
-    """A line that calls a library for its effect alone where that library is none of training's, Python's own or a
-    computing one (a web hook, a notifier): its calls' values are dropped, it changes and binds nothing, reads
-    neither the rank nor the world nor a file an enclosing `with` opened, and sets up nothing."""
-    if not all(isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) for small in stmt.body):
-        return False
-    reads, changes, seed, _ = scan.facts(stmt)
-    seen = scan.seen(stmt)
-    packages = seen.packages - {"builtins", "__main__"}  # the notebook's own functions: by what they call
-    return bool(packages) and not (seed or changes or seen.rank or seen.together or reads & handles) and not \
-        packages & (scan.libraries | STANDARD | COMPUTES) and not scan.kinds(stmt) & {COLLECTIVE, CONFIG}
-
-
-def is_hooks(node: cst.ClassDef, names) -> bool:
-    """A class of the notebook's derived from a trainer's callback class or Lightning's module (through its bases'
-    meanings): a trainer calls its methods on every rank."""
-    return any(is_entry(m, TRAINING_HOOKS) for base in node.bases for m in names.meanings(base.value))
-
-
-def _nested_effects(body, scan, names) -> set:
-    """The effect-only lines (_effect_only) inside the blocks of these statements and the bodies of the functions that
-    do work every rank must do (a trainer's, a collective) or that a trainer calls (a callback's hooks), and the
-    statements that hold them (by id)."""
-    found = set()
-
-    def walk(stmt, handles, hook=False) -> bool:
-        if is_if_false(stmt) or is_rank_test(stmt, names) or isinstance(stmt, cst.ClassDef) and not is_hooks(
-                stmt, names) or isinstance(stmt, cst.FunctionDef) and not hook and COLLECTIVE not in \
-                scan.effects.of_def(stmt):
-            return False  # a function that does no work every rank must do runs where it is called
-        if isinstance(stmt, cst.ClassDef):  # a trainer calls its methods on every rank
-            held = any([walk(s, handles, True) for s in stmt.body.body])
-        elif isinstance(stmt, cst.SimpleStatementLine):
-            held = _effect_only(stmt, scan, handles)
-        else:
-            if isinstance(stmt, cst.With):  # `with open(path, "w") as fh:` on every rank: what writes to fh too
-                handles = handles | {n for item in stmt.items if item.asname is not None
-                                     for n in names_in(item.asname.name)}
-            held = any([walk(s, handles) for block in statement_blocks(stmt, defs=True) for s in block.body])  # all
-        if held:
-            found.add(id(stmt))
-        return held
-
-    for stmt in body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            walk(stmt, frozenset())
-    return found
-
-
 def training_needs(body, names, effects) -> Plan:
     scan = _Scan(names, effects, body)
     plan = Plan()
@@ -303,5 +253,5 @@ def training_needs(body, names, effects) -> Plan:
             needed |= reads
         elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).calls:
             plan.once.add(id(stmt))  # one that calls nothing (`x = 5`) follows what it reads
-    plan.nested_once = _nested_effects([s for s in body[:plan.end + 1] if id(s) not in plan.once], scan, names)
+    plan.nested_once = nested_effects([s for s in body[:plan.end + 1] if id(s) not in plan.once], scan, names)
     return plan

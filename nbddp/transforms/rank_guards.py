@@ -19,7 +19,7 @@ import libcst as cst
 from ..cells import starts_cell
 from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, names_in,
                            regroup, statement_blocks)
-from ..needs import is_hooks
+from ..inside import is_hooks
 from ..training_end import REST
 from ..rank_conditions import RANK, is_rank_test, reads_rank
 from ..reads_writes import header_of, reads_writes

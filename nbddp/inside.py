@@ -1,0 +1,68 @@
+"""Inside what trains: the lines that only call another library for their effect (nbddp.needs' `plan.nested_once`).
+
+    nested_effects(body, scan, names) -> ids of such lines inside the blocks of the statements `body` holds, the
+                  bodies of the functions that do work every rank must do, and the methods a trainer calls (a
+                  callback's hooks, a Lightning module: `is_hooks`), and of the statements that hold them
+
+A line is such an effect when it calls a library none of training's, Python's own or a computing one's (a web hook,
+a notifier; through an alias or the notebook's own function), drops the values, changes and binds nothing, reads
+neither the rank nor the world nor a file an enclosing `with` opened, and sets up nothing. Rank 0 runs it, with no
+wait: no other rank reads what it did.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from .cst_helpers import is_if_false, names_in, statement_blocks
+from .entries import COMPUTES, STANDARD, TRAINING_HOOKS, is_entry
+from .rank_conditions import is_rank_test
+from .vocabulary import COLLECTIVE, CONFIG
+
+
+def _effect_only(stmt, scan, handles) -> bool:
+    """A line that calls a library for its effect alone where that library is none of training's, Python's own or a
+    computing one (a web hook, a notifier): its calls' values are dropped, it changes and binds nothing, reads
+    neither the rank nor the world nor a file an enclosing `with` opened, and sets up nothing."""
+    if not all(isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) for small in stmt.body):
+        return False
+    reads, changes, seed, _ = scan.facts(stmt)
+    seen = scan.seen(stmt)
+    packages = seen.packages - {"builtins", "__main__"}  # the notebook's own functions: by what they call
+    return bool(packages) and not (seed or changes or seen.rank or seen.together or reads & handles) and not \
+        packages & (scan.libraries | STANDARD | COMPUTES) and not scan.kinds(stmt) & {COLLECTIVE, CONFIG}
+
+
+def is_hooks(node: cst.ClassDef, names) -> bool:
+    """A class of the notebook's derived from a trainer's callback class or Lightning's module (through its bases'
+    meanings): a trainer calls its methods on every rank."""
+    return any(is_entry(m, TRAINING_HOOKS) for base in node.bases for m in names.meanings(base.value))
+
+
+def nested_effects(body, scan, names) -> set:
+    """The effect-only lines (_effect_only) inside the blocks of these statements and the bodies of the functions that
+    do work every rank must do (a trainer's, a collective) or that a trainer calls (a callback's hooks), and the
+    statements that hold them (by id)."""
+    found = set()
+
+    def walk(stmt, handles, hook=False) -> bool:
+        if is_if_false(stmt) or is_rank_test(stmt, names) or isinstance(stmt, cst.ClassDef) and not is_hooks(
+                stmt, names) or isinstance(stmt, cst.FunctionDef) and not hook and COLLECTIVE not in \
+                scan.effects.of_def(stmt):
+            return False  # a function that does no work every rank must do runs where it is called
+        if isinstance(stmt, cst.ClassDef):  # a trainer calls its methods on every rank
+            held = any([walk(s, handles, True) for s in stmt.body.body])
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            held = _effect_only(stmt, scan, handles)
+        else:
+            if isinstance(stmt, cst.With):  # `with open(path, "w") as fh:` on every rank: what writes to fh too
+                handles = handles | {n for item in stmt.items if item.asname is not None
+                                     for n in names_in(item.asname.name)}
+            held = any([walk(s, handles) for block in statement_blocks(stmt, defs=True) for s in block.body])  # all
+        if held:
+            found.add(id(stmt))
+        return held
+
+    for stmt in body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            walk(stmt, frozenset())
+    return found
