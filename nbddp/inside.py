@@ -44,11 +44,18 @@ def nested_effects(body, scan, names) -> set:
     statements that hold them (by id)."""
     found = set()
 
+    def runs_everywhere(stmt, hook) -> bool:
+        if is_if_false(stmt) or is_rank_test(stmt, names):  # a rank test's body: as the notebook wrote it
+            return False
+        if isinstance(stmt, cst.ClassDef):
+            return is_hooks(stmt, names)
+        if isinstance(stmt, cst.FunctionDef):  # else it runs where it is called (a top-level line: once)
+            return hook or COLLECTIVE in scan.effects.of_def(stmt)
+        return True
+
     def walk(stmt, handles, hook=False) -> bool:
-        if is_if_false(stmt) or is_rank_test(stmt, names) or isinstance(stmt, cst.ClassDef) and not is_hooks(
-                stmt, names) or isinstance(stmt, cst.FunctionDef) and not hook and COLLECTIVE not in \
-                scan.effects.of_def(stmt):
-            return False  # a function that does no work every rank must do runs where it is called
+        if not runs_everywhere(stmt, hook):
+            return False
         if isinstance(stmt, cst.ClassDef):  # a trainer calls its methods on every rank
             held = any([walk(s, handles, True) for s in stmt.body.body])
         elif isinstance(stmt, cst.SimpleStatementLine):

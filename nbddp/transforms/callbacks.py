@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst_helpers import DESCEND, TAKE, code_of, regroup, statement_blocks
+from ..cst_helpers import TAKE, code_of, regroup
 from ..entries import parts
-from ..rank_conditions import is_rank_test
 
 ONCE = "once"
 
 
 def callback(guards, node: cst.ClassDef) -> cst.ClassDef:
     """The callback with each hook's effects under `if NBDDP_IS_MAIN:` (the lines nbddp.needs' plan found)."""
-    def select(stmt, nested):
-        once = id(stmt) in guards.nested_once
-        if is_rank_test(stmt, guards.names):  # already per rank (converting converted code)
-            return guards.select(stmt, nested)
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            return DESCEND if once and statement_blocks(stmt) else guards.select(stmt, nested)
-        if not once:
+    def select(stmt, nested):  # the rank guards' own, but for the effects' wording
+        if not (isinstance(stmt, cst.SimpleStatementLine) and id(stmt) in guards.nested_once):
             return guards.select(stmt, nested)
         what = parts(code_of(stmt.body[0].value.func))[-1]
         guards.taken[id(stmt.body)] = (frozenset({ONCE}), what)

@@ -17,7 +17,7 @@ from ..errors import ConversionError
 from .base import Context, Transform
 from .expansion import line_expression
 from .ipython_calls import IPythonCalls
-from .ipython_names import EQUAL, Unalias, method_aliases, shell_aliases
+from .ipython_names import EQUAL, Unalias, bash_cell, method_aliases, shell_aliases
 from .markers import MARK, Tidy, is_marker
 from .shell import OWN_PROCESS, install_lines, is_launch, one_line, runs_python, script_lines
 
@@ -187,8 +187,7 @@ class Magics(Transform):
             report.change(cell, f"`%%{name} {path}` → file written once per node, the others wait")
             args = [cst.Arg(line_expression(path)), cst.Arg(cst.SimpleString(repr(body)))]
             if append:
-                args.append(cst.Arg(cst.Name("True"), keyword=cst.Name("append"), equal=cst.AssignEqual(
-                    whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))))
+                args.append(cst.Arg(cst.Name("True"), keyword=cst.Name("append"), equal=EQUAL))
             call = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name("nbddp_write_file"), args=args))])
             return MARK + f"%%{name} {line}\n" + cst.Module([call]).code
         if name in SHELL_CELL_MAGICS:
@@ -211,11 +210,7 @@ class Magics(Transform):
             report.change(cell, f"`%%{name}` cell runs once per node (local rank 0), the others wait")
             for command in filter(runs_python, script_lines(body)):
                 report.change(cell, f"`{one_line(command, 60)}` {OWN_PROCESS}")
-            args = [cst.Arg(cst.SimpleString(repr(body))), cst.Arg(cst.SimpleString("'/bin/bash'"), keyword=cst.Name(
-                "shell"), equal=EQUAL)]
-            if line.strip():  # IPython runs the shell with the line's arguments, expanded, the cell on its stdin
-                args.append(cst.Arg(line_expression(line.strip()), keyword=cst.Name("args"), equal=EQUAL))
-            call = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name("nbddp_shell"), args=args))])
+            call = bash_cell(cst.SimpleString(repr(body)), line_expression(line.strip()) if line.strip() else None)
             return MARK + f"%%{name} {line}".rstrip() + "\n" + cst.Module([call]).code
         if name in DISPLAY_CELL_MAGICS:
             report.change(cell, f"removed the `%%{name}` display cell")

@@ -13,6 +13,15 @@ EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_a
 SHELL_METHODS = frozenset({"system", "getoutput", "run_line_magic", "run_cell_magic"})
 
 
+def bash_cell(body, line=None) -> cst.SimpleStatementLine:
+    """`nbddp_shell(body, shell='/bin/bash', args=line)`: a `%%bash` cell, its line's arguments given to the shell
+    (IPython runs the cell on the shell's stdin)."""
+    args = [cst.Arg(body), cst.Arg(cst.SimpleString("'/bin/bash'"), keyword=cst.Name("shell"), equal=EQUAL)]
+    if line is not None:
+        args.append(cst.Arg(line, keyword=cst.Name("args"), equal=EQUAL))
+    return cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name("nbddp_shell"), args=args))])
+
+
 def _expand(value) -> cst.Call:
     return cst.Call(cst.Name("nbddp_expand"), args=[cst.Arg(value)])
 
@@ -86,10 +95,7 @@ def computed_call(call, report, cell):
     elif kind == "run_cell_magic" and name in {"bash", "sh"} and len(values) == 3:
         what = "a shell cell computed when the script runs, its line expanded there as IPython does: it runs " \
                "once per node (local rank 0), the others wait (an install in it is not listed in the header)"
-        new = call_stmt("nbddp_shell", values[2])
-        new = new.with_changes(body=[new.body[0].with_changes(value=new.body[0].value.with_changes(args=[
-            *new.body[0].value.args, cst.Arg(cst.SimpleString("'/bin/bash'"), keyword=cst.Name("shell"), equal=EQUAL),
-            cst.Arg(_expand(values[1]), keyword=cst.Name("args"), equal=EQUAL)]))])
+        new = bash_cell(values[2], _expand(values[1]))
     else:
         return None
     report.change(cell, f"`{one_line(code_of(call), 60)}`: {what}")
