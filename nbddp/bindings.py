@@ -77,6 +77,8 @@ class Bindings(Assignments):
     def __init__(self, top, watcher=None):
         self.values: dict[cst.Name, cst.BaseExpression] = {}
         self.classes: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = {}
+        self.fields: dict[cst.Param, dict[str, list]] = {}  # a method's `self` -> its class's `self.x = value`s
+        self.field_reads: dict[cst.Param, dict[str, list]] = {}  # a method's `self` -> its class's reads of `self.x`
         self.order: dict[cst.CSTNode, int] = {}  # binding nodes in source order
         self.params: dict[cst.Param, cst.FunctionDef] = {}  # a def's parameter -> the def
         self.packages: set[str] = set()  # the packages the notebook imports, anywhere but in dead code
@@ -123,3 +125,41 @@ class Bindings(Assignments):
 
     def visit_ClassDef(self, node):
         self.classes[node] = {s.name.value: s for s in node.body.body if isinstance(s, cst.FunctionDef)}
+        methods = [m for m in self.classes[node].values() if not static(m) and params_of(m)]
+        fields = _Fields()
+        for method in methods:
+            fields.own = params_of(method)[0].name.value
+            method.body.visit(fields)
+        self.fields.update((params_of(m)[0], fields.values) for m in methods)
+        self.field_reads.update((params_of(m)[0], fields.reads) for m in methods)
+
+
+class _Fields(Assignments):
+    """The values a class's methods assign to attributes of their own `self` (`self.bot = Bot(token)`)."""
+
+    def __init__(self):
+        self.values: dict[str, list] = {}
+        self.reads: dict[str, list] = {}  # the other uses of `self.x`
+        self.own, self.assigned = None, set()
+
+    def _own(self, node) -> bool:
+        return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == self.own
+
+    def targets(self, target, value) -> None:
+        if self._own(target):
+            self.values.setdefault(target.attr.value, []).append(value)
+            self.assigned.add(target)
+        else:
+            super().targets(target, value)
+
+    def visit_Attribute(self, node):
+        if self._own(node) and node not in self.assigned:
+            self.reads.setdefault(node.attr.value, []).append(node)
+
+    def bind(self, name, value):
+        pass
+
+    def visit_FunctionDef(self, node):
+        return False  # a function inside a method: its own names
+
+    visit_ClassDef = visit_Lambda = visit_FunctionDef

@@ -5,14 +5,16 @@
                   callback's hooks, a Lightning module: `is_hooks`), and of the statements that hold them
 
 A line is such an effect when it calls a library none of training's, Python's own or a computing one's (a web hook,
-a notifier; through an alias or the notebook's own function), drops the values, changes and binds nothing, reads
-neither the rank nor the world nor a file an enclosing `with` opened, and sets up nothing. Rank 0 runs it, with no
-wait: no other rank reads what it did.
+a notifier; through an alias or the notebook's own function, or a method of a value such a library made that the
+notebook only calls methods of: a client, `self.bot` in a callback), drops the values, changes and binds nothing
+else, reads neither the rank nor the world nor a file an enclosing `with` opened, and sets up nothing. Rank 0 runs
+it, with no wait: no other rank reads what it did.
 """
 from __future__ import annotations
 
 import libcst as cst
 
+from .changes import base_name
 from .cst_helpers import is_if_false, names_in, statement_blocks
 from .entries import COMPUTES, STANDARD, TRAINING_HOOKS, is_entry
 from .rank_conditions import is_rank_test
@@ -27,9 +29,29 @@ def _effect_only(stmt, scan, handles) -> bool:
         return False
     reads, changes, seed, _ = scan.facts(stmt)
     seen = scan.seen(stmt)
+    changes = changes - _sent(seen.calls, scan)
     packages = seen.packages - {"builtins", "__main__"}  # the notebook's own functions: by what they call
     return bool(packages) and not (seed or changes or seen.rank or seen.together or reads & handles) and not \
         packages & (scan.libraries | STANDARD | COMPUTES) and not scan.kinds(stmt) & {COLLECTIVE, CONFIG}
+
+
+def _others(meanings, scan) -> bool:
+    """Meanings all in libraries the notebook imports that are none of training's, Python's own or a computing one."""
+    homes = {m.split(".", 1)[0] for m in meanings}
+    return bool(homes) and homes <= scan.packages and not homes & (scan.libraries | STANDARD | COMPUTES)
+
+
+def _sent(calls, scan) -> set:
+    """The names a line changes only by calling methods of a value such a library made, a value nothing else reads
+    (`client.chat_postMessage(...)` after `client = WebClient(token)`; `self.bot.send_message(...)` in a callback)."""
+    found = set()
+    for call in calls:
+        func = call.func
+        if isinstance(func, cst.Attribute):
+            meanings = scan.names.meanings(func)
+            if all("()." in m for m in meanings) and _others(meanings, scan) and scan.names.only_called(func.value):
+                found.add(base_name(func.value))
+    return found
 
 
 def is_hooks(node: cst.ClassDef, names) -> bool:

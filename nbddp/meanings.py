@@ -13,6 +13,7 @@ API (every node may be one a step rewrote: `orig()` maps it back to the node the
                              value made by a call; the notebook's own `f` is `__main__.f`; a parameter is what the
                              notebook's calls give it (`sites`); a name bound nowhere stays as written.
                              nbddp.vocabulary reads them (`names.kinds(expr)`, with the packages the notebook imports).
+                             `self.bot` in a method is what the class's methods assign to it.
   names.sites(function)   -> each call of the notebook's function with the arguments it binds (parameter -> argument);
                              names.passed(param): what those calls (and its default) give one parameter.
   names.definitions(expr) -> the notebook's own FunctionDef/Lambda nodes a callee refers to (a def, a lambda bound to
@@ -48,6 +49,8 @@ class Names:
         bindings = Bindings(set(module.body), watcher)
         module.visit(bindings)
         self.values, self.classes, self.order = bindings.values, bindings.classes, bindings.order
+        self.fields, self.field_reads = bindings.fields, bindings.field_reads
+        self.receivers = {c.func.value for c in bindings.calls if isinstance(c.func, cst.Attribute)}  # x of x.m()
         self.params, self._calls, self._sites = bindings.params, bindings.calls, None
         self.packages = frozenset(bindings.packages)  # roots whose meanings are qualified names (nbddp.vocabulary)
         self.methods = {method for methods in self.classes.values() for method in methods.values()}
@@ -93,6 +96,9 @@ class Names:
 
     def _meanings(self, expr, depth) -> set:
         if isinstance(expr, cst.Attribute):
+            held = self._field(expr)  # `self.bot` in a method: what the class's methods assign it
+            if held:
+                return {m for value in held for m in self.meanings(value, depth + 1)}
             return {f"{m}.{expr.attr.value}" for m in self.meanings(expr.value, depth + 1)}
         if isinstance(expr, cst.Call):
             called = self.meanings(expr.func, depth + 1)
@@ -134,6 +140,30 @@ class Names:
             else:
                 found.add(expr.value)  # a loop variable, an exception: its own name (what it holds, unknown)
         return found
+
+    def _field(self, expr: cst.Attribute) -> list:
+        """The values the methods of a class of the notebook assign to `self.<attr>`, where `expr` is read through a
+        method's own `self`."""
+        if not isinstance(expr.value, cst.Name):
+            return []
+        for assignment in self._assignments(expr.value) or ():
+            fields = self.fields.get(getattr(assignment, "node", None))
+            if fields is not None:
+                return fields.get(expr.attr.value, [])
+        return []
+
+    def only_called(self, expr) -> bool:
+        """Every read of the value `expr` names (a name of the notebook's, `self.x` in a method) calls one of its
+        methods (`client.chat_postMessage(...)`): no other code sees what those calls do to it."""
+        expr = self.orig(expr)
+        if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name):
+            reads = [r for a in self._assignments(expr.value) or ()
+                     for r in self.field_reads.get(getattr(a, "node", None), {}).get(expr.attr.value, ())]
+        elif isinstance(expr, cst.Name):
+            reads = [r.node for a in self._assignments(expr) or () for r in getattr(a, "references", ())]
+        else:
+            return False
+        return bool(reads) and all(r in self.receivers for r in reads)
 
     def _returned(self, func, depth) -> set:
         """What calling the notebook's own function gives: its `return` values' meanings (`make_trainer()` is

@@ -40,6 +40,11 @@ CELLS = [
     "write(f'computed_{x}.txt', 'computed\\n')\nfor word in ['a', 'b']:\n    sh(f'echo {word} $x >> system.txt')\n",
     "seen.update(aliased=os.environ['ALIASED'], computed=open('computed_21.txt').read(), "
     "system=open('system.txt').read())\n",
+    # %env and %cd of lines computed when the script runs: in a loop, in a function
+    "def into(folder):\n    shell.run_line_magic('cd', folder)\nos.makedirs('sub_21', exist_ok=True)\n"
+    "for k, v in {'COMPUTED_A': x, 'COMPUTED_B': 'two words'}.items():\n    run('env', f'{k}={v}')\n"
+    "into(f'sub_{x}')\nseen.update(env_a=os.environ['COMPUTED_A'], env_b=os.environ['COMPUTED_B'], "
+    "folder=os.path.basename(os.getcwd()))\ninto('..')\n",
     "with open(f\"rank{os.environ.get('RANK', 'kernel')}.json\", 'w') as fh:\n    json.dump(seen, fh)\n",
 ]
 

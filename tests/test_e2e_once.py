@@ -46,6 +46,11 @@ def announce(text):
 
 def serve(model):
     _log("serve")
+
+
+class Pager:  # a client: its methods send
+    def send(self, text):
+        _log(f"page {text}")
 '''
 
 CELLS = [
@@ -64,9 +69,12 @@ CELLS = [
     "        out.write('\\n'.join(lines) + '\\n')\n    sidefx.publish(str(target))\n    return target\n",
     "preview = export(rows[:4], 'preview.txt')\nfor i in range(3):\n    sidefx.announce(f'step {i}')\n",
     "texts = [r[0] for r in csv.reader(open(work / 'train.csv'))]\nlog.info('read %d rows', len(texts))\n",
-    "class Notes(TrainerCallback):\n    def on_log(self, args, state, control, logs = None, **kwargs):\n"
-    "        with open('callback.log', 'a') as fh:\n            fh.write(f\"{os.environ['RANK']} step {state.global_step}\\n\")\n",
-    "model = AutoModelForCausalLM.from_pretrained('tiny-llama')\ntokenizer = AutoTokenizer.from_pretrained('tiny-llama')\n"
+    "class Notes(TrainerCallback):\n    def __init__(self):\n        self.pager = sidefx.Pager()\n"
+    "    def on_log(self, args, state, control, logs = None, **kwargs):\n"
+    "        with open('callback.log', 'a') as fh:\n            fh.write(f\"{os.environ['RANK']} step {state.global_step}\\n\")\n"
+    "        self.pager.send(f'step {state.global_step}')\n",
+    "pager = sidefx.Pager()\nmodel = AutoModelForCausalLM.from_pretrained('tiny-llama')\n"
+    "tokenizer = AutoTokenizer.from_pretrained('tiny-llama')\n"
     "ds = Dataset.from_dict({'text': texts}).map(lambda b: tokenizer(b['text']), batched = True,\n"
     "                                            remove_columns = ['text'])\n"
     "args = TrainingArguments(output_dir = 'out', per_device_train_batch_size = 2, max_steps = 2, logging_steps = 1,\n"
@@ -75,7 +83,7 @@ CELLS = [
     "                  data_collator = DataCollatorForLanguageModeling(tokenizer, mlm = False))\n",
     "def fit():\n    with open(f\"rank{os.environ['RANK']}.json\", 'w') as fh:\n"
     "        json.dump({'texts': texts}, fh)\n    log.info('fitting')\n    log.warning('fit warning')\n"
-    "    print('FITTING', flush = True)\n    sidefx.announce('fit')\n"
+    "    print('FITTING', flush = True)\n    sidefx.announce('fit')\n    pager.send('fit')\n"
     "    with open(work / 'head.json', 'w') as fh:\n        json.dump(texts[:2], fh)\n"
     "    with open(work / 'head.json') as fh:\n        assert json.load(fh) == texts[:2]\n"
     "    for _ in tqdm(range(3), desc = 'warm-up'):\n        pass\n    return trainer.train()\n",
@@ -123,8 +131,8 @@ def test_every_file_is_written_by_one_rank_and_whole(job):
 def test_calls_of_an_unknown_library_run_once_on_rank_0(job):
     done, _ = job
     assert sorted(_lines(done.cwd / "effects.log")) == [
-        "0 announce fit", "0 announce step 0", "0 announce step 1", "0 announce step 2", "0 pack bundle", "0 publish work/run1/preview.txt",
-        "0 serve"], done.explain()
+        "0 announce fit", "0 announce step 0", "0 announce step 1", "0 announce step 2", "0 pack bundle", "0 page fit",
+        "0 page step 1", "0 page step 2", "0 page step 2", "0 publish work/run1/preview.txt", "0 serve"], done.explain()
 
 
 def test_prints_and_progress_bars_come_once(job):

@@ -2,6 +2,8 @@
 and magic lines (nbddp/transforms/expansion.py): IPython's own expansion is the oracle."""
 from __future__ import annotations
 
+import os
+
 import libcst as cst
 import pytest
 
@@ -98,3 +100,18 @@ def test_a_notebook_that_reads_ipythons_history_gets_it_and_one_that_does_not_ge
     assert again == out  # converting converted code changes nothing more
     plain, _ = convert_cells("x = 1\n", "for _ in range(2):\n    x += _\n", "x\n")  # `_` bound by the notebook
     assert "nbddp_history" not in "".join(plain) and plain[2] == "nbddp_show(x)\n"
+
+
+@pytest.mark.parametrize("line", ["NBDDP_T_A=1", "NBDDP_T_B two words", " NBDDP_T_C = spaced ", "NBDDP_T_A", ""])
+def test_env_of_a_computed_line_is_ipythons(line, ip, monkeypatch, capsys):
+    def fresh():
+        monkeypatch.setenv("NBDDP_T_A", "before")
+        for name in ("NBDDP_T_B", "NBDDP_T_C"):
+            monkeypatch.delenv(name, raising=False)
+
+    fresh()
+    wanted = ip.run_line_magic("env", line)
+    shown, after = capsys.readouterr().out, dict(os.environ)
+    fresh()
+    assert ipython_forms.nbddp_env(line) == wanted
+    assert dict(os.environ) == after and capsys.readouterr().out == shown

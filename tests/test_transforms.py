@@ -280,6 +280,10 @@ def test_ipython_called_by_name_is_rewritten_and_what_is_left_of_it_is_warned():
      "def save(path, text):\n    nbddp_write_file(nbddp_expand(path), text)\n"),
     ("def sh(line, body):\n    get_ipython().run_cell_magic('bash', line, body)\n",
      "    nbddp_shell(body, shell='/bin/bash', args=nbddp_expand(line))\n"),
+    ("ip = get_ipython()\nfor k, v in opts.items():\n    ip.run_line_magic('env', f'{k}={v}')\n",
+     "for k, v in opts.items():\n    nbddp_env(nbddp_expand(f'{k}={v}'))\n"),
+    ("def go(folder):\n    get_ipython().run_line_magic('cd', folder)\n",
+     "def go(folder):\n    os.chdir(os.path.expanduser(nbddp_expand(folder)))\n"),
 ])
 def test_ipython_called_by_name_means_what_the_magic_means(cell, written):
     converted, report = convert_cell(cell)

@@ -46,6 +46,8 @@ HELPERS = {
                                  "clock, given to every rank", True),
     "nbddp_getoutput": Helper("files", "a shell command's output as a value"),
     "nbddp_expand": Helper("ipython_forms", _FORMS + ": $name and {expr} in a shell or magic line"),
+    "nbddp_env": Helper("ipython_forms", _FORMS + ": %env of a computed line; every rank sets its own environment",
+                        True),
     "nbddp_time": Helper("ipython_forms", _FORMS + ": %time of a value"),
     "nbddp_capture": Helper("ipython_forms", _FORMS + ": %%capture bound to a name"),
     "nbddp_show": Helper("ipython_forms", _FORMS + ": a cell's last value shown"),

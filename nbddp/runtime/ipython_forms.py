@@ -3,6 +3,8 @@
 - `nbddp_expand(line)`: IPython's expansion of a shell or magic line, from the names of the code that runs it:
   `{expr}` is evaluated, `$name` and `$name.attr` (outside single quotes) are replaced, `$$` stands for `$`; where
   any part cannot be evaluated (`!echo $HOME`: no Python name HOME), the line stays as written, as IPython leaves it.
+- `nbddp_env(line)`: `%env` of a line the notebook computes: IPython's reading of it (set `NAME=value` or
+  `NAME value`, saying so on rank 0; get `NAME`; all of it for an empty line).
 - `nbddp_time()`: `x = %time f()`: the code runs (on every rank, as the notebook ran it once), and rank 0 says how
   long it took.
 - `nbddp_capture(...)`: `%%capture [name]`: the cell's output is kept out of the console; `name` holds it
@@ -14,6 +16,7 @@
 """
 import contextlib
 import io
+import os
 import string
 import sys
 import time
@@ -68,6 +71,19 @@ def nbddp_expand(line):
         return _nbddp_expanded(line, {**frame.f_globals, **frame.f_locals})
     except Exception:
         return line
+
+
+def nbddp_env(line):
+    """`%env line`, as IPython reads it (the environment is every rank's own: every rank runs it)."""
+    name, sep, value = line.strip().partition("=" if "=" in line else " ")
+    if not name:
+        return dict(os.environ)
+    if not sep:
+        return os.environ[name]
+    os.environ[name.strip()] = value.strip()
+    if NBDDP_IS_MAIN:
+        print(f"env: {name.strip()}={value.strip()}", flush=True)
+    return None
 
 
 @contextlib.contextmanager

@@ -96,6 +96,12 @@ def computed_call(call, report, cell):
         what = "a shell cell computed when the script runs, its line expanded there as IPython does: it runs " \
                "once per node (local rank 0), the others wait (an install in it is not listed in the header)"
         new = bash_cell(values[2], _expand(values[1]))
+    elif kind == "run_line_magic" and name in {"env", "set_env"} and len(values) == 2:
+        what = "the environment, set (or read) from a line computed when the script runs, as IPython does"
+        new = call_stmt("nbddp_env", _expand(values[1]))
+    elif kind == "run_line_magic" and name == "cd" and len(values) == 2:
+        what = "a folder computed when the script runs, expanded there as IPython does: os.chdir on every rank"
+        new = call_stmt("os.chdir", cst.Call(cst.parse_expression("os.path.expanduser"), [cst.Arg(_expand(values[1]))]))
     else:
         return None
     report.change(cell, f"`{one_line(code_of(call), 60)}`: {what}")
