@@ -7,11 +7,15 @@ batch, same weights, on the T4-class share.
     python3 bench/shard_train.py run --out /tmp/check.json --device cpu --shape tiny --dtype float32 --sms 0 \\
         --cores ""                                      # the same comparison on CPU (gloo), a tiny Llama
     # 4-bit (bitsandbytes, carried as a wheel to the GPU machine): the sharded layers against the whole ones, bit for
-    # bit, then a Qwen2.5-32B stand-in             # bench/results/shard-4bit-*-2026-11-28.*
+    # bit, then a Qwen2.5-32B stand-in             # bench/results/shard-4bit-{check,qwen25-32b-t4-class}-2026-11-28.*
     python3 bench/shard_train.py run --out $OUT/check.json --shape tiny_qwen --quant nf4 --modes check --sms 0 \\
         --batch 2 --seq 128
     python3 bench/shard_train.py run --out $OUT/q32.json --shape qwen25_32b --quant nf4 --optim adamw8bit \\
         --bucket-view --batch 1 --seq 512 --fallback-batch 0 --steps 6 --warmup 2 --modes shard-host,split,shard
+    # a second family at 6 GiB per GPU          # bench/results/shard-4bit-mistral7b-gib6-2026-11-28.*
+    python3 bench/shard_train.py run --out $OUT/m7.json --shape mistral_7b --quant nf4 --optim adamw8bit \\
+        --bucket-view --cap-gib 6 --batch 1 --seq 1024 --fallback-batch 0 --fallback-seq 512 --steps 8 --warmup 2 \\
+        --modes shard-host,split,shard
 
 The stand-in (`--shape`): a model of a real one's shape (llama31_8b, the default: Llama-3.1-8B, hidden 4096, 32
 layers, intermediate 14336, 32 heads / 8 kv heads, vocabulary 128256, untied head; mistral_7b: Mistral-7B-v0.3;

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -34,3 +35,18 @@ def test_sharded_frozen_blocks_train_as_one_process(checkpointed, variant):
     # are the first two of the next forward pass)
     assert result["gathers"] == 14, result
     assert result["files_left"] == 0, result
+
+
+@pytest.mark.bench
+def test_the_training_bench_compares_split_and_sharded_on_cpu(tmp_path):
+    """bench/shard_train.py's CPU path (gloo, a tiny Llama): split mode and the sharded mode, equal losses and
+    adapters; the GPU runs (bench/results/shard-*) use the same code with --device cuda."""
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "shard_train.py")
+    out = tmp_path / "cpu.json"
+    done = subprocess.run([sys.executable, bench, "run", "--out", str(out), "--work", str(tmp_path / "work"),
+                           "--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--sms", "0", "--cores", "",
+                           "--modes", "split,shard", "--steps", "2", "--warmup", "1", "--batch", "2", "--seq", "16"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = json.loads(out.read_text())["comparison"]["shard_vs_split"]
+    assert row["max_rel_loss_diff"] < 1e-5 and row["adapters"]["max_abs_diff"] < 1e-5, row
