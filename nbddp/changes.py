@@ -97,13 +97,13 @@ class Changes(LiveVisitor):
         if any(is_process_config(m) for m in meanings):
             self.configures.add(CONFIG)
         elif node in self.drops:  # called for what it does to the process: set-up where training's libraries are
-            self.configures.update(filter(None, map(library_of, meanings)))
+            self.configures |= self.scan.homes(filter(None, map(library_of, meanings)))
         effects, definitions = self.scan.effects.of_call(node), self.names.definitions(func)
         if SAVE in effects and not definitions:  # a file saved by its path
             self.saves.update(filter(None, [file_of(node, meanings, self.names)]))
         else:  # any other call given a path may read it, whatever its library
             self.loads |= files_named(node, self.names)
-        self.packages.update(m.split(".", 1)[0] for m in meanings)
+        self.packages |= self.scan.homes(meanings)
         for definition in definitions:  # the notebook's own function: what its body saves, sets up and calls
             self.saves |= self.scan.saved_by(definition)
             self.configures |= self.scan.set_up_by(definition)

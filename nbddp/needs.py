@@ -51,6 +51,7 @@ from .rank_conditions import is_rank_test
 from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
 from .training_end import is_own_guard, training_end
 from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT
+from .written import written_modules
 
 MAKES = frozenset({CONFIG, LOAD, PEFT})  # training's own objects: made by every rank (they hold the process's state)
 PATHS = frozenset({"pathlib.Path", "pathlib.PurePath", "os.path.join", "os.path.abspath", "os.path.expanduser",
@@ -84,6 +85,11 @@ class _Scan:
         self.aliases = _aliases(body)
         self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
         self.packages = imported_packages(body) | {"torch"}
+        self.written = written_modules(body, names)  # a module the notebook wrote -> the packages its code imports
+
+    def homes(self, meanings) -> set[str]:
+        """The packages the meanings come from; a module the notebook wrote counts as what its code imports."""
+        return set().union(*(self.written.get(root, {root}) for root in {m.split(".", 1)[0] for m in meanings}))
 
     def seen(self, stmt) -> Changes:
         """One pass over a statement's live code."""

@@ -60,6 +60,10 @@ CELLS = [
     "from transformers import DataCollatorForLanguageModeling\n"
     "logging.basicConfig(filename = 'run.log', level = logging.INFO, format = '%(message)s', force = True)\n"
     "log = logging.getLogger('notebook')\n",
+    "%%writefile seeding.py\nimport os\nimport random\nimport torch\ndef seed_all(seed):\n    random.seed(seed)\n"
+    "    torch.manual_seed(seed)\n    fd = os.open('seeded.log', os.O_WRONLY | os.O_APPEND | os.O_CREAT)\n"
+    "    os.write(fd, os.environ.get('RANK', '0').encode() + b'\\n')\n    os.close(fd)\n",
+    "import seeding\nseeding.seed_all(5)\n",
     "work = pathlib.Path('work') / 'run1'\nos.makedirs(work)\n",
     "rows = [f'sample {i} says hello to the world' for i in range(24)]\nrandom.shuffle(rows)\n"
     "for r in rows[:2]:\n    print('ROW', r)\nif len(rows) > 3:\n    print('MANY ROWS')\n",
@@ -133,6 +137,11 @@ def test_calls_of_an_unknown_library_run_once_on_rank_0(job):
     assert sorted(_lines(done.cwd / "effects.log")) == [
         "0 announce fit", "0 announce step 0", "0 announce step 1", "0 announce step 2", "0 pack bundle", "0 page fit",
         "0 page step 1", "0 page step 2", "0 page step 2", "0 publish work/run1/preview.txt", "0 serve"], done.explain()
+
+
+def test_a_module_the_notebook_writes_that_sets_up_torch_runs_on_every_rank(job):
+    done, _ = job
+    assert sorted(_lines(done.cwd / "seeded.log")) == ["0", "1"], done.explain()
 
 
 def test_prints_and_progress_bars_come_once(job):

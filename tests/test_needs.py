@@ -290,3 +290,24 @@ def test_a_call_changes_what_it_is_given_where_its_entry_says_so(call, every_ran
     (data, middle, train), _ = convert("rows = ['a', 'b']\n", import_random + call + "\n",
                                        "trainer = Trainer(model=model, train_dataset=rows)\nstats = trainer.train()\n")
     assert ("NBDDP_IS_MAIN" not in middle) == every_rank, middle
+
+
+SEEDS = "%%writefile utils.py\nimport random\nimport torch\ndef set_seed(s):\n    random.seed(s)\n    torch.manual_seed(s)\n"
+PINGS = "%%writefile tell.py\nimport requests\ndef ping(text):\n    requests.post('https://x/hook', json={'t': text})\n"
+
+
+@pytest.mark.parametrize("cell", [
+    "import utils\nutils.set_seed(42)\n" + DONE,
+    "from utils import set_seed as seed_all\nseed_all(1)\n" + DONE,                       # through an alias
+    "import utils\nfor part in range(2):\n    utils.set_seed(part)\n    trainer = Trainer(model=model, train_dataset=ds)\n"
+    "    trainer.train()\n" + DONE,                                                         # in a loop that trains
+])
+def test_a_module_the_notebook_writes_is_what_its_code_calls_a_training_library_sets_up_every_rank(cell):
+    out, report = convert(SEEDS, cell, TRAIN)
+    assert out[1:] == [cell, TRAIN]
+    assert "rank 0 only" not in report.format()
+
+
+def test_a_module_the_notebook_writes_that_calls_another_library_runs_once():
+    (_, cell, train), _ = convert(PINGS, "import tell as t\nt.ping('start')\n" + DONE, TRAIN)
+    assert cell == "import tell as t\n" + once("t.ping('start')\n", "ping") + DONE and train == TRAIN
