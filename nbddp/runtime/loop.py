@@ -9,6 +9,7 @@ The notebook's names keep their objects: `model` stays the notebook's model (its
 `state_dict` unchanged) and only its `forward` in training mode is routed through DDP, which also gives every rank
 rank 0's starting weights.
 """
+import inspect
 import weakref
 
 import torch
@@ -18,13 +19,19 @@ from .group import NBDDP_LOCAL_RANK, NBDDP_RANK, NBDDP_WORLD_SIZE, nbddp_dist
 from .hooks import _nbddp_choice, nbddp_say
 
 
+# Buffers (a batch norm's statistics) synced once at the start, not at every forward: torch 2.13's name for it, or the
+# older one (which now warns on every rank)
+_NBDDP_BUFFERS_ONCE = {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(
+    torch.nn.parallel.DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False}
+
+
 def nbddp_ddp(model):
     """Route `model`'s training forward through DDP (once per model); returns `model` itself."""
     if NBDDP_WORLD_SIZE == 1 or not nbddp_dist() or "_nbddp_ddp" in vars(model):
         return model
     cuda = any(p.is_cuda for p in model.parameters())
     ddp = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[NBDDP_LOCAL_RANK] if cuda else None, broadcast_buffers=False,
+        model, device_ids=[NBDDP_LOCAL_RANK] if cuda else None, **_NBDDP_BUFFERS_ONCE,
         find_unused_parameters=bool(_nbddp_choice("NBDDP_FIND_UNUSED")))
     forward, inside = model.forward, []
 
