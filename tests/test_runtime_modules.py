@@ -347,7 +347,7 @@ def test_the_end_line_says_what_was_saved_and_where_the_other_ranks_output_went(
         (attempt / rank).mkdir(parents=True)
     error_file = str(attempt / "0" / "error.json")
     assert one_writer.nbddp_end_line({}, 1, error_file=error_file) == \
-        "done (status 0) in 1.0 s; nothing saved; the other ranks' warnings and errors: on this console"
+        "done (status 0) in 1.0 s; the other ranks' warnings and errors: on this console"
     (attempt / "1" / "stderr.log").write_text("")  # torchrun's --redirects: each other rank's output in files
     assert one_writer.nbddp_end_line({}, 1, error_file=error_file).endswith(
         f"; each other rank's output: {attempt}/<local rank>/stderr.log (and stdout.log; on each machine)")

@@ -192,11 +192,13 @@ def _nbddp_report_end():
 
 
 def nbddp_end_line(saved, seconds, error_file=None):
-    """The job's last line: it ended well, in how long, what rank 0 saved where, and where the other ranks' output
-    went (torchrun's files for them, kept after the job, or this console)."""
-    said = "saved by rank 0, once: " + ", ".join(f"{where} ({', '.join(dict.fromkeys(names))})"
-                                                for where, names in saved.items()) if saved else "nothing saved"
-    line = f"done (status 0) in {seconds:.1f} s; {said}"
+    """The job's last line: it ended well, in how long, what rank 0 saved where through a library's save (a file
+    written otherwise, `torch.save`, is not counted: nothing is said then), and where the other ranks' output went
+    (torchrun's files for them, kept after the job, or this console)."""
+    line = f"done (status 0) in {seconds:.1f} s"
+    if saved:
+        line += "; saved by rank 0, once: " + ", ".join(f"{where} ({', '.join(dict.fromkeys(names))})"
+                                                        for where, names in saved.items())
     if NBDDP_WORLD_SIZE == 1:
         return line
     error_file = error_file or os.environ.get("TORCHELASTIC_ERROR_FILE", "")
