@@ -36,9 +36,11 @@ def _effect_only(stmt, scan, handles) -> bool:
 
 
 def _others(meanings, scan) -> bool:
-    """Meanings all in libraries the notebook imports that are none of training's, Python's own or a computing one."""
-    homes = {m.split(".", 1)[0] for m in meanings}
-    return bool(homes) and homes <= scan.packages and not homes & (scan.libraries | STANDARD | COMPUTES)
+    """Meanings all in packages the notebook imports, whose code is none of training's libraries, Python's own or a
+    computing one's (a module the notebook wrote: by what it imports)."""
+    homes = scan.homes(meanings)
+    return bool(homes) and {m.split(".", 1)[0] for m in meanings} <= scan.packages and \
+        not homes & (scan.libraries | STANDARD | COMPUTES)
 
 
 def _sent(calls, scan) -> set:

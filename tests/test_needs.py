@@ -311,3 +311,14 @@ def test_a_module_the_notebook_writes_is_what_its_code_calls_a_training_library_
 def test_a_module_the_notebook_writes_that_calls_another_library_runs_once():
     (_, cell, train), _ = convert(PINGS, "import tell as t\nt.ping('start')\n" + DONE, TRAIN)
     assert cell == "import tell as t\n" + once("t.ping('start')\n", "ping") + DONE and train == TRAIN
+
+
+@pytest.mark.parametrize("module, guarded", [
+    ("import requests\nclass Pager:\n    def send(self, text):\n        requests.post('https://x', json={'t': text})\n", True),
+    ("import torch\nclass Pager:\n    def send(self, text):\n        torch.manual_seed(len(text))\n", False),
+])
+def test_a_value_of_a_module_the_notebook_writes_is_what_its_code_calls(module, guarded):
+    loop = ("from pager import Pager\nfrom transformers import Trainer\np = Pager()\n"
+            "tr = Trainer(model=model, train_dataset=ds)\nfor e in range(2):\n    tr.train()\n    p.send('epoch')\n")
+    (_, cell), _ = convert("%%writefile pager.py\n" + module, loop)
+    assert ("if NBDDP_IS_MAIN:\n        p.send('epoch')\n" in cell) is guarded, cell
