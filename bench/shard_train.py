@@ -16,9 +16,15 @@ batch, same weights, on the T4-class share.
     python3 bench/shard_train.py run --out $OUT/m7.json --shape mistral_7b --quant nf4 --optim adamw8bit \\
         --bucket-view --cap-gib 6 --batch 1 --seq 1024 --fallback-batch 0 --fallback-seq 512 --steps 8 --warmup 2 \\
         --modes shard-host,split,shard
+    # a 7B model that one process cannot hold at 6 GiB (Qwen2.5-7B: a vocabulary of 152064), and that one process
+    # tried                                     # bench/results/shard-4bit-qwen25-7b-gib6-2026-11-28.*
+    python3 bench/shard_train.py run --out $OUT/q7.json --shape qwen25_7b --quant nf4 --optim adamw8bit \\
+        --bucket-view --cap-gib 6 --batch 1 --seq 1024 --fallback-batch 0 --fallback-seq 512 --steps 8 --warmup 2 \\
+        --modes shard-host,split,shard,one
 
 The stand-in (`--shape`): a model of a real one's shape (llama31_8b, the default: Llama-3.1-8B, hidden 4096, 32
 layers, intermediate 14336, 32 heads / 8 kv heads, vocabulary 128256, untied head; mistral_7b: Mistral-7B-v0.3;
+qwen25_7b: Qwen2.5-7B, 28 layers, hidden 3584, intermediate 18944, 28 / 4 heads, vocabulary 152064, q/k/v biases;
 qwen25_32b: Qwen2.5-32B, 64 layers, hidden 5120, intermediate 27648, 40 / 8 heads, vocabulary 152064, q/k/v biases;
 tiny, tiny_qwen: for CPU and the check; `--layers` fewer layers) in `--dtype` (float16) with random weights, made on
 the meta device and filled on the GPU from one fixed random pool (every weight the same in both modes, whatever GPU
@@ -34,6 +40,8 @@ NCCL_P2P_DISABLE=1; the whole job on `--cores`; each process's allocator capped 
   split    one process, the model over both GPUs as accelerate places it (get_balanced_memory, then
            infer_auto_device_map and dispatch_model, decoder layers whole): the global batch in 2 micro-batches of
            `--batch` (the same samples per optimizer step as the sharded mode, the losses averaged);
+  one      split mode's process with the whole model on GPU 0 alone: whether one GPU at `--cap-gib` holds it (its
+           running out of memory is a result: it neither fails the driver nor sets the batch);
   shard    2 processes under torchrun (NCCL): every module outside the decoder layers whole on each, each decoder
            layer's frozen weights made on the GPU one layer at a time and sharded at once (nbddp/runtime/shard.py:
            half of its bytes kept, the layer gathered before it runs, the next one gathered ahead on a side stream,
@@ -81,6 +89,9 @@ SHAPES = {  # each a real model's shape ("family": its transformers class), or a
     "mistral_7b": dict(family="mistral", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
                        num_attention_heads=32, num_key_value_heads=8, vocab_size=32768, max_position_embeddings=32768,
                        sliding_window=None, tie_word_embeddings=False),  # Mistral-7B-v0.3
+    "qwen25_7b": dict(family="qwen2", hidden_size=3584, num_hidden_layers=28, intermediate_size=18944,
+                      num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
+                      rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False),  # Qwen2.5-7B (q/k/v with biases)
     "qwen25_32b": dict(family="qwen2", hidden_size=5120, num_hidden_layers=64, intermediate_size=27648,
                        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768,
                        rms_norm_eps=1e-6, tie_word_embeddings=False),  # Qwen2.5-32B (q/k/v with biases)
@@ -320,15 +331,18 @@ def split(args):
     from accelerate.utils import get_balanced_memory
 
     t0 = time.time()
-    cuda = args.device == "cuda"
-    devices = [0, 1] if cuda else ["cpu"]
+    cuda, one = args.device == "cuda", args.mode == "one"
+    devices = ([0] if one else [0, 1]) if cuda else ["cpu"]
     cap_memory(args, devices)
     config, model = meta_model(args)
     layer = type(model.get_submodule(layers_name(model))[0]).__name__
     dtype = getattr(torch, args.dtype)
-    max_memory = {0: int(args.cap_gib * GIB), 1: int(args.cap_gib * GIB)}
-    balanced = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=[layer], dtype=dtype)
-    placed = infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=[layer], dtype=dtype)
+    max_memory = {d: int(args.cap_gib * GIB) for d in range(len(devices))}
+    if one:  # the whole model on GPU 0, whatever accelerate would say of it
+        balanced, placed = max_memory, {"": 0}
+    else:
+        balanced = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=[layer], dtype=dtype)
+        placed = infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=[layer], dtype=dtype)
     device_map = {name: (f"cuda:{d}" if cuda else "cpu") if isinstance(d, int) else d for name, d in placed.items()}
     if any(d in ("cpu", "disk") for d in placed.values()):
         raise SystemExit(f"the model does not fit the two GPUs at {args.cap_gib} GiB each: {placed}")
@@ -339,6 +353,9 @@ def split(args):
                                              rotary.startswith(n + ".")), key=len)])
     model = dispatch_model(model, device_map=device_map)
     built_s = time.time() - t0
+    built = {str(d): round(torch.cuda.memory_allocated(d) / GIB, 3) for d in devices} if cuda else {}
+    print(f"{args.mode if one else 'split'} built in {built_s:.1f} s, allocated per GPU {built} GiB, "
+          f"rope {getattr(config, 'rope_parameters', None)}", flush=True)
     first = torch.device(device_map[next(iter(device_map))])
     opt, scaler = optimizer(args, model, first)
     ids = token_batch(args, config).to(first)
@@ -360,13 +377,13 @@ def split(args):
         scales.append(scaler.get_scale() if cuda else None)
         losses.append(sum(values) / len(values))
         micro_losses.append(values)
-        print(f"split step {step}: loss {losses[-1]:.6f} ({step_s[-1]:.3f} s)", flush=True)
+        print(f"{args.mode if one else 'split'} step {step}: loss {losses[-1]:.6f} ({step_s[-1]:.3f} s)", flush=True)
     save_adapters(model, args.adapters)
     per_device = {}
     for name, d in device_map.items():
         per_device.setdefault(str(d), []).append(name)
     layers = {d: sum(1 for n in names if n.startswith(layers_name(model) + ".")) for d, names in per_device.items()}
-    return {"mode": "split", "losses": losses, "micro_batch_losses": micro_losses, "step_s": step_s,
+    return {"mode": "one" if one else "split", "losses": losses, "micro_batch_losses": micro_losses, "step_s": step_s,
             "rate": rate(args, step_s), "memory": memory(devices), "build_s": round(built_s, 1),
             "layers_per_device": layers, "balanced_max_memory_gib": {str(k): round(v / GIB, 2) for k, v in
                                                                        balanced.items()},
@@ -377,6 +394,7 @@ def split(args):
             "quant_state_gib": round(sum(t.numel() * t.element_size() for p in model.parameters()
                                          for t in quant_tensors(p)) / GIB, 3),
             "attn_implementation": getattr(config, "_attn_implementation", None),
+            "rope_parameters": getattr(config, "rope_parameters", None), "built_allocated_gib": built,
             "gpus": [torch.cuda.get_device_name(d) for d in devices] if cuda else None}
 
 
@@ -609,8 +627,8 @@ def child(args, mode, extra_env, log, limit):
               "--adapters", adapters, "--out", args.out, "--quant", args.quant, "--optim", args.optim,
               "--layers", str(args.layers)] + (["--bucket-view"] if args.bucket_view else [])
     me = os.path.abspath(__file__)
-    if mode == "split":
-        argv = [sys.executable, me, "split"] + common
+    if mode in ("split", "one"):
+        argv = [sys.executable, me, "split"] + common + ["--mode", mode]
     elif mode == "check":
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", me, "check"] + \
             common
@@ -679,6 +697,10 @@ def compare(results):
         peaks = [v["peak_allocated_gib"] for v in split["memory"].values()]
         row["split_peak_allocated_gib_per_gpu"] = peaks
         row["split_peak_spread"] = round(max(peaks) / min(peaks) - 1, 4)
+    one = results.get("one")
+    if one and "skipped" not in one:  # the whole model on one GPU at the cap
+        row["one_gpu"] = {k: one.get(k) for k in ("returncode", "out_of_memory", "memory", "losses",
+                                                  "built_allocated_gib")}
     return row
 
 
@@ -711,7 +733,7 @@ def run(args):
             log = os.path.join(logs, f"{os.path.basename(args.out).rsplit('.', 1)[0]}-{mode}.log")
             print(f"== {mode} ({left:.0f} s left)", flush=True)
             report["modes"][mode] = child(args, mode, env, log, left - 20)
-            first = [m for m in report["modes"] if m != "check"] == [mode]
+            first = [m for m in report["modes"] if m not in ("check", "one")] == [mode]
             if first and report["modes"][mode]["out_of_memory"] and (
                     0 < args.fallback_batch < args.batch or 0 < args.fallback_seq < args.seq):
                 report["out_of_memory_at"] = {"batch": args.batch, "seq": args.seq, mode: report["modes"][mode]}
@@ -721,6 +743,7 @@ def run(args):
                     args.seq = args.fallback_seq
                 report.update(batch_per_gpu=args.batch, global_batch=2 * args.batch, seq=args.seq)
                 print(f"== {mode} out of memory: every mode at batch {args.batch} x {args.seq}", flush=True)
+                os.replace(log, log[:-len(".log")] + "-oom.log")  # the first try's log kept beside the second's
                 report["modes"][mode] = child(args, mode, env, log, args.deadline - (time.time() - t0) - 20)
             print(json.dumps({k: v for k, v in report["modes"][mode].items()
                               if k in ("returncode", "ok", "losses", "rate", "memory", "breakdown_mean_timed",
@@ -737,7 +760,7 @@ def run(args):
         json.dump(report, fh, indent=1)
     print(json.dumps(report["comparison"])[:4000], flush=True)
     ok = all(m.get("returncode") == 0 and m.get("ok", True)
-             for m in report["modes"].values() if "skipped" not in m)
+             for name, m in report["modes"].items() if "skipped" not in m and name != "one")
     return 0 if ok else 1
 
 

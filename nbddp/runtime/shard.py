@@ -254,11 +254,14 @@ class NbddpShards:
 
 
 def nbddp_shard_model(model, build=None, group=None, prefetch=True, timing=False, transport="collective"):
-    """Shard the frozen parameters of the model's repeated blocks over the process group; returns the `NbddpShards`
-    (its `ignored`: the names DDP must leave alone, for `nbddp_ddp_ignore`). `build(index, block)`, if given, runs
-    just before each block is sharded: it makes the block's weights (a model built on the meta device), so that a
-    rank never holds more than one whole block of its own. `transport`: "collective" (an all-gather) or "host"
-    (copies from the other ranks' slices in shared host memory; all ranks on one machine)."""
+    """Shard the frozen parameters of the model's repeated blocks over the process group; returns the `NbddpShards`.
+    `build(index, block)`, if given, runs just before each block is sharded: it makes the block's weights (a model
+    built on the meta device), so that a rank never holds more than one whole block of its own. `transport`:
+    "collective" (an all-gather) or "host" (copies from the other ranks' slices in shared host memory; all ranks on
+    one machine). The sharded parameters' names (`shards.ignored`) are given to `nbddp_ddp_ignore` for `model`: a DDP
+    wrap of `model` made later (the Trainer's, by accelerate) leaves them out of its start-up broadcast, where a rank
+    may hold a layer whole that another does not (a forward pass on one rank alone, with the host transport). A
+    wrapper made around `model` afterwards (peft's) needs them under its own names."""
     shards = NbddpShards(group, prefetch, timing, transport)
     names = {id(p): n for n, p in model.named_parameters()}
     for index, block in enumerate(nbddp_blocks(model)):
@@ -267,6 +270,7 @@ def nbddp_shard_model(model, build=None, group=None, prefetch=True, timing=False
             names.update({id(p): n for n, p in model.named_parameters()})
         shards.add(block, names)
     shards.finish()
+    nbddp_ddp_ignore(model, shards.ignored)  # any DDP later built over this model (the Trainer's) leaves them alone
     return shards
 
 

@@ -141,8 +141,8 @@ def nbddp_load_sharded(folder, device="cpu", dtype=None, prepare=None, key_of=No
     to it (None: as saved); `prepare(model)`: applied to the meta model before anything is read (e.g. peft's
     `get_peft_model`), returns the model to fill; `key_of(name)`: a tensor's name in the model (as the unprepared
     model names it) to its key in the checkpoint. Returns (model, shards): `shards.ignored` are the names DDP must
-    leave alone (`nbddp_ddp_ignore`), `shards.loaded` the checkpoint keys read, outside the layers and then layer by
-    layer, `shards.new` the tensors made new (not in the checkpoint)."""
+    leave alone (already given to `nbddp_ddp_ignore` for the returned model), `shards.loaded` the checkpoint keys
+    read, outside the layers and then layer by layer, `shards.new` the tensors made new (not in the checkpoint)."""
     import transformers
     config = transformers.AutoConfig.from_pretrained(folder)
     checkpoint = NbddpCheckpoint(folder)
