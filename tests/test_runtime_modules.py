@@ -829,3 +829,26 @@ def test_stdin_read_whole_reaches_every_rank_and_fd_0_is_rank_0s_alone(tmp_path)
     records = [json.loads(line) for text in out for line in text.splitlines() if line.startswith("{")]
     assert [r["whole"] for r in records] == ["first line\nsecond line\n"] * 2, out
     assert {r["rank"]: r["below"] for r in records}[1] == "", out  # not rank 1's own pipe: fd 0 reads /dev/null
+
+
+def test_a_folder_made_with_exist_ok_costs_no_wait_and_one_made_without_still_fails(monkeypatch, tmp_path):
+    import pathlib
+    import time
+
+    class Store:  # no rank of this job said it made the folder
+        def check(self, keys):
+            return False
+
+    world(monkeypatch, 2, files)
+    monkeypatch.setattr(files, "nbddp_store", lambda: Store())
+    monkeypatch.setattr(os, "mkdir", os.mkdir)  # restored after the test: the net patches it
+    there = tmp_path / "there"
+    there.mkdir()
+    files.nbddp_folders_once()
+    start = time.monotonic()
+    os.makedirs(there, exist_ok=True)
+    pathlib.Path(there).mkdir(exist_ok=True)
+    assert time.monotonic() - start < 0.5  # the callers take it as made: no wait for another rank's word
+    with pytest.raises(FileExistsError):
+        os.makedirs(there)  # made before the job, by no rank of it: the notebook's own error, after the wait
+    assert time.monotonic() - start > 1.5

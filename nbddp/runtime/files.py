@@ -16,6 +16,7 @@ import builtins
 import contextlib
 import io
 import os
+import pathlib
 import re
 import shlex
 import shutil
@@ -87,7 +88,7 @@ def nbddp_folders_once():
     on, as the notebook did alone. A folder that was there before the job still raises FileExistsError."""
     if NBDDP_WORLD_SIZE == 1 or getattr(os.mkdir, "_nbddp_once", False):
         return
-    mkdir = os.mkdir
+    mkdir, exist_ok = os.mkdir, (os.makedirs.__code__, pathlib.Path.mkdir.__code__)
 
     def once_mkdir(path, *args, **kwargs):
         key = NBDDP_MADE_KEY.format(os.path.realpath(os.fsdecode(path)))
@@ -95,6 +96,9 @@ def nbddp_folders_once():
         try:
             mkdir(path, *args, **kwargs)
         except FileExistsError:
+            caller = sys._getframe(1)  # os.makedirs or Path.mkdir with exist_ok=True: a folder there is no error
+            if caller.f_code in exist_ok and caller.f_locals.get("exist_ok"):
+                raise
             deadline = time.monotonic() + 2  # the rank that made it says so right after
             while store is not None and not store.check([key]) and time.monotonic() < deadline:
                 time.sleep(0.01)
