@@ -19,6 +19,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,9 +83,80 @@ def run_job(argv, cwd: Path, timeout: int = 300, env=None) -> Job:
     return Job(argv, cwd, done.returncode, done.stdout, done.stderr, time.monotonic() - start)
 
 
-def run_notebook(cells, cwd: Path, *, options=None, timeout: int = 300, env=None):
-    """A notebook of these code cells converted by nbddp into cwd/train_ddp.py and run as one 2-process torchrun job,
-    every rank's output on the console (--tee=3): (the job, the conversion)."""
+class AtOnce:
+    """Independent processes, (argv, cwd, environment) each, all started at once; done() waits for them and gives
+    each one's CompletedProcess (text output), in that order; close() kills any left. Only for jobs that share
+    nothing (each its own folder and output; --standalone picks its own port) and whose checks read no time but a
+    bound against a hang: a job spends seconds importing, starting its launcher and waiting for its ranks, which
+    leaves a core idle that another job's process uses. Output goes to files: no job waits on a full pipe.
+    `stdins`: each one's stdin (default: this process's)."""
+
+    def __init__(self, runs, timeout: int = 300, stdins=None):
+        self.runs, self.procs, self.files, self.results = list(runs), [], [], None
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
+        try:
+            for (argv, cwd, env), stdin in zip(self.runs, stdins or [None] * len(self.runs)):
+                self.files.append((tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")))
+                self.procs.append(subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=self.files[-1][0],
+                                                   stderr=self.files[-1][1], text=True))
+        except BaseException:
+            self.close()
+            raise
+
+    def done(self) -> list[subprocess.CompletedProcess]:
+        if self.results is None:
+            try:
+                self.ended = [None] * len(self.procs)  # each one's own end (polled: seconds to 0.05 s)
+                while None in self.ended:
+                    if time.monotonic() > self.deadline:
+                        raise subprocess.TimeoutExpired([p.args for p in self.procs], self.deadline - self.started)
+                    for i, proc in enumerate(self.procs):
+                        if self.ended[i] is None and proc.poll() is not None:
+                            self.ended[i] = time.monotonic()
+                    time.sleep(0.05)
+                results = []
+                for proc, (out, err) in zip(self.procs, self.files):
+                    out.seek(0)
+                    err.seek(0)
+                    results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read()))
+                self.results = results
+            finally:
+                self.close()
+        return self.results
+
+    def jobs(self) -> list[Job]:
+        """done() as run_job's Jobs; seconds: each one's, from the start to its end."""
+        done = self.done()
+        return [Job(argv, cwd, ran.returncode, ran.stdout, ran.stderr, ended - self.started)
+                for (argv, cwd, _), ran, ended in zip(self.runs, done, self.ended)]
+
+    def close(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for out, err in self.files:
+            out.close()
+            err.close()
+
+
+def run_at_once(runs, timeout: int = 300) -> list[subprocess.CompletedProcess]:
+    return AtOnce(runs, timeout).done()
+
+
+def start_jobs(runs, timeout: int = 300, stdins=None) -> AtOnce:
+    """run_job for each of `runs`, (argv, cwd, env) each, started at once (AtOnce); .jobs() waits for them."""
+    return AtOnce([(argv, cwd, {**child_env(cwd), **(env or {})}) for argv, cwd, env in runs], timeout, stdins)
+
+
+def run_jobs(runs, timeout: int = 300, stdins=None) -> list[Job]:
+    return start_jobs(runs, timeout, stdins).jobs()
+
+
+def notebook_job(cells, cwd: Path, *, options=None, env=None):
+    """A notebook of these code cells converted by nbddp into cwd/train_ddp.py, to run as one 2-process torchrun job,
+    every rank's output on the console (--tee=3): ((argv, cwd, env) as run_jobs takes them, the conversion)."""
     import nbformat
 
     from conftest import make_notebook
@@ -93,6 +165,12 @@ def run_notebook(cells, cwd: Path, *, options=None, timeout: int = 300, env=None
     conversion = convert_notebook(nbformat.writes(make_notebook(*cells)), options=options)
     (cwd / SCRIPT).write_text(conversion.script, encoding="utf-8")
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee=3", SCRIPT]
+    return (argv, cwd, env), conversion
+
+
+def run_notebook(cells, cwd: Path, *, options=None, timeout: int = 300, env=None):
+    """notebook_job, run: (the job, the conversion)."""
+    (argv, cwd, env), conversion = notebook_job(cells, cwd, options=options, env=env)
     return run_job(argv, cwd, timeout=timeout, env=env), conversion
 
 

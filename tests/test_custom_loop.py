@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from conftest import make_notebook
-from e2e import SCRIPT, assert_clean_exit, run_job
+from e2e import SCRIPT, assert_clean_exit, run_jobs
 from test_transforms import convert_cells
 from tinymodels import alpaca_texts, save_tiny_llama
 
@@ -235,15 +235,15 @@ def test_the_loop_trains_one_model_as_one_process_does_at_the_same_global_batch(
     torch = pytest.importorskip("torch")
     script = nbddp.convert(_notebook(alpaca_texts() * 2))
     assert "nbddp_ddp(net)" in script and "for batch in nbddp_distributed(data):" in script
-    runs = {}
+    started = []
     for name, argv, batch in (("ddp", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"], "4"),
                               ("one", [], "4")):  # the notebook's batch of 4: 2 samples of each on each rank
-        cwd = tmp_path / name
-        save_tiny_llama(cwd / "tiny-llama")
+        save_tiny_llama((cwd := tmp_path / name) / "tiny-llama")
         (cwd / SCRIPT).write_text(script, encoding="utf-8")
-        job = run_job([sys.executable, *argv, SCRIPT], cwd, env={"LOOP_BATCH": batch, "NBDDP_NPROC": "1"})
+        started.append(([sys.executable, *argv, SCRIPT], cwd, {"LOOP_BATCH": batch, "NBDDP_NPROC": "1"}))
+    runs = dict(zip(("ddp", "one"), run_jobs(started)))  # both at once: neither reads time
+    for job in runs.values():
         assert_clean_exit(job)
-        runs[name] = job
     assert runs["ddp"].count("nbddp: the notebook's training loop trains one PeftModel") == 1, runs["ddp"].explain()
     assert runs["ddp"].count("nbddp: the training loop's DataLoader keeps the notebook's batch of 4: each of 2 "
                              "processes takes 2 samples of every batch") == 1, runs["ddp"].explain()

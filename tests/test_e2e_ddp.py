@@ -9,13 +9,14 @@ import sys
 import pytest
 
 import nbddp
-from e2e import MAX_STEPS, SCRIPT, Job, assert_adapter_saved_once, assert_clean_exit, assert_trained, run_job
+from e2e import (MAX_STEPS, SCRIPT, Job, assert_adapter_saved_once, assert_clean_exit, assert_trained, run_job,
+                 start_jobs)
 from tinymodels import EXAMPLE_NOTEBOOK, save_tiny_llama
 
 pytestmark = pytest.mark.ddp
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # for plain_started
 def script():
     """The example's conversion as `nbddp convert` writes it: the script and its runtime file beside it."""
     from nbddp.pipeline import convert_notebook
@@ -23,21 +24,26 @@ def script():
     return convert_notebook(str(EXAMPLE_NOTEBOOK), single_file=False)
 
 
-def _job(tmp_path_factory, script, name, argv) -> Job:
-    cwd = tmp_path_factory.mktemp(name)
+@pytest.fixture(scope="session")  # the scope of example_ddp_job, which pytest would set up first otherwise
+def plain_started(tmp_path_factory, script):
+    """The plain job, started in the background before the torchrun job, so that the two run at once (neither reads
+    time; e2e.start_jobs)."""
+    cwd = tmp_path_factory.mktemp("plain")
     (cwd / SCRIPT).write_text(script.script, encoding="utf-8")
     (cwd / script.runtime_file).write_text(script.runtime_text, encoding="utf-8")
-    return run_job(argv, cwd)
+    started = start_jobs([([sys.executable, SCRIPT], cwd, None)])
+    yield started
+    started.close()
 
 
 @pytest.fixture(scope="module")
-def ddp_job(example_ddp_job) -> Job:
+def ddp_job(plain_started, example_ddp_job) -> Job:
     return example_ddp_job  # conftest.py: one run shared with test_session.py
 
 
 @pytest.fixture(scope="module")
-def plain_job(tmp_path_factory, script) -> Job:
-    return _job(tmp_path_factory, script, "plain", [sys.executable, SCRIPT])
+def plain_job(plain_started) -> Job:
+    return plain_started.jobs()[0]
 
 
 def test_readme_command_writes_the_script_under_test(tmp_path, script):

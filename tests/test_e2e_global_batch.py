@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from e2e import MAX_STEPS, PER_DEVICE, ROWS, SCRIPT, assert_clean_exit, run_job
+from e2e import MAX_STEPS, PER_DEVICE, ROWS, SCRIPT, assert_clean_exit, run_jobs
 from nbddp.pipeline import convert_notebook
 from nbddp.transforms.base import Options
 from tinymodels import EXAMPLE_NOTEBOOK
@@ -29,14 +29,16 @@ def _notebook():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    done = {}
+    """The three jobs, each in its own folder, at once (e2e.run_jobs): nothing here reads time."""
+    names, started = [], []
     for name, options, nproc in (("one", Options(), 1), ("kept", Options(), 2), ("scaled", Options(scale_batch=True), 2)):
         cwd = tmp_path_factory.mktemp(name)
         (cwd / SCRIPT).write_text(convert_notebook(_notebook(), options=options).script, encoding="utf-8")
         argv = [sys.executable, SCRIPT] if nproc == 1 else \
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", SCRIPT]
-        done[name] = run_job(argv, cwd, env={"NBDDP_NPROC": str(nproc)})
-    return done
+        names.append(name)
+        started.append((argv, cwd, {"NBDDP_NPROC": str(nproc)}))
+    return dict(zip(names, run_jobs(started)))
 
 
 def test_two_ranks_train_the_notebooks_batch_with_one_process_losses(runs):

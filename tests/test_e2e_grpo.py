@@ -27,7 +27,7 @@ import re
 
 import pytest
 
-from e2e import assert_clean_exit, run_notebook
+from e2e import assert_clean_exit, notebook_job, run_jobs
 from tinymodels import save_tiny_llama
 
 pytestmark = pytest.mark.ddp
@@ -85,11 +85,6 @@ def grpo_cells(rewards: str = REWARDS, extra: str = "") -> list[str]:
     ]
 
 
-def grpo_job(cwd, rewards: str = REWARDS, extra: str = ""):
-    save_tiny_llama(cwd / "tiny-llama")
-    return run_notebook(grpo_cells(rewards, extra), cwd, timeout=240)
-
-
 def printed_logs(job) -> list[tuple[str, dict]]:
     """(the rank's --tee prefix, the dict) of every Trainer log line printed with a 'loss'."""
     found = []
@@ -112,9 +107,19 @@ def step_logs(job) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    done, _ = grpo_job(tmp_path_factory.mktemp("grpo"))
-    return done
+def jobs(tmp_path_factory):
+    """The notebook's job, and the one of test_a_generation_batch_valid_on_1_process_stays_valid_on_2_...: both at
+    once, each in its own folder (e2e.run_jobs; neither reads time)."""
+    started = []
+    for name, extra in (("grpo", ""), ("batch", BREAKS_ON_2)):
+        save_tiny_llama((cwd := tmp_path_factory.mktemp(name)) / "tiny-llama")
+        started.append(notebook_job(grpo_cells(REWARDS, extra), cwd)[0])
+    return run_jobs(started, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def job(jobs):
+    return jobs[0]
 
 
 def test_the_grpo_job_ends_with_status_0(job):
@@ -186,12 +191,12 @@ def test_the_adapter_is_saved_once_like_the_notebooks_do(job):
     assert job.count("saved by rank 0, once: grpo_lora (save_pretrained)") == 1, job.explain()
 
 
-def test_a_generation_batch_valid_on_1_process_stays_valid_on_2_as_the_batch_is_split(tmp_path):
+def test_a_generation_batch_valid_on_1_process_stays_valid_on_2_as_the_batch_is_split(jobs):
     """generation_batch_size 2 = per_device_train_batch_size 2 x 1 process: valid alone; on 2 ranks each takes 1 of
     the notebook's 2 (the accumulation, 1, does not divide), so the global batch stays 2 and TRL accepts it (DDP's own
     batch, 2 x 2 = 4, would make TRL stop the job: `generation_batch_size (2) must be divisible by the global batch
     size (4)`)."""
-    done, _ = grpo_job(tmp_path, extra=BREAKS_ON_2)
+    done = jobs[1]  # the notebook with BREAKS_ON_2
     assert_clean_exit(done)
     assert done.count("nbddp: 2 processes keep the notebook's batch of 2: per_device_train_batch_size 2 -> 1 per "
                       "rank") == 1, done.explain()

@@ -5,8 +5,9 @@
   `pip install --no-index --find-links <wheelhouse> nbddp`, with every pip setting of this machine stripped.
 
 Each then runs the installed `nbddp` outside the checkout, so a wheel that lacks the templates, the runtime
-modules or a subpackage fails here. The wheels are built once, from a copy of the working tree (a build in the
-checkout itself would write build/ and nbddp.egg-info/ there)."""
+modules or a subpackage fails here. nbddp's wheel is built once, from a copy of the working tree (a build in the
+checkout itself would write build/ and nbddp.egg-info/ there); the wheelhouse is that wheel plus every dependency
+(`pip wheel` of the built wheel resolves the metadata the source has, without a second build)."""
 from __future__ import annotations
 
 import importlib.util
@@ -88,7 +89,8 @@ class Venv:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """Source copy, nbddp's wheel alone (dist/) and a full wheelhouse (wheelhouse/), built once."""
+    """Source copy, nbddp's wheel alone (dist/) and a full wheelhouse (wheelhouse/: that wheel and every
+    dependency), built once."""
     if importlib.util.find_spec("venv") is None:
         pytest.skip("this Python has no venv module: no fresh environment to install into")
     if importlib.util.find_spec("pip") is None:
@@ -97,7 +99,7 @@ def built(tmp_path_factory):
     src = copy_source(root / "src")
     dist, wheelhouse = root / "dist", root / "wheelhouse"
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", src, "-w", dist])
-    run([sys.executable, "-m", "pip", "wheel", src, "-w", wheelhouse])
+    run([sys.executable, "-m", "pip", "wheel", only_wheel(dist), "-w", wheelhouse])
     return root, src, dist, wheelhouse
 
 

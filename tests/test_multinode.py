@@ -17,12 +17,11 @@ import os
 import socket
 import subprocess
 import textwrap
-import time
 
 import nbformat
 import pytest
 
-from e2e import (MAX_STEPS, PER_DEVICE, ROWS, SCRIPT, Job, assert_clean_exit, assert_trained, child_env,
+from e2e import (MAX_STEPS, PER_DEVICE, ROWS, SCRIPT, AtOnce, Job, assert_clean_exit, assert_trained, child_env,
                  torchrun_launch)
 from tinymodels import EXAMPLE_NOTEBOOK
 
@@ -45,10 +44,14 @@ PROBE_CELL = textwrap.dedent("""\
     """)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(given=set()) -> int:
+    """A free port, and never one given before (two jobs may start at once)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            if sock.getsockname()[1] not in given:
+                given.add(sock.getsockname()[1])
+                return sock.getsockname()[1]
 
 
 def node_launch(node_rank: int, port: int, cwd, script: str = SCRIPT):
@@ -57,31 +60,16 @@ def node_launch(node_rank: int, port: int, cwd, script: str = SCRIPT):
         f"--nnodes={NODES}", f"--node-rank={node_rank}", "--master-addr=127.0.0.1", f"--master-port={port}"])
 
 
-def run_two_nodes(cwd, script: str = SCRIPT, timeout: int = 300) -> list[Job]:
+def start_two_nodes(cwd, script: str = SCRIPT, timeout: int = 300) -> AtOnce:
     """Both launchers at once in `cwd` (one folder, shared; or a list: each node's own folder and Hugging Face
-    cache, as machines without shared storage); one Job per node, in node order."""
-    port = free_port()
-    start = time.monotonic()
-    cwds = cwd if isinstance(cwd, list) else [cwd] * NODES
-    launches = [node_launch(node, port, cwds[node], script) for node in range(NODES)]
-    procs = [subprocess.Popen(argv, cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for (argv, env), where in zip(launches, cwds)]
-    outs = []
-    try:
-        for proc in procs:
-            outs.append(proc.communicate(timeout=max(1, timeout - (time.monotonic() - start))))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    seconds = time.monotonic() - start
-    return [Job(proc.args, where, proc.returncode, out, err, seconds)
-            for proc, (out, err), where in zip(procs, outs, cwds)]
+    cache, as machines without shared storage); .jobs(): one Job per node, in node order."""
+    port, cwds = free_port(), cwd if isinstance(cwd, list) else [cwd] * NODES
+    return AtOnce([(argv, cwds[node], env) for node in range(NODES)
+                   for argv, env in [node_launch(node, port, cwds[node], script)]], timeout)
 
 
 @pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory):
+def two_nodes(tmp_path_factory, own_disks):
     """(node 0, node 1, both combined): the example notebook with PROBE_CELL, one job of 2 nodes x 2 processes."""
     import nbddp
 
@@ -90,7 +78,7 @@ def two_nodes(tmp_path_factory):
     nb.cells.insert(train, nbformat.v4.new_code_cell(PROBE_CELL))  # before training's end: every rank runs it
     cwd = tmp_path_factory.mktemp("two-nodes")
     (cwd / SCRIPT).write_text(nbddp.convert(nb), encoding="utf-8")
-    node0, node1 = run_two_nodes(cwd)
+    node0, node1 = start_two_nodes(cwd).jobs()
     both = Job(node0.argv + ["+"] + node1.argv, cwd, node0.returncode or node1.returncode,
                node0.stdout + node1.stdout, node0.stderr + node1.stderr, max(node0.seconds, node1.seconds))
     return node0, node1, both
@@ -157,23 +145,33 @@ OWN_DISKS = [
 ]
 
 
-def test_machines_without_shared_storage(tmp_path):
-    """Two nodes, each in its own folder with its own Hugging Face cache (as two machines with their own disks, the
-    base model on each): %%writefile, `!` commands and data preparation run once on each machine, into its own
-    folder and cache; a save that every rank loads back before training once on each machine; the save after
-    training once per job, on rank 0's machine; the 4 ranks agree; the machine that does not see rank 0's folder
-    says what that means."""
+@pytest.fixture(scope="module")
+def own_disks(tmp_path_factory):
+    """test_machines_without_shared_storage's job (2 machines' folders, each with its tiny Llama), started in the
+    background before two_nodes' job: the two run at once (no check of either reads time)."""
     import nbddp
 
     from conftest import make_notebook
     from tinymodels import save_tiny_llama
 
-    folders = [tmp_path / f"machine{node}" for node in range(NODES)]
+    folders = [tmp_path_factory.mktemp(f"machine{node}") for node in range(NODES)]
     script = nbddp.convert(make_notebook(*OWN_DISKS))
     for folder in folders:
         save_tiny_llama(folder / "tiny-llama")
         (folder / SCRIPT).write_text(script, encoding="utf-8")
-    node0, node1 = run_two_nodes(folders)
+    started = start_two_nodes(folders)
+    yield folders, started
+    started.close()
+
+
+def test_machines_without_shared_storage(own_disks):
+    """Two nodes, each in its own folder with its own Hugging Face cache (as two machines with their own disks, the
+    base model on each): %%writefile, `!` commands and data preparation run once on each machine, into its own
+    folder and cache; a save that every rank loads back before training once on each machine; the save after
+    training once per job, on rank 0's machine; the 4 ranks agree; the machine that does not see rank 0's folder
+    says what that means."""
+    folders, started = own_disks
+    node0, node1 = started.jobs()
     for node in (node0, node1):
         assert_clean_exit(node)
     for folder in folders:
@@ -205,7 +203,7 @@ def test_a_rank_that_fails_stops_the_other_machine(tmp_path):
     for folder in folders:
         folder.mkdir()
         (folder / SCRIPT).write_text(nbddp.convert(make_notebook(*cells)), encoding="utf-8")
-    node0, node1 = run_two_nodes(folders, timeout=150)
+    node0, node1 = start_two_nodes(folders, timeout=150).jobs()
     assert node1.returncode != 0 and "ValueError: rank 2 cannot go on" in node1.stderr, node1.explain()
     assert node0.returncode != 0, node0.explain()
     said = [line for line in node0.stderr.splitlines() if line.startswith("nbddp: rank 2 failed")]

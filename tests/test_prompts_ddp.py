@@ -13,12 +13,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from conftest import make_notebook
-from e2e import SCRIPT, child_env
+from e2e import SCRIPT, child_env, run_jobs
 from nbddp.pipeline import convert_notebook
 
 pytestmark = pytest.mark.ddp
@@ -58,24 +57,38 @@ def conversion():
     return convert_notebook(make_notebook(*CELLS))
 
 
-def run(tmp_path, script, stdin, written=b"", env=None):
-    """The job, its stdin an open pipe (with `written` in it) or DEVNULL; (exit status, output, seconds, answers)."""
-    (tmp_path / SCRIPT).write_text(script, encoding="utf-8")
-    (tmp_path / "fakehub.py").write_text(FAKEHUB, encoding="utf-8")
-    environment = {key: value for key, value in child_env(tmp_path).items() if not key.startswith("HF_TOKEN")}
-    read, write = os.pipe()  # its writing end stays open until the job ends
-    os.write(write, written)
-    start = time.monotonic()
+CASES = {  # name: (stdin, what is written to it, environment)
+    "answers": ("pipe", "\n".join(ANSWERS).encode() + b"\n", {"HF_TOKEN": "hf_given"}),  # login() then asks nothing
+    "pipe": ("pipe", b"", None),
+    "closed": ("closed", b"", None),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(conversion, tmp_path_factory):
+    """Each case's job, its stdin an open pipe (with what the case writes in it) or DEVNULL, each in its own folder,
+    all at once (e2e.run_jobs: each job's seconds are its own): {case: (exit status, output, seconds, answers)}."""
+    started, stdins, pipes = [], [], []
     try:
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                               SCRIPT], stdin=read if stdin == "pipe" else subprocess.DEVNULL, cwd=tmp_path,
-                              env={**environment, **(env or {})}, capture_output=True, text=True, timeout=120)
+        for name, (stdin, written, env) in CASES.items():
+            cwd = tmp_path_factory.mktemp(name)
+            (cwd / SCRIPT).write_text(conversion.script, encoding="utf-8")
+            (cwd / "fakehub.py").write_text(FAKEHUB, encoding="utf-8")
+            environment = {key: value for key, value in child_env(cwd).items() if not key.startswith("HF_TOKEN")}
+            read, write = os.pipe()  # its writing end stays open until the job ends
+            pipes += [read, write]
+            os.write(write, written)
+            stdins.append(read if stdin == "pipe" else subprocess.DEVNULL)
+            started.append(([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             SCRIPT], cwd, {**environment, **(env or {})}))
+        done = run_jobs(started, timeout=120, stdins=stdins)
     finally:
-        os.close(read)
-        os.close(write)
-    answers = [json.loads((tmp_path / f"answers-{rank}.json").read_text()) for rank in range(2)
-               if (tmp_path / f"answers-{rank}.json").exists()]
-    return done.returncode, done.stdout + done.stderr, time.monotonic() - start, answers
+        for fd in pipes:
+            os.close(fd)
+    return {name: (job.returncode, job.stdout + job.stderr, job.seconds,
+                   [json.loads((job.cwd / f"answers-{rank}.json").read_text()) for rank in range(2)
+                    if (job.cwd / f"answers-{rank}.json").exists()])
+            for name, job in zip(CASES, done)}
 
 
 def test_the_converter_reports_each_prompt_and_the_script_carries_the_ask_module(conversion):
@@ -85,9 +98,8 @@ def test_the_converter_reports_each_prompt_and_the_script_carries_the_ask_module
     assert "def nbddp_getpass" in conversion.script
 
 
-def test_answers_piped_in_reach_every_rank_once(conversion, tmp_path):
-    status, output, seconds, answers = run(tmp_path, conversion.script, "pipe", "\n".join(ANSWERS).encode() + b"\n",
-                                           env={"HF_TOKEN": "hf_given"})  # login() then asks nothing
+def test_answers_piped_in_reach_every_rank_once(jobs):
+    status, output, seconds, answers = jobs["answers"]
     assert status == 0, output[-4000:]
     assert answers == [["alias answer", "loop 0", "loop 1", "fake user:fake key", "stdin code"]] * 2, output[-4000:]
     assert "has no one to answer it" not in output
@@ -95,8 +107,8 @@ def test_answers_piped_in_reach_every_rank_once(conversion, tmp_path):
 
 @pytest.mark.parametrize("stdin, why", [("pipe", "stdin is not a terminal and has nothing to read"),
                                         ("closed", "stdin is closed")])
-def test_with_no_one_to_answer_every_rank_gets_eoferror_and_the_job_stops(conversion, tmp_path, stdin, why):
-    status, output, seconds, answers = run(tmp_path, conversion.script, stdin)
+def test_with_no_one_to_answer_every_rank_gets_eoferror_and_the_job_stops(jobs, stdin, why):
+    status, output, seconds, answers = jobs[stdin]
     assert status != 0 and seconds < 60, output[-4000:]
     line = "{what} in a 2-process job has no one to answer it ({why}): every rank gets EOFError at the prompt {shown}"
     expected = [line.format(what="getpass()", why=why, shown=repr(shown)) for shown in ("Alias:", "Loop 0:", "Loop 1:")]

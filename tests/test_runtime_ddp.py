@@ -5,13 +5,12 @@ JSON that tools/ddp_outcome_table.py turns into the table in docs/runtime.md.
 """
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from e2e import torchrun_launch
+from e2e import run_at_once, torchrun_launch
 
 pytestmark = pytest.mark.ddp
 CASES = os.path.join(os.path.dirname(__file__), "runtime_cases")
@@ -22,14 +21,15 @@ def _env(env=None, drop=()):
     return {k: v for k, v in {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}.items() if k not in drop}
 
 
-def _run(argv, env, timeout=240):
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=CASES)
-    results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    return done, results
+def _run_at_once(launches, timeout=240):
+    """Independent cases, (argv, env) each, all at once in CASES (e2e.run_at_once: none reads time): [(the finished
+    process, its RESULT lines)], in that order."""
+    return [(done, [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")])
+            for done in run_at_once([(argv, CASES, env) for argv, env in launches], timeout)]
 
 
-def torchrun(script, *args, env=None):
-    return _run(*torchrun_launch(os.path.join(CASES, script), 2, _env(env), script_args=args))
+def torchrun_argv(script, *args, env=None):
+    return torchrun_launch(os.path.join(CASES, script), 2, _env(env), script_args=args)
 
 
 def _key(r):
@@ -37,15 +37,23 @@ def _key(r):
 
 
 @pytest.fixture(scope="module")
-def matrix():
-    done, results = torchrun("ddp_cases.py", "matrix")
+def cases():
+    """The DDP cases without and with the layer, and the start-up sync without and with it: four jobs at once."""
+    launches = {"matrix": torchrun_argv("ddp_cases.py", "matrix"), "layer": torchrun_argv("ddp_cases.py", "layer"),
+                "sync plain": torchrun_argv("sync_case.py", "plain"), "sync layer": torchrun_argv("sync_case.py", "layer")}
+    return dict(zip(launches, _run_at_once(launches.values())))
+
+
+@pytest.fixture(scope="module")
+def matrix(cases):
+    done, results = cases["matrix"]
     assert len(results) == 96, done.stdout[-2000:] + done.stderr[-3000:]
     return {_key(r): r for r in results}
 
 
 @pytest.fixture(scope="module")
-def layered():
-    done, results = torchrun("ddp_cases.py", "layer")
+def layered(cases):
+    done, results = cases["layer"]
     assert len(results) == 16, done.stdout[-2000:] + done.stderr[-3000:]
     return done, results
 
@@ -118,18 +126,16 @@ def test_offload_checkpointing_trains_where_reentrant_fails(matrix, layered):
 @pytest.fixture(scope="module")
 def trainer_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trainer")
-    runs = {}
-    done, res = torchrun("trainer_case.py", "nolayer", str(tmp / "nolayer.pt"))
-    runs["nolayer"] = (done, res)
-    done, res = torchrun("trainer_case.py", "layer", str(tmp / "layer.pt"))  # the notebook's batch kept: the default
-    runs["layer"] = (done, res)
-    # each rank accumulates the case's 2 micro-batches (NBDDP_BATCH=scale: DDP's own semantics)
-    runs["accumulate"] = torchrun("trainer_case.py", "accumulate", str(tmp / "accumulate.pt"),
-                                  env={"NBDDP_BATCH": "scale"})
-    done, res = _run([sys.executable, os.path.join(CASES, "trainer_case.py"), "single", str(tmp / "single.pt")],
-                     _env(drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")))
-    runs["single"] = (done, res)
-    return tmp, runs
+    launches = {
+        "nolayer": torchrun_argv("trainer_case.py", "nolayer", str(tmp / "nolayer.pt")),
+        "layer": torchrun_argv("trainer_case.py", "layer", str(tmp / "layer.pt")),  # the notebook's batch kept
+        # each rank accumulates the case's 2 micro-batches (NBDDP_BATCH=scale: DDP's own semantics)
+        "accumulate": torchrun_argv("trainer_case.py", "accumulate", str(tmp / "accumulate.pt"),
+                                    env={"NBDDP_BATCH": "scale"}),
+        "single": ([sys.executable, os.path.join(CASES, "trainer_case.py"), "single", str(tmp / "single.pt")],
+                   _env(drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))),
+    }
+    return tmp, dict(zip(launches, _run_at_once(launches.values())))
 
 
 def test_trainer_reentrant_lora_fails_without_layer(trainer_runs):
@@ -164,10 +170,10 @@ def test_gradients_are_reduced_once_per_optimizer_step_under_accumulation(traine
 
 
 @pytest.mark.parametrize("mode", ["plain", "layer"])
-def test_start_up_sync_gives_every_rank_rank0_state(mode):
+def test_start_up_sync_gives_every_rank_rank0_state(cases, mode):
     # rank 1 starts from other values: after DDP is built, every rank must hold rank 0's parameters (trainable,
     # frozen, non-contiguous) and buffers, with the layer's tensor-by-tensor sync as with DDP's packed one
-    done, results = torchrun("sync_case.py", mode)
+    done, results = cases[f"sync {mode}"]
     assert len(results) == 1, done.stdout[-2000:] + done.stderr[-3000:]
     result = results[0]
     assert result["synced"] == {"trained": True, "frozen": True, "transposed": True, "table": True}
@@ -181,10 +187,11 @@ def test_start_up_sync_gives_every_rank_rank0_state(mode):
 @pytest.fixture(scope="module")
 def balance_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("balance")
+    modes = {"balanced": {"NBDDP_BATCH": "scale"},  # balancing on by default; 2 micro-batches a rank
+             "drawn": {"NBDDP_BALANCE_LENGTHS": "0", "NBDDP_BATCH": "scale"}}
     runs = {}
-    for mode, env in (("balanced", {"NBDDP_BATCH": "scale"}),  # balancing on by default; 2 micro-batches a rank
-                      ("drawn", {"NBDDP_BALANCE_LENGTHS": "0", "NBDDP_BATCH": "scale"})):
-        done, _ = torchrun("balance_case.py", str(tmp / f"{mode}.pt"), env=env)
+    ran = _run_at_once([torchrun_argv("balance_case.py", str(tmp / f"{mode}.pt"), env=env) for mode, env in modes.items()])
+    for mode, (done, _) in zip(modes, ran):
         seen = [json.loads((tmp / f"{mode}.pt.rank{r}.json").read_text()) if (tmp / f"{mode}.pt.rank{r}.json").exists()
                 else None for r in (0, 1)]
         runs[mode] = (done, seen, tmp / f"{mode}.pt")

@@ -46,7 +46,7 @@ def main():
     rows = [torch.randint(1, 64, (n,), generator=g).tolist() for n in lengths]
     data = Dataset.from_dict({"input_ids": rows, "idx": list(range(len(rows)))})
     args = TrainingArguments(
-        output_dir=os.path.join(os.path.dirname(OUT) or ".", "balance_run"), per_device_train_batch_size=2,
+        output_dir=f"{OUT}.run", per_device_train_batch_size=2,
         gradient_accumulation_steps=2, max_steps=4, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_grad_norm=0.0, train_sampling_strategy="sequential", report_to=[],
         use_cpu=True, save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True, remove_unused_columns=False,
