@@ -22,22 +22,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS, VOCAB = 3, 96
 
 
-def save_checkpoints(root):
-    """The tiny Llama (random weights, random norms) saved in each dtype under `root`."""
+def save_checkpoint(folder, dtype="float32", tied=False, shard=None):
+    """The tiny Llama (random weights, random norms) saved in `dtype` (in files of at most `shard` where given)."""
     import torch
     import transformers
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                      max_position_embeddings=64, tie_word_embeddings=tied)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for key, param in model.named_parameters():
+            if key.endswith("norm.weight"):
+                param.copy_(1 + 0.1 * torch.randn_like(param))
+    model.to(getattr(torch, dtype)).save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
+
+
+def save_checkpoints(root):
+    """The tiny Llama saved in each dtype under `root`."""
     for name, tied, shard in (("float32", False, None), ("bfloat16", True, None), ("float16", False, "40KB")):
-        config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
-                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                                          max_position_embeddings=64, tie_word_embeddings=tied)
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(config)
-        with torch.no_grad():
-            for key, param in model.named_parameters():
-                if key.endswith("norm.weight"):
-                    param.copy_(1 + 0.1 * torch.randn_like(param))
-        model.to(getattr(torch, name)).save_pretrained(os.path.join(root, name),
-                                                       **({"max_shard_size": shard} if shard else {}))
+        save_checkpoint(os.path.join(root, name), name, tied, shard)
 
 
 def test_a_checkpoint_loads_layer_by_layer_into_the_sharded_mode_as_the_whole_model(tmp_path):

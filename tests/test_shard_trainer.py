@@ -84,18 +84,8 @@ def test_the_trainer_trains_a_sharded_model_as_one_process_trains_the_whole_one(
 # ---------------------------------------------------------------- each run (this file as a script)
 
 def save_checkpoint(folder):
-    import torch
-    import transformers
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                                      max_position_embeddings=64, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for key, param in model.named_parameters():
-            if key.endswith("norm.weight"):
-                param.copy_(1 + 0.1 * torch.randn_like(param))
-    model.save_pretrained(folder)
+    from test_shard_load import save_checkpoint as save  # the same tiny Llama (LAYERS and VOCAB are this file's too)
+    save(folder)
 
 
 def with_lora(model):
