@@ -77,8 +77,7 @@ class Bindings(Assignments):
     def __init__(self, top, watcher=None):
         self.values: dict[cst.Name, cst.BaseExpression] = {}
         self.classes: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = {}
-        self.fields: dict[cst.Param, dict[str, list]] = {}  # a method's `self` -> its class's `self.x = value`s
-        self.field_reads: dict[cst.Param, dict[str, list]] = {}  # a method's `self` -> its class's reads of `self.x`
+        self.fields: dict[cst.Param, Fields] = {}  # a method's `self` -> its class's `self.x`: values, reads
         self.order: dict[cst.CSTNode, int] = {}  # binding nodes in source order
         self.params: dict[cst.Param, cst.FunctionDef] = {}  # a def's parameter -> the def
         self.packages: set[str] = set()  # the packages the notebook imports, anywhere but in dead code
@@ -126,16 +125,16 @@ class Bindings(Assignments):
     def visit_ClassDef(self, node):
         self.classes[node] = {s.name.value: s for s in node.body.body if isinstance(s, cst.FunctionDef)}
         methods = [m for m in self.classes[node].values() if not static(m) and params_of(m)]
-        fields = _Fields()
+        fields = Fields()
         for method in methods:
             fields.own = params_of(method)[0].name.value
             method.body.visit(fields)
-        self.fields.update((params_of(m)[0], fields.values) for m in methods)
-        self.field_reads.update((params_of(m)[0], fields.reads) for m in methods)
+        self.fields.update((params_of(m)[0], fields) for m in methods)
 
 
-class _Fields(Assignments):
-    """The values a class's methods assign to attributes of their own `self` (`self.bot = Bot(token)`)."""
+class Fields(Assignments):
+    """The values a class's methods assign to attributes of their own `self` (`self.bot = Bot(token)`), and the
+    other reads of those attributes."""
 
     def __init__(self):
         self.values: dict[str, list] = {}

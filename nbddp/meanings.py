@@ -49,7 +49,7 @@ class Names:
         bindings = Bindings(set(module.body), watcher)
         module.visit(bindings)
         self.values, self.classes, self.order = bindings.values, bindings.classes, bindings.order
-        self.fields, self.field_reads = bindings.fields, bindings.field_reads
+        self.fields = bindings.fields
         self.receivers = {c.func.value for c in bindings.calls if isinstance(c.func, cst.Attribute)}  # x of x.m()
         self.params, self._calls, self._sites = bindings.params, bindings.calls, None
         self.packages = frozenset(bindings.packages)  # roots whose meanings are qualified names (nbddp.vocabulary)
@@ -141,24 +141,27 @@ class Names:
                 found.add(expr.value)  # a loop variable, an exception: its own name (what it holds, unknown)
         return found
 
+    def _fields(self, expr: cst.Attribute):
+        """The `self.x` facts of the class of the notebook whose method reads `expr` through its own `self`."""
+        if isinstance(expr.value, cst.Name):
+            for assignment in self._assignments(expr.value) or ():
+                if getattr(assignment, "node", None) in self.fields:
+                    return self.fields[assignment.node]
+        return None
+
     def _field(self, expr: cst.Attribute) -> list:
         """The values the methods of a class of the notebook assign to `self.<attr>`, where `expr` is read through a
         method's own `self`."""
-        if not isinstance(expr.value, cst.Name):
-            return []
-        for assignment in self._assignments(expr.value) or ():
-            fields = self.fields.get(getattr(assignment, "node", None))
-            if fields is not None:
-                return fields.get(expr.attr.value, [])
-        return []
+        fields = self._fields(expr)
+        return fields.values.get(expr.attr.value, []) if fields is not None else []
 
     def only_called(self, expr) -> bool:
         """Every read of the value `expr` names (a name of the notebook's, `self.x` in a method) calls one of its
         methods (`client.chat_postMessage(...)`): no other code sees what those calls do to it."""
         expr = self.orig(expr)
-        if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name):
-            reads = [r for a in self._assignments(expr.value) or ()
-                     for r in self.field_reads.get(getattr(a, "node", None), {}).get(expr.attr.value, ())]
+        if isinstance(expr, cst.Attribute):
+            fields = self._fields(expr)
+            reads = fields.reads.get(expr.attr.value, []) if fields is not None else []
         elif isinstance(expr, cst.Name):
             reads = [r.node for a in self._assignments(expr) or () for r in getattr(a, "references", ())]
         else:
