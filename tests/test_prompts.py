@@ -62,7 +62,7 @@ def test_every_prompt_the_notebook_makes_is_found_reported_and_asked_once():
     assert done.runtime.reasons["ask"] == (
         "the notebook asks for values (getpass(), huggingface_hub.login(), huggingface_hub.interpreter_login(), "
         "huggingface_hub.notebook_login(), kagglehub.login(), input()): rank 0 asks, every rank gets the answer, or "
-        "EOFError, never a hang")
+        "EOFError and a line saying what to set")
     assert "\ngetpass.getpass = nbddp_getpass\n" in done.script.replace("    ", "")
     assert 'NBDDP_IMPORTS.watch("huggingface_hub._login", _nbddp_patch_hub_login)' in done.script
 

@@ -22,7 +22,8 @@ from nbddp.pipeline import convert_notebook
 
 pytestmark = pytest.mark.ddp
 
-FAKEHUB = '''import sys
+FAKEHUB = '''import os
+import sys
 from getpass import getpass
 
 
@@ -32,6 +33,10 @@ def login():
 
 def read_code():
     return sys.stdin.readline().strip()  # a library that reads stdin itself
+
+
+def raw_key():
+    return os.read(0, 64).decode()  # below Python's stdin, as a prompt toolkit reads
 '''
 
 CELLS = [
@@ -42,11 +47,11 @@ CELLS = [
     "for i in range(2):\n    try:\n        got.append(in_a_function(i))\n    except EOFError as exc:\n"
     "        got.append(f'EOFError: {exc}')\n",
     "try:\n    got.append(fakehub.login())\nexcept EOFError as exc:\n    got.append(f'EOFError: {exc}')\n",
-    "got.append(fakehub.read_code() or 'end of input')\n",
+    "got.append(fakehub.read_code() or 'end of input')\ngot.append(fakehub.raw_key() or 'raw end')\n",
     "with open(f\"answers-{os.environ['RANK']}.json\", 'w') as fh:\n    json.dump(got, fh)\n",
     "from huggingface_hub import login\nlogin()\n",
 ]
-ANSWERS = ["alias answer", "loop 0", "loop 1", "fake user", "fake key", "stdin code"]
+ANSWERS = ["alias answer", "loop 0", "loop 1", "fake user", "fake key", "stdin code", "raw key"]
 HUB_LINE = ("nbddp: huggingface_hub's login() in a 2-process job has no one to answer it ({why}): every rank gets "
             "EOFError at the prompt 'Enter your token (input will not be visible):'; set HF_TOKEN instead (in the "
             "environment, or a Kaggle/Colab secret of that name) (NBDDP_INPUT=0: every rank reads its stdin)")
@@ -101,7 +106,8 @@ def test_the_converter_reports_each_prompt_and_the_script_carries_the_ask_module
 def test_answers_piped_in_reach_every_rank_once(jobs):
     status, output, seconds, answers = jobs["answers"]
     assert status == 0, output[-4000:]
-    assert answers == [["alias answer", "loop 0", "loop 1", "fake user:fake key", "stdin code"]] * 2, output[-4000:]
+    assert answers == [["alias answer", "loop 0", "loop 1", "fake user:fake key", "stdin code", "raw key\n"]] * 2, \
+        output[-4000:]
     assert "has no one to answer it" not in output
 
 
@@ -115,8 +121,8 @@ def test_with_no_one_to_answer_every_rank_gets_eoferror_and_the_job_stops(jobs, 
     expected.append(line.format(what="input() called by fakehub", why=why, shown="'Fakehub user:'"))
     assert len(answers) == 2, output[-4000:]
     for seen in answers:
-        assert [text.split(";")[0] for text in seen[:-1]] == [f"EOFError: nbddp: {text}" for text in expected], seen
-        assert seen[-1] == "end of input"  # a library's own read of stdin: the end of its input, on every rank
+        assert [text.split(";")[0] for text in seen[:-2]] == [f"EOFError: nbddp: {text}" for text in expected], seen
+        assert seen[-2:] == ["end of input", "raw end"]  # a library's own reads of stdin: the end of its input
     assert ("nbddp: sys.stdin.readline() called by fakehub in a 2-process job has no one to answer it "
             f"({why}): every rank reads the end of its input;") in output, output[-4000:]
     said = [line.split(";")[0] for line in output.splitlines() if line.startswith("nbddp: ")]

@@ -719,11 +719,13 @@ def _group_env(world: int = 1) -> list[dict]:
     return [{**env, "PORT": str(port), "RANK": str(r), "WORLD_SIZE": str(world)} for r in range(world)]
 
 
-def _ranks(script: str, cwd, stdins=None) -> list[str]:
-    """The output of each rank of a 2-process job of `script` (stdout and stderr), after each exits 0."""
-    ranks = [subprocess.Popen([sys.executable, "-c", script], env=env, stdin=stdins[r] if stdins else None,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
-             for r, env in enumerate(_group_env(2))]
+def _ranks(script: str, cwd, stdins=None, env=None) -> list[str]:
+    """The output of each rank of a 2-process job of `script` (stdout and stderr), after each exits 0; `stdins`:
+    each rank's stdin, closed here once the ranks have them; `env`: added to each rank's environment."""
+    ranks = [subprocess.Popen([sys.executable, "-c", script], env={**own, **(env or {})},
+                              stdin=stdins[r] if stdins else None, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, cwd=cwd)
+             for r, own in enumerate(_group_env(2))]
     for fd in stdins or ():
         os.close(fd)
     out = [rank.communicate(timeout=120)[0] for rank in ranks]
@@ -805,30 +807,55 @@ def test_which_values_differ_between_ranks():
 
 
 STDIN_READERS = """
-import json, os, sys, torch.distributed as dist
+import json, os, sys, time, torch.distributed as dist
 rank = int(os.environ["RANK"])
+from nbddp.runtime import ask, stdin_fd
+stdin_fd.nbddp_share_stdin()  # as the script starts, before the group
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=rank, world_size=2)
-from nbddp.runtime import ask
-whole = sys.stdin.read()  # a library that reads what is left of stdin
-below = os.read(0, 64)  # a reader below Python's stdin: on rank 1 the end of its input, at once
-print(json.dumps({"rank": rank, "whole": whole, "below": below.decode()}), flush=True)
+start = time.monotonic()
+try:
+    line = input()  # Python's reader: rank 0 reads, every rank gets the line
+except EOFError as exc:
+    line = "EOFError: " + str(exc)
+below = os.read(0, 64)  # a reader below Python's stdin (a prompt toolkit): what rank 0's stdin holds next
+after = os.read(0, 64)  # and then the end of the input
+print(json.dumps({"rank": rank, "line": line, "below": below.decode(), "after": after.decode(),
+                  "seconds": time.monotonic() - start}), flush=True)
+dist.barrier()  # rank 0 holds the store until every rank has read
 dist.destroy_process_group()
 """
 
 
-def test_stdin_read_whole_reaches_every_rank_and_fd_0_is_rank_0s_alone(tmp_path):
-    stdins = []
-    for text in (b"first line\nsecond line\n", b"rank 1's own\n"):  # rank 0's holds the answer, rank 1's other text
-        read, write = os.pipe()
-        os.write(write, text)
-        os.close(write)
-        stdins.append(read)
-    out = _ranks(STDIN_READERS, tmp_path, stdins)
+def _stdin_records(tmp_path, rank0, env=None):
+    """What each rank's readers got, rank 0's stdin the pipe `rank0` (read, write), rank 1's a pipe of its own."""
     import json
 
-    records = [json.loads(line) for text in out for line in text.splitlines() if line.startswith("{")]
-    assert [r["whole"] for r in records] == ["first line\nsecond line\n"] * 2, out
-    assert {r["rank"]: r["below"] for r in records}[1] == "", out  # not rank 1's own pipe: fd 0 reads /dev/null
+    read, write = os.pipe()
+    os.write(write, b"rank 1's own\n")
+    os.close(write)
+    out = _ranks(STDIN_READERS, tmp_path, [rank0[0], read], env)
+    return [json.loads(line) for text in out for line in text.splitlines() if line.startswith("{")], out
+
+
+def test_every_rank_reads_rank_0s_stdin_through_python_and_below_it_alike(tmp_path):
+    read, write = os.pipe()
+    os.write(write, b"first line\nsecond line\nthird\n")
+    os.close(write)
+    records, out = _stdin_records(tmp_path, (read, None))
+    assert [(r["line"], r["below"], r["after"]) for r in records] == \
+        [("first line", "second line\nthird\n", "")] * 2, out
+
+
+def test_a_pipe_nobody_writes_ends_for_every_reader_in_bounded_time(tmp_path):
+    read, write = os.pipe()  # stays open while the ranks run: nothing ever comes
+    try:
+        records, out = _stdin_records(tmp_path, (read, write), {"NBDDP_STDIN_QUIET": "1"})
+    finally:
+        os.close(write)
+    said = "input() in a 2-process job has no one to answer it (stdin is not a terminal and has nothing to read)"
+    assert [(r["line"].startswith("EOFError: nbddp: " + said), r["below"], r["after"]) for r in records] == \
+        [(True, "", "")] * 2, out
+    assert max(r["seconds"] for r in records) < 10, out
 
 
 def test_a_folder_made_with_exist_ok_costs_no_wait_and_one_made_without_still_fails(monkeypatch, tmp_path):

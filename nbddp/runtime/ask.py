@@ -1,13 +1,12 @@
 """Prompts in a multi-process job: input(), getpass.getpass(), so every library prompt that goes through them, a
 library's own reads of sys.stdin (`sys.stdin.readline()`, iterating it), and huggingface_hub's login without a
-token. Rank 0 asks, where a terminal or a line on its stdin can answer, and every
-rank gets the same answer through the store; where no one can answer (stdin closed, a pipe that nobody writes, a
-Kaggle Script), every rank gets EOFError, and rank 0 says in one line which prompt it was and how to give the value
-instead. Never a hang, never two ranks reading one stdin: on the other ranks file descriptor 0 reads /dev/null, so a
-reader below Python's stdin (`os.read(0, ...)`, a prompt toolkit's raw terminal) sees the end of its input at once
-there; only rank 0's such reader gets what is typed (it is not shared). The patches are in place before the
-notebook's first line, so a library's own `from getpass import getpass`, run when the notebook imports it, takes rank
-0's prompt too."""
+token. Rank 0 asks, where a terminal or a line on its stdin can answer, and every rank gets the same answer through
+the store; where no one can answer (stdin closed, a pipe that nobody writes, a Kaggle Script), every rank gets
+EOFError, and rank 0 says in one line which prompt it was and how to give the value instead. Never a hang, never two
+ranks reading one stdin: readers below Python's stdin (`os.read(0, ...)`, a prompt toolkit) read rank 0's stdin
+through stdin_fd.py on every rank, and each answer given here is taken out of every rank's copy alike. The patches
+are in place before the notebook's first line, so a library's own `from getpass import getpass`, run when the
+notebook imports it, takes rank 0's prompt too."""
 import builtins
 import getpass
 import hashlib
@@ -17,6 +16,7 @@ import sys
 
 from .group import NBDDP_IS_MAIN, NBDDP_WORLD_SIZE
 from .hooks import NBDDP_IMPORTS, _nbddp_choice, nbddp_say
+from .stdin_fd import NBDDP_STDIN, nbddp_fd_line
 from .wait import nbddp_store, nbddp_wait_until
 
 NBDDP_INPUT_GRACE = 1.0  # seconds rank 0 waits for a line on a stdin that is not a terminal (a pipe, a file)
@@ -28,16 +28,10 @@ _NBDDP_ASKED = {}  # where a prompt was asked from -> how many times
 
 
 def _nbddp_stdin_line(stdin, prompt, stream):
-    """A line of a stdin that is not a terminal, read a byte at a time: what the next prompt waits for is what is
-    left in the pipe, never in a buffer of this one's."""
+    """A line of a stdin that is not a terminal (nbddp_fd_line: what the next prompt waits for stays in the pipe)."""
     stream.write(prompt)
     stream.flush()
-    fd, line = stdin.fileno(), b""
-    while not line.endswith(b"\n"):
-        byte = os.read(fd, 1)
-        if not byte:
-            break
-        line += byte
+    line = nbddp_fd_line(stdin.fileno())
     print(file=stream, flush=True)  # after the prompt
     if not line:
         raise EOFError
@@ -64,7 +58,7 @@ def _nbddp_answer(prompt, hidden=False):
     except EOFError:
         if tty:
             print(flush=True)  # after the prompt
-        return "-stdin is closed"
+        return "-stdin is not a terminal and has nothing to read" if NBDDP_STDIN["quiet"] else "-stdin is closed"
     finally:
         sys.stdin = proxy
 
@@ -99,6 +93,8 @@ def nbddp_ask(what, prompt, hidden=False, instead=NBDDP_ASK_INSTEAD, ending="get
     else:
         nbddp_wait_until(lambda: store.check([key]), lambda: f"rank 0: {what}")
         answer = store.get(key).decode()
+        if answer.startswith("+") and NBDDP_STDIN["shared"]:
+            nbddp_fd_line(0)  # the line rank 0 read, out of this rank's copy of its stdin too
     if answer.startswith("-"):
         shown = str(prompt).strip()
         text = (f"{what} in a {NBDDP_WORLD_SIZE}-process job has no one to answer it ({answer[1:]}): every rank "
@@ -194,22 +190,6 @@ def _nbddp_patch_prompts():
         getpass.getpass = nbddp_getpass
         if sys.stdin is not None and not isinstance(sys.stdin, NbddpStdin):
             sys.stdin = NbddpStdin(sys.stdin)
-        if not NBDDP_IS_MAIN:  # a reader below Python's (os.read(0), a prompt toolkit): the end of its input at
-            _nbddp_no_stdin()  # once, never a race with rank 0 for the terminal or the pipe
-
-
-def _nbddp_no_stdin():
-    """This process's file descriptor 0 reads /dev/null (its stdin objects keep working: they ask rank 0)."""
-    try:
-        empty = os.open(os.devnull, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.dup2(empty, 0)
-    except OSError:
-        pass
-    finally:
-        os.close(empty)
 
 
 _nbddp_patch_prompts()

@@ -167,11 +167,13 @@ def needs(facts: _Facts) -> dict[str, str]:
     why = {"group": "every script: ranks from torchrun's environment, this rank's device, the process group",
            "one_writer": "every script: saving and pushing on rank 0 only, also where the converter cannot see it",
            "files": "every script: a file that every rank writes is written by one rank per machine",
-           "agree": "every script: rank 0 says whether the ranks trained the same weights"}
+           "agree": "every script: rank 0 says whether the ranks trained the same weights",
+           "stdin_fd": "every script: rank 0 alone reads stdin, every rank reads the same, a stdin that gives "
+                       "nothing ends, never a hang"}
     if facts.prompts:
         asked = ", ".join(dict.fromkeys(what.split(" ")[0] for _, what, _ in facts.prompts))
-        why["ask"] = f"the notebook asks for values ({asked}): rank 0 asks, every rank gets the answer, or EOFError, " \
-                     "never a hang"
+        why["ask"] = f"the notebook asks for values ({asked}): rank 0 asks, every rank gets the answer, or EOFError " \
+                     "and a line saying what to set"
     if sized_loads(facts):
         why["fit"] = "the notebook loads a model: DDP if it fits one GPU, else one process split over all of them"
     helpers = {module: sorted(n for n in facts.names if n in HELPERS and HELPERS[n].module == module)
