@@ -51,7 +51,7 @@ from .rank_conditions import is_rank_test
 from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
 from .training_end import is_own_guard, training_end
 from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT
-from .written import written_modules
+from .written import OwnModules
 
 MAKES = frozenset({CONFIG, LOAD, PEFT})  # training's own objects: made by every rank (they hold the process's state)
 PATHS = frozenset({"pathlib.Path", "pathlib.PurePath", "os.path.join", "os.path.abspath", "os.path.expanduser",
@@ -77,7 +77,7 @@ class Plan:
 
 
 class _Scan:
-    def __init__(self, names, effects, body):
+    def __init__(self, names, effects, body, folder=None):
         self.names, self.effects = names, effects
         self.modules = imported_names(body)
         self.read: dict = {}
@@ -85,11 +85,11 @@ class _Scan:
         self.aliases = _aliases(body)
         self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
         self.packages = imported_packages(body) | {"torch"}
-        self.written = written_modules(body, names)  # a module the notebook wrote -> the packages its code imports
+        self.own = OwnModules(body, names, folder)  # the notebook's own modules: the packages their code imports
 
     def homes(self, meanings) -> set[str]:
-        """The packages the meanings come from; a module the notebook wrote counts as what its code imports."""
-        return set().union(*(self.written.get(root, {root}) for root in {m.split(".", 1)[0] for m in meanings}))
+        """The packages the meanings come from; a module of the notebook's own counts as what its code imports."""
+        return set().union(*(self.own.packages(root) for root in {m.split(".", 1)[0] for m in meanings}))
 
     def seen(self, stmt) -> Changes:
         """One pass over a statement's live code."""
@@ -224,8 +224,8 @@ def _outside(stmt, scan) -> list[str]:
     return sorted(scan.seen(stmt).packages & scan.packages - scan.libraries - STANDARD - COMPUTES)
 
 
-def training_needs(body, names, effects) -> Plan:
-    scan = _Scan(names, effects, body)
+def training_needs(body, names, effects, folder=None) -> Plan:
+    scan = _Scan(names, effects, body, folder)
     plan = Plan()
     plan.end, plan.marked = training_end(body, scan.kinds, lambda stmt: scan.seen(stmt).rank)
     plan.calls = {key: seen.calls for key, seen in scan.read.items()}

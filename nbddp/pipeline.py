@@ -142,14 +142,17 @@ class Conversion:
 
 
 def convert_notebook(notebook, *, source_name=None, script_name="train_ddp.py", nproc=2,
-                     options: Options | None = None, single_file: bool = True) -> Conversion:
+                     options: Options | None = None, single_file: bool = True, folder=None) -> Conversion:
     """The conversion: one self-contained script (`single_file`), or a script that imports its runtime from a file
-    written beside it (`runtime_file`, `runtime_text`), as `nbddp convert` writes by default."""
+    written beside it (`runtime_file`, `runtime_text`), as `nbddp convert` writes by default. `folder`: where the
+    notebook imports its own modules from (default: the notebook file's folder; none for a notebook given as text)."""
     from .render import render_runtime, render_script, runtime_module_name
 
     nb = as_notebook(notebook)
     source_name = _source_name(notebook) if source_name is None else source_name
-    ctx = Context(report=Report(source=source_name), options=options or Options())
+    if folder is None and isinstance(notebook, (str, os.PathLike)) and os.path.isfile(notebook):
+        folder = os.path.dirname(os.path.abspath(notebook))
+    ctx = Context(report=Report(source=source_name), options=options or Options(), folder=folder)
     tree = run_tree(nb, ctx)
     launch = launch_lines(script_name, nproc)
     context = dict(version=__version__, source=source_name, script_name=os.path.basename(script_name))

@@ -147,7 +147,8 @@ class TorchrunMagics(Magics):
 
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
         result = convert_notebook(nb, source_name=CELL_SOURCE, script_name=out, nproc=nproc, single_file=False,
-                                  options=Options(main_prints=not all_ranks))  # --all-ranks: every rank prints
+                                  options=Options(main_prints=not all_ranks),  # --all-ranks: every rank prints
+                                  folder=os.getcwd())  # the kernel's modules: those of its working folder
         write_conversion(out, result, force=force)
         _print_notes(result.report)
         return out

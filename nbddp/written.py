@@ -1,12 +1,16 @@
-"""Modules the notebook writes itself (`%%writefile utils.py`, then `import utils`): what their code calls into.
+"""The notebook's own modules: those it writes itself (`%%writefile utils.py`, then `import utils`) and those in its
+folder (utils.py or utils/__init__.py beside the notebook, which Python imports before any installed library): what
+their code calls into.
 
-    written_modules(body, names) -> {module name: the packages its code imports}
+    OwnModules(body, names, folder).packages("utils") -> the packages utils' code imports ({"utils"}: not the
+    notebook's own)
 
 nbddp.needs reads a call into such a module as a call of the libraries the module's own code imports, not as a
 library of its own: `utils.set_seed(42)` where utils.py imports torch sets up training (every rank), `utils.ping()`
-where it imports only requests is an effect (once). The module's text is the literal the notebook wrote (the magics
-step made `%%writefile` a `nbddp_write_file(path, text)` line); one written from a computed text, or one that does
-not parse, stays a library of its own.
+where it imports only requests is an effect (once). A written module's text is the literal the notebook wrote (the
+magics step made `%%writefile` a `nbddp_write_file(path, text)` line) and comes before a file of that name in the
+folder (the notebook overwrites it); one written from a computed text, or one that does not parse, stays a library of
+its own. The files are read, never run.
 """
 from __future__ import annotations
 
@@ -30,19 +34,66 @@ def _written(stmt, names):
     return (path, text) if isinstance(path, str) and path.endswith(".py") and isinstance(text, str) else None
 
 
-def written_modules(body, names) -> dict[str, set[str]]:
-    found = {}
-    for stmt in body:
-        written = _written(stmt, names)
-        if written is None:
-            continue
+def _imports(text) -> set[str] | None:
+    """The packages a module's code imports, anywhere in it; None where it does not parse."""
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError:
+        return None
+    seen = Bindings(set(module.body))
+    module.visit(seen)
+    return set(seen.packages)
+
+
+def _beside(folder, name) -> list[str] | None:
+    """The code of module `name` in `folder`: name.py, or every .py file of a package name/ (its __init__ and the
+    modules it imports relatively); None where there is none."""
+    package = os.path.join(folder, name)
+    if os.path.isfile(os.path.join(package, "__init__.py")):
+        paths = sorted(os.path.join(root, file) for root, _, files in os.walk(package) for file in files
+                       if file.endswith(".py"))[:200]
+    else:
+        paths = [package + ".py"]
+    texts = []
+    for path in paths:
         try:
-            module = cst.parse_module(written[1])
-        except cst.ParserSyntaxError:
+            if os.path.getsize(path) <= 2 ** 20:
+                with open(path, encoding="utf-8") as fh:
+                    texts.append(fh.read())
+        except (OSError, UnicodeDecodeError, ValueError):
             continue
-        seen = Bindings(set(module.body))
-        module.visit(seen)
-        found[os.path.basename(written[0])[:-3]] = set(seen.packages)
-    for name, packages in found.items():  # a written module that imports another: that one's packages too
-        packages |= set().union(*(found[other] for other in packages & found.keys() - {name}))
-    return found
+    return texts or None
+
+
+class OwnModules:
+    def __init__(self, body, names, folder=None):
+        self.folder, self.found = folder, {}  # module name -> the packages its code imports (None: not its own)
+        for stmt in body:
+            written = _written(stmt, names)
+            packages = written and _imports(written[1])
+            if packages is not None:
+                self.found[os.path.basename(written[0])[:-3]] = packages
+
+    def _direct(self, name) -> set[str] | None:
+        if name not in self.found:
+            texts = _beside(self.folder, name) if self.folder and name.isidentifier() else None
+            packages = [found for found in map(_imports, texts or ()) if found is not None]
+            self.found[name] = set().union(*packages) - {name} if packages else None
+        return self.found[name]
+
+    def packages(self, name) -> set[str]:
+        """The packages module `name`'s code imports, through the notebook's other own modules it imports; {name}
+        where it is not the notebook's own."""
+        if self._direct(name) is None:
+            return {name}
+        seen, todo, found = {name}, [name], set()
+        while todo:
+            for package in self._direct(todo.pop()):
+                if package in seen:
+                    continue
+                seen.add(package)
+                if self._direct(package) is None:
+                    found.add(package)
+                else:
+                    todo.append(package)
+        return found

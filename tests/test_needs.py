@@ -322,3 +322,34 @@ def test_a_value_of_a_module_the_notebook_writes_is_what_its_code_calls(module, 
             "tr = Trainer(model=model, train_dataset=ds)\nfor e in range(2):\n    tr.train()\n    p.send('epoch')\n")
     (_, cell), _ = convert("%%writefile pager.py\n" + module, loop)
     assert ("if NBDDP_IS_MAIN:\n        p.send('epoch')\n" in cell) is guarded, cell
+
+
+BESIDE = {"utils.py": "import random\nimport torch\n\ndef set_seed(s):\n    random.seed(s)\n    torch.manual_seed(s)\n",
+          "helpers/__init__.py": "from .core import seed_all\n",
+          "helpers/core.py": "import numpy as np\nimport torch\n\ndef seed_all(s):\n    np.random.seed(s)\n"
+                             "    torch.manual_seed(s)\n",
+          "notify.py": "import requests\n\ndef ping(text):\n    requests.post('https://x/hook', json={'t': text})\n"}
+BESIDE_TRAIN = "from transformers import Trainer\ntrainer = Trainer(model=model, train_dataset=ds)\ntrainer.train()\n"
+
+
+@pytest.mark.parametrize("cells, every_rank", [
+    (["import utils\nutils.set_seed(42)\n"], True),
+    (["from helpers import seed_all as seed\n", "seed(1)\n"], True),             # a package, an alias, over cells
+    (["import helpers.core\ndef prepare():\n    helpers.core.seed_all(3)\nprepare()\n"], True),  # in a function
+    (["import notify as n\n", "for step in range(2):\n    n.ping(f'step {step}')\n"], False),  # in a loop: once
+])
+def test_a_module_beside_the_notebook_is_what_its_code_calls(tmp_path, cells, every_rank):
+    from conftest import make_notebook
+    import nbformat
+    from nbddp.pipeline import convert_notebook
+
+    for name, text in BESIDE.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(make_notebook(*cells, BESIDE_TRAIN), path)
+    beside = convert_notebook(str(path)).cells
+    alone = convert_notebook(make_notebook(*cells, BESIDE_TRAIN)).cells  # no folder: a library of its own
+    last = len(cells) - 1
+    assert ("NBDDP_IS_MAIN" not in beside[last].source) == every_rank, beside[last].source
+    assert "NBDDP_IS_MAIN" in alone[last].source, alone[last].source

@@ -25,6 +25,7 @@ class Context:
     runtime: object = None  # nbddp.inline.Choice: the runtime modules the script carries, set by the last step
     tree: Tree | None = None  # the notebook's one tree, once the magics step is done
     inputs: dict = field(default_factory=dict)  # cell number -> the code cell's source as the notebook holds it
+    folder: str | None = None  # where the notebook's own modules are (beside it): nbddp.written reads them
 
 
 class Transform:

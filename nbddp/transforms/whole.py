@@ -18,7 +18,7 @@ GIVE, GIVEN = "nbddp_share_values", "given"  # rank 0's values, to every rank (n
 def apply_plan(body, guards, tree, ctx) -> list:
     """What training needs (nbddp.needs): the statements it does not need are rank-0 work; after its end, rank 0 goes
     on alone (`nbddp_rest_on_rank0()`, unless the notebook has that line already)."""
-    plan = training_needs(body, tree.names, guards.effects)
+    plan = training_needs(body, tree.names, guards.effects, ctx.folder)
     guards.calls = plan.calls
     if plan.end is None:
         return body

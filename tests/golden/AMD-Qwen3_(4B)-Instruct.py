@@ -20,13 +20,14 @@ Install first (the notebook's install commands, every branch, removed here; {nam
 # ---- nbddp runtime: the parts of nbddp/runtime/ this notebook needs (no notebook code above this line) ----
 # -- recipe: needed by launcher
 # -- launcher: needed by group, fit, global_batch
-# -- wait: needed by group, one_writer, files, agree
+# -- wait: needed by group, one_writer, files, agree, stdin_fd
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group
-# -- hooks: needed by fit, one_writer, files, agree, unsloth_group, lean_sync, peft_shim, global_batch, balance
+# -- hooks: needed by fit, one_writer, files, agree, stdin_fd, unsloth_group, lean_sync, peft_shim, global_batch, balance
 # -- fit: the notebook loads a model: DDP if it fits one GPU, else one process split over all of them
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- files: every script: a file that every rank writes is written by one rank per machine; the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
+# -- stdin_fd: every script: rank 0 alone reads stdin, every rank reads the same, a stdin that gives nothing ends, never a hang
 # -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
