@@ -21,19 +21,27 @@ batch, same weights, on the T4-class share.
     python3 bench/shard_train.py run --out $OUT/q7.json --shape qwen25_7b --quant nf4 --optim adamw8bit \\
         --bucket-view --cap-gib 6 --batch 1 --seq 1024 --fallback-batch 0 --fallback-seq 512 --steps 8 --warmup 2 \\
         --modes shard-host,split,shard,one
+    # a second family that one process cannot hold at 6 GiB (Gemma-7B: a tied vocabulary of 256000), the allocator's
+    # expandable segments in every mode         # bench/results/shard-4bit-gemma7b-gib6-2026-11-28.*
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 bench/shard_train.py run --out $OUT/g7.json \\
+        --shape gemma_7b --quant nf4 --optim adamw8bit --bucket-view --cap-gib 6 --batch 1 --seq 1024 \\
+        --fallback-batch 0 --fallback-seq 512 --steps 8 --warmup 2 --modes shard-host,split,shard,one
 
 The stand-in (`--shape`): a model of a real one's shape (llama31_8b, the default: Llama-3.1-8B, hidden 4096, 32
 layers, intermediate 14336, 32 heads / 8 kv heads, vocabulary 128256, untied head; mistral_7b: Mistral-7B-v0.3;
 qwen25_7b: Qwen2.5-7B, 28 layers, hidden 3584, intermediate 18944, 28 / 4 heads, vocabulary 152064, q/k/v biases;
 qwen25_32b: Qwen2.5-32B, 64 layers, hidden 5120, intermediate 27648, 40 / 8 heads, vocabulary 152064, q/k/v biases;
-tiny, tiny_qwen: for CPU and the check; `--layers` fewer layers) in `--dtype` (float16) with random weights, made on
-the meta device and filled on the GPU from one fixed random pool (every weight the same in both modes, whatever GPU
-holds it); with `--quant nf4` every linear layer inside the decoder layers a bitsandbytes Linear4bit (NF4, double
-quantization, float16 compute, uint8 storage, as load_in_4bit makes them), each weight made in float16 and
-quantized on its GPU one linear layer at a time (never the whole model on one GPU); LoRA (peft, r=16, alpha 16, no
-dropout) on q/k/v/o/gate/up/down, A from the pool, B zero; gradient checkpointing (non-reentrant); AdamW on the
-adapters (fp32; `--optim adamw8bit`: bitsandbytes' 8-bit AdamW, as Unsloth's notebooks choose) with a fixed loss
-scale (GradScaler, no growth); one fixed batch of random token ids, `--batch` x `--seq` per GPU, every step.
+gemma_7b: Gemma-7B, 28 layers, hidden 3072, intermediate 24576, 16 / 16 heads of 256, vocabulary 256000, the head
+tied to the embeddings (one tensor, made once), embeddings scaled by sqrt(hidden), GELU (tanh), norms 1 + weight;
+tiny, tiny_qwen, tiny_gemma: for CPU and the check; `--layers` fewer layers) in `--dtype` (float16) with random
+weights (a norm's scale 1: a Gemma norm's weight 0), made on the meta device and filled on the GPU from one fixed
+random pool (every weight the same in both modes, whatever GPU holds it); with `--quant nf4` every linear layer
+inside the decoder layers a bitsandbytes Linear4bit (NF4, double quantization, float16 compute, uint8 storage, as
+load_in_4bit makes them), each weight made in float16 and quantized on its GPU one linear layer at a time (never the
+whole model on one GPU); LoRA (peft, r=16, alpha 16, no dropout) on q/k/v/o/gate/up/down, A from the pool, B zero;
+gradient checkpointing (non-reentrant); AdamW on the adapters (fp32; `--optim adamw8bit`: bitsandbytes' 8-bit
+AdamW, as Unsloth's notebooks choose) with a fixed loss scale (GradScaler, no growth); one fixed batch of random
+token ids, `--batch` x `--seq` per GPU, every step.
 
 Modes, each a child process started here (the driver starts and stops MPS: every process on `--sms` SMs of its GPU;
 NCCL_P2P_DISABLE=1; the whole job on `--cores`; each process's allocator capped at `--cap-gib` per GPU):
@@ -95,14 +103,23 @@ SHAPES = {  # each a real model's shape ("family": its transformers class), or a
     "qwen25_32b": dict(family="qwen2", hidden_size=5120, num_hidden_layers=64, intermediate_size=27648,
                        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768,
                        rms_norm_eps=1e-6, tie_word_embeddings=False),  # Qwen2.5-32B (q/k/v with biases)
+    "gemma_7b": dict(family="gemma", hidden_size=3072, num_hidden_layers=28, intermediate_size=24576,
+                     num_attention_heads=16, num_key_value_heads=16, head_dim=256, vocab_size=256000,
+                     max_position_embeddings=8192, hidden_act="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                     rope_theta=10000.0, tie_word_embeddings=True),  # Gemma-7B (GemmaConfig's defaults)
     "tiny": dict(family="llama", hidden_size=64, num_hidden_layers=4, intermediate_size=160, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=256, tie_word_embeddings=False),
     "tiny_qwen": dict(family="qwen2", hidden_size=128, num_hidden_layers=4, intermediate_size=384,
                       num_attention_heads=4, num_key_value_heads=2, vocab_size=512, max_position_embeddings=256,
                       tie_word_embeddings=False),
+    "tiny_gemma": dict(family="gemma", hidden_size=128, num_hidden_layers=4, intermediate_size=512,
+                       num_attention_heads=4, num_key_value_heads=4, head_dim=48, vocab_size=512,
+                       max_position_embeddings=256, hidden_act="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                       tie_word_embeddings=True),  # head_dim x heads != hidden, as in Gemma-7B (256 x 16, 3072)
 }
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
-            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
+            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "gemma": ("GemmaConfig", "GemmaForCausalLM")}
+NORM_ONE_PLUS = {"gemma"}  # families whose RMSNorm scales by 1 + weight (a scale of 1 is a weight of 0)
 MODE_ENV = {  # a sharded mode's variants: its NCCL settings, its gather's transport
     "shard": {}, "shard-sync": {}, "check": {},
     "shard-1ch": {"NCCL_MAX_NCHANNELS": "1"},
@@ -113,6 +130,8 @@ MODE_ENV = {  # a sharded mode's variants: its NCCL settings, its gather's trans
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GIB = 2 ** 30
 POOL = 1 << 24  # random values every weight is cut from (a 1B-element model repeats them: timing does not care)
+NORM_FILL = [1.0]  # a norm's weight: 1, or 0 in a family of NORM_ONE_PLUS (meta_model sets it)
+MADE = {}  # id of a meta parameter -> (it, the parameter made for it): a tied parameter made once
 
 
 # ---------------------------------------------------------------- the model, the same in every mode
@@ -131,7 +150,7 @@ def fill(name, param):
     import torch
     with torch.no_grad():
         if name.endswith("norm.weight"):
-            param.fill_(1.0)
+            param.fill_(NORM_FILL[0])
             return
         if ".lora_B." in name:
             param.zero_()
@@ -166,7 +185,9 @@ def meta_model(args):
     import torch
     import transformers
     from peft import LoraConfig, get_peft_model
-    config_cls, model_cls = (getattr(transformers, n) for n in FAMILIES[SHAPES[args.shape]["family"]])
+    family = SHAPES[args.shape]["family"]
+    config_cls, model_cls = (getattr(transformers, n) for n in FAMILIES[family])
+    NORM_FILL[0] = 0.0 if family in NORM_ONE_PLUS else 1.0
     config = config_cls(**shape_of(args), use_cache=False)
     with torch.device("meta"):
         base = model_cls(config)
@@ -239,16 +260,37 @@ def rotary_on(model, config, device):
 
 def materialize(module, prefix, device, recurse=True):
     """`module`'s parameters (and buffers) from meta onto `device`, filled by their full names (a Linear4bit's
-    weight quantized there)."""
+    weight quantized there). A parameter tied to one made before (Gemma's head: the embeddings' tensor) is that
+    one, on its device, never a second copy; a scaled embedding's scale buffer (Gemma's sqrt(hidden)) set again."""
+    import torch
     for name, sub in (module.named_modules() if recurse else [("", module)]):
         where = f"{prefix}{name}." if name else prefix
         if type(sub).__name__ == "Linear4bit" and type(sub).__module__.startswith("bitsandbytes"):
             if sub.weight.is_meta:
                 quantize_linear(sub, where, device, sub.compute_dtype)
             continue
-        sub.to_empty(device=device, recurse=False)
-        for pname, param in sub.named_parameters(recurse=False):
-            fill(f"{where}{pname}", param)
+        for pname, param in list(sub._parameters.items()):
+            if param is None or not param.is_meta:
+                if param is not None:
+                    fill(f"{where}{pname}", param)
+                continue
+            if id(param) in MADE:  # tied: the tensor already made
+                made = MADE[id(param)][1]
+                if made.device != torch.device(device):
+                    raise SystemExit(f"{where}{pname} is tied to a parameter made on {made.device}, not {device}")
+                sub._parameters[pname] = made
+                continue
+            made = torch.nn.Parameter(torch.empty_like(param, device=device), requires_grad=param.requires_grad)
+            fill(f"{where}{pname}", made)
+            MADE[id(param)] = (param, made)
+            sub._parameters[pname] = made
+        for bname, buf in list(sub._buffers.items()):
+            if buf is not None and buf.is_meta:
+                sub._buffers[bname] = torch.empty_like(buf, device=device)
+        if type(sub).__name__.endswith("ScaledWordEmbedding") and isinstance(getattr(sub, "embed_scale", None),
+                                                                           torch.Tensor):
+            with torch.no_grad():  # as transformers' _init_weights sets it (Gemma: sqrt(hidden))
+                sub.embed_scale.fill_(getattr(sub, "scalar_embed_scale", sub.embedding_dim ** 0.5))
 
 
 def token_batch(args, config):
