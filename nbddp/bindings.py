@@ -78,11 +78,13 @@ class Bindings(Assignments):
         self.values: dict[cst.Name, cst.BaseExpression] = {}
         self.classes: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = {}
         self.fields: dict[cst.Param, Fields] = {}  # a method's `self` -> its class's `self.x`: values, reads
+        self.class_fields: dict[cst.ClassDef, Fields] = {}  # the same record, by its class
         self.order: dict[cst.CSTNode, int] = {}  # binding nodes in source order
         self.params: dict[cst.Param, cst.FunctionDef] = {}  # a def's parameter -> the def
         self.packages: set[str] = set()  # the packages the notebook imports, anywhere but in dead code
         self.dead = 0  # how deep in `if False:` blocks
         self.calls: list[cst.Call] = []  # every call, where a parameter's arguments are looked for
+        self.reads: dict[str, list] = {}  # attribute name -> every `name.attribute` (an instance's, a module's)
         self.top, self.watcher, self.statement = top, watcher, None
 
     def on_visit(self, node):
@@ -92,6 +94,8 @@ class Bindings(Assignments):
             self.calls.append(node)
         elif isinstance(node, cst.FunctionDef):
             self.params.update((param, node) for param in params_of(node))
+        elif isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
+            self.reads.setdefault(node.attr.value, []).append(node)
         if isinstance(node, (cst.Name, cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)):
             self.order[node] = len(self.order)
         if self.watcher is not None:  # what else one pass over the tree reads (nbddp.tree's statement facts)
@@ -130,6 +134,7 @@ class Bindings(Assignments):
             fields.own = params_of(method)[0].name.value
             method.body.visit(fields)
         self.fields.update((params_of(m)[0], fields) for m in methods)
+        self.class_fields[node] = fields
 
 
 class Fields(Assignments):

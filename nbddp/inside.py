@@ -7,8 +7,9 @@
 A line is such an effect when it calls a library none of training's, Python's own or a computing one's (a web hook,
 a notifier; through an alias or the notebook's own function, or a method of a value such a library made that the
 notebook only calls methods of: a client, `self.bot` in a callback), drops the values, changes and binds nothing
-else, reads neither the rank nor the world nor a file an enclosing `with` opened, and sets up nothing. Rank 0 runs
-it, with no wait: no other rank reads what it did.
+else, reads neither the rank nor the world nor a file an enclosing `with` opened, sets up nothing and moves nothing
+between devices (`.to("cpu")` frees that rank's GPU memory). Rank 0 runs it, with no wait: no other rank reads what
+it did.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .changes import base_name
 from .cst_helpers import is_if_false, names_in, statement_blocks
 from .entries import COMPUTES, STANDARD, TRAINING_HOOKS, is_entry
 from .rank_conditions import is_rank_test
-from .vocabulary import COLLECTIVE, CONFIG
+from .vocabulary import COLLECTIVE, CONFIG, DEVICE_MOVES, parts
 
 
 def _effect_only(stmt, scan, handles) -> bool:
@@ -51,6 +52,8 @@ def _sent(calls, scan) -> set:
         func = call.func
         if isinstance(func, cst.Attribute):
             meanings = scan.names.meanings(func)
+            if {parts(m)[-1] for m in meanings} & DEVICE_MOVES:  # `.to("cpu")` of any value: where its memory is
+                continue
             if all("()." in m for m in meanings) and _others(meanings, scan) and scan.names.only_called(func.value):
                 found.add(base_name(func.value))
     return found

@@ -49,7 +49,7 @@ class Names:
         bindings = Bindings(set(module.body), watcher)
         module.visit(bindings)
         self.values, self.classes, self.order = bindings.values, bindings.classes, bindings.order
-        self.fields = bindings.fields
+        self.fields, self.class_fields, self.attribute_reads = bindings.fields, bindings.class_fields, bindings.reads
         self.receivers = {c.func.value for c in bindings.calls if isinstance(c.func, cst.Attribute)}  # x of x.m()
         self.params, self._calls, self._sites = bindings.params, bindings.calls, None
         self.packages = frozenset(bindings.packages)  # roots whose meanings are qualified names (nbddp.vocabulary)
@@ -96,8 +96,8 @@ class Names:
 
     def _meanings(self, expr, depth) -> set:
         if isinstance(expr, cst.Attribute):
-            held = self._field(expr)  # `self.bot` in a method: what the class's methods assign it
-            if held:
+            held = self._field(expr, depth)  # `self.bot` in a method, `h.bot` of `h = Helper()`: what the
+            if held:  # class's methods assign it
                 return {m for value in held for m in self.meanings(value, depth + 1)}
             return {f"{m}.{expr.attr.value}" for m in self.meanings(expr.value, depth + 1)}
         if isinstance(expr, cst.Call):
@@ -149,19 +149,21 @@ class Names:
                     return self.fields[assignment.node]
         return None
 
-    def _field(self, expr: cst.Attribute) -> list:
+    def _field(self, expr: cst.Attribute, depth: int = 0) -> list:
         """The values the methods of a class of the notebook assign to `self.<attr>`, where `expr` is read through a
-        method's own `self`."""
+        method's own `self`, or through an instance the class made (`h.bot` after `h = Helper()`)."""
         fields = self._fields(expr)
-        return fields.values.get(expr.attr.value, []) if fields is not None else []
+        if fields is not None:
+            return fields.values.get(expr.attr.value, [])
+        return [value for cls in self._classes_of(expr.value, depth + 1) if cls in self.class_fields
+                for value in self.class_fields[cls].values.get(expr.attr.value, [])]
 
     def only_called(self, expr) -> bool:
         """Every read of the value `expr` names (a name of the notebook's, `self.x` in a method) calls one of its
         methods (`client.chat_postMessage(...)`): no other code sees what those calls do to it."""
         expr = self.orig(expr)
         if isinstance(expr, cst.Attribute):
-            fields = self._fields(expr)
-            reads = fields.reads.get(expr.attr.value, []) if fields is not None else []
+            reads = self._field_reads(expr)
         elif isinstance(expr, cst.Name):
             reads = [r.node for a in self._assignments(expr) or () for r in getattr(a, "references", ())]
         else:
@@ -243,6 +245,16 @@ class Names:
             value = self.value(node)
             return self.literal(value, depth + 1) if value is not None else ...
         return ...
+
+    def _field_reads(self, expr: cst.Attribute) -> list:
+        """Every read of the attribute `expr` names, of a class of the notebook's: through its methods' own `self`
+        and through the instances it made (`h.client` after `h = Helper()`), where and how its value is used."""
+        fields, attr = self._fields(expr), expr.attr.value
+        classes = {cls for cls, record in self.class_fields.items() if record is fields} if fields is not None else \
+            {cls for cls in self._classes_of(expr.value, 1) if cls in self.class_fields}
+        reads = [read for cls in classes for read in self.class_fields[cls].reads.get(attr, [])]
+        return reads + [read for read in self.attribute_reads.get(attr, ())
+                        if read not in reads and classes & set(self._classes_of(read.value, 1))]
 
     def definitions(self, expr, depth: int = 0) -> list:
         """The notebook's own functions (FunctionDef or Lambda) a callee refers to."""

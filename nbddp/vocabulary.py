@@ -39,6 +39,7 @@ BACKWARD, STEP, CONFIG, SYNC = "backward", "step", "config", "sync"
 OWN_VALUE = "own-value"  # a value each process computes for itself (the clock, a uuid, entropy): nbddp.entries
 TRAINS = "trains"  # of SYNC: trains or talks to every rank (not a model load): the last such statement ends training
 SEEDED, AMP, DEVICE = "seeded", "amp", "device"  # a split or shuffle; torch.cuda.amp; what names a device
+DEVICE_MOVES = frozenset({"to", "cuda", "cpu"})  # a method that moves any value between devices (by its name)
 ENV = "env"  # a statement that names CUDA_VISIBLE_DEVICES (nbddp.tree's statement facts)
 OWN_DDP = "own-ddp"  # the notebook distributes training itself: torch's DDP or FSDP, accelerate, Lightning's Fabric
 MAIN_ONLY = frozenset({SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK})

@@ -353,3 +353,29 @@ def test_a_module_beside_the_notebook_is_what_its_code_calls(tmp_path, cells, ev
     last = len(cells) - 1
     assert ("NBDDP_IS_MAIN" not in beside[last].source) == every_rank, beside[last].source
     assert "NBDDP_IS_MAIN" in alone[last].source, alone[last].source
+
+
+KIT = ("import numpy as np\nimport slack_sdk\nimport asrlib\nfrom transformers import Trainer\nclass Kit:\n"
+       "    def __init__(self, m, d):\n        self.rng = np.random.default_rng(0)\n"
+       "        self.client = slack_sdk.WebClient(token='t')\n        self.asr = asrlib.load_model('base')\n"
+       "        self.trainer = Trainer(model=m, train_dataset=d)\n")
+
+
+@pytest.mark.parametrize("cells, guarded", [
+    # an attribute of the notebook's object, read outside its class, is the value its methods assign it
+    (["kit = Kit(model, rows)\nkit.rng.shuffle(rows)\nkit.trainer.train()\n"], None),
+    (["k = Kit(model, rows)\n", "def mix(box):\n    box.rng.shuffle(rows)\nmix(k)\nk.trainer.train()\n"],
+     None),                                                                             # in a function, over cells
+    (["kit = Kit(model, rows)\nfor e in range(2):\n    kit.trainer.train()\n"
+      "    kit.client.chat_postMessage(channel='c', text='epoch')\n"], "kit.client.chat_postMessage"),  # once
+    (["kit = Kit(model, rows)\nfor e in range(2):\n    kit.trainer.train()\n    kit.asr.to('cpu')\n"],
+     None),                                                    # a device move of any value: every rank's memory
+])
+def test_an_attribute_of_the_notebooks_object_is_what_its_class_assigns(cells, guarded):
+    out, _ = convert(KIT, *cells)
+    code = "".join(out[1:])
+    assert "nbddp_rest_on_rank0()" not in code.partition("trainer.train()")[0], code  # its trainer trains
+    if guarded:
+        assert f"if NBDDP_IS_MAIN:\n        {guarded}" in code, code
+    else:
+        assert "NBDDP_IS_MAIN" not in code, code
