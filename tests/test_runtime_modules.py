@@ -858,6 +858,47 @@ def test_a_pipe_nobody_writes_ends_for_every_reader_in_bounded_time(tmp_path):
     assert max(r["seconds"] for r in records) < 10, out
 
 
+TOOLKIT_PROMPT = """
+import json, os, sys, time, torch.distributed as dist
+rank = int(os.environ["RANK"])
+from nbddp.runtime import stdin_fd
+stdin_fd.nbddp_share_stdin()
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=rank, world_size=2)
+from prompt_toolkit import prompt as ask_user  # a prompt toolkit: it reads file descriptor 0 itself
+
+def name_please():
+    try:
+        return ask_user("Name: ")
+    except EOFError:
+        return "EOFError"
+
+start = time.monotonic()
+print("TOOLKIT " + json.dumps({"rank": rank, "got": name_please(), "seconds": time.monotonic() - start}), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("written, got", [(b"alice\n", "alice"), (b"", "EOFError")])
+def test_a_prompt_toolkit_reads_rank_0s_stdin_on_every_rank_and_a_silent_pipe_ends(tmp_path, written, got):
+    pytest.importorskip("prompt_toolkit")
+    import json
+
+    read, write = os.pipe()  # rank 0's stdin: stays open while the ranks run, with `written` in it
+    os.write(write, written)
+    other, closed = os.pipe()  # rank 1's own stdin: text that must not be read
+    os.write(closed, b"rank 1's own\n")
+    os.close(closed)
+    try:
+        out = _ranks(TOOLKIT_PROMPT, tmp_path, [read, other], {"NBDDP_STDIN_QUIET": "1"})
+    finally:
+        os.close(write)
+    records = [json.loads(line.split("TOOLKIT ", 1)[1]) for text in out for line in text.splitlines()
+               if "TOOLKIT " in line]
+    assert sorted((r["rank"], r["got"]) for r in records) == [(0, got), (1, got)], out
+    assert max(r["seconds"] for r in records) < 10, out
+
+
 def test_a_folder_made_with_exist_ok_costs_no_wait_and_one_made_without_still_fails(monkeypatch, tmp_path):
     import pathlib
     import time
