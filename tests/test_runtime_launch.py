@@ -46,20 +46,50 @@ def test_tied_embeddings_count_once_and_a_multimodal_config_counts_its_text_part
     assert fit.nbddp_weight_gib(moe, 16) < fit.nbddp_weight_gib(LLAMA_8B, 16)  # 8 experts of 1024 < one of 14336
 
 
-@pytest.mark.parametrize("need, free, plan", [
-    (10, [15, 15], "ddp"),  # fits one GPU
-    (19, [15, 15], "split"),  # fits only across both: 19 / 2 + 19 / 4 <= 15
-    (7.7, [5.5, 5.5], "none"),  # 2 x 5.5 would hold 7.7, but not the last GPU's share (it ran out of memory)
-    (7.7, [6.5, 6.5], "split"),  # ... and with 6.5 it trained
-    (40, [15, 15], "none"),  # fits nowhere
-    (19, [15], "none"),  # one GPU: nothing to split over
-    (10, [], "ddp"),  # no GPU: nothing to decide
+@pytest.mark.parametrize("need, free, shard, plan", [
+    (10, [15, 15], None, "ddp"),  # fits one GPU
+    (19, [15, 15], None, "split"),  # fits only across both: 19 / 2 + 19 / 4 <= 15
+    (7.7, [5.5, 5.5], None, "none"),  # 2 x 5.5 would hold 7.7, but not the last GPU's share (it ran out of memory)
+    (7.7, [6.5, 6.5], None, "split"),  # ... and with 6.5 it trained
+    (40, [15, 15], None, "none"),  # fits nowhere
+    (19, [15], None, "none"),  # one GPU: nothing to split over
+    (10, [], None, "ddp"),  # no GPU: nothing to decide
+    # the sharded mode (`shard`: GiB on each process), where the script can load the model so
+    (10, [15, 15], 8, "ddp"),  # fits one GPU: DDP first
+    (19, [15, 15], 11.4, "shard"),  # not one GPU, but each process's share: every GPU computes (split: one at a time)
+    (19, [15, 15], 15.5, "split"),  # the share does not fit: split as before
+    (40, [15, 15], 14, "shard"),  # too big to split, its share fits
+    (40, [15, 15], 21, "none"),
+    (19, [15], 11.4, "none"),  # one GPU: nothing to shard over
 ])
-def test_plan(need, free, plan):
-    assert fit.nbddp_plan(need, free) == plan
+def test_plan(need, free, shard, plan):
+    assert fit.nbddp_plan(need, free, shard) == plan
 
 
-def _fit(monkeypatch, config, free, launched=False, world=1):
+def test_the_sharded_share_of_an_8b_model():
+    """Llama-3.1-8B in 16 bits over 2 processes: its 32 layers' 6.98e9 matrix values (13.0 GiB) halved, two layers
+    whole (the gather buffers), embeddings and head (1.96 GiB), LoRA r=16 on every projection (41.9 M values, 16 bytes
+    each: weights, gradients, Adam's two states) and 1.5 GiB for activations: 11.4 GiB, where one GPU needs 19.4."""
+    layers, outside, (count, hidden, attention, kv, mlp) = fit.nbddp_weight_gib(LLAMA_8B, 16, parts=True)
+    assert (count, hidden, attention, kv, mlp) == (32, 4096, 4096, 1024, 14336)
+    assert layers + outside == fit.nbddp_weight_gib(LLAMA_8B, 16)
+    assert layers == pytest.approx(6.98e9 * 2 / GIB, rel=1e-3) and outside == pytest.approx(128256 * 4096 * 4 / GIB)
+    adapters = 16 * 32 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 14336)) * 16 / GIB
+    assert adapters == pytest.approx(0.625)
+    share = fit.nbddp_shard_gib(LLAMA_8B, 16, 2)
+    assert share == pytest.approx(layers / 2 + 2 * layers / 32 + outside + adapters + 1.5)
+    assert share == pytest.approx(11.39, abs=0.01) and fit.nbddp_weight_gib(LLAMA_8B, 16) * 1.2 + 1.5 > 19.4
+    assert fit.nbddp_shard_gib(LLAMA_8B, 16, 4) == pytest.approx(share - layers / 4)  # a quarter each over 4
+    # 4 bits: the quantization constants (1/32 of the packed bytes) stay whole on every rank
+    four, _, _ = fit.nbddp_weight_gib(LLAMA_8B, 4, parts=True)
+    assert fit.nbddp_shard_gib(LLAMA_8B, 4, 2) == pytest.approx(
+        four / 2 + 2 * four / 32 + outside + four / 32 + adapters + 1.5)
+
+
+def _fit(monkeypatch, config, free, launched=False, world=1, bits=4, shardable=None):
+    """nbddp_fit on GPUs with `free` GiB; `shardable`: the sharded mode's hooks (shard_mode.py's, where the script
+    carries it)."""
+    monkeypatch.setattr(fit, "NBDDP_SHARDABLE", shardable or {})
     monkeypatch.setattr(fit.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(fit.torch.cuda, "device_count", lambda: len(free))
     monkeypatch.setattr(fit, "_nbddp_config", lambda model: config if config else json.loads("{"))
@@ -69,7 +99,18 @@ def _fit(monkeypatch, config, free, launched=False, world=1):
     monkeypatch.setattr(hooks, "NBDDP_IS_MAIN", True)
     if launched:
         monkeypatch.setenv("RANK", "0")
-    return fit.nbddp_fit([("org/model", 4)])
+    return fit.nbddp_fit([("org/model", bits)])
+
+
+def _shardable(config, seen, share=True):
+    """Hooks as shard_mode.py gives them: its share (GiB a process over n, None where it cannot load the model so)
+    and its start, both recorded in `seen`."""
+    def start(models, numbers, shard):
+        seen.append(("start", models, numbers, shard))
+        return "shard"
+
+    return {"share": lambda models, n: seen.append(("share", models, n)) or (
+        fit.nbddp_shard_gib(config, models[0][1], n) if share else None), "start": start}
 
 
 def test_fit_says_its_numbers_and_picks_ddp_or_split(monkeypatch, capsys):
@@ -102,6 +143,38 @@ def test_nbddp_mode_overrides(monkeypatch, capsys):
     assert "NBDDP_MODE=split: one process, the model split over 2 GPUs" in capsys.readouterr().out
 
 
+def test_fit_picks_the_sharded_mode_where_each_process_holds_its_share(monkeypatch, capsys):
+    seen = []
+    assert _fit(monkeypatch, LLAMA_8B, [15.0, 15.0], bits=16, shardable=_shardable(LLAMA_8B, seen)) == "shard"
+    (_, models, n), (_, _, numbers, shard) = seen
+    assert models == [("org/model", 16)] and n == 2
+    assert numbers == "the model needs ~19.4 GiB on one GPU, 15.0/15.0 GiB free" and shard == pytest.approx(11.39, 0.01)
+    assert capsys.readouterr().out == ""  # the sharded mode's start says the line (test_shard_mode.py)
+    # the share does not fit; the script cannot load the model sharded (a quantized load, files not here: share None);
+    # the script does not carry the mode: split, as before
+    for config, hooks_ in ((LLAMA_8B, _shardable({**LLAMA_8B, "num_hidden_layers": 96}, [])),
+                           (LLAMA_8B, _shardable(LLAMA_8B, [], share=False)), (LLAMA_8B, None)):
+        hooks._NBDDP_SAID.clear()
+        assert _fit(monkeypatch, config, [15.0, 15.0], bits=16, shardable=hooks_) == "split"
+        assert "one process, the model split over 2 GPUs" in capsys.readouterr().out
+    seen.clear()  # under torchrun: this rank's GPU, the job's world size
+    assert _fit(monkeypatch, LLAMA_8B, [15.0], launched=True, world=2, bits=16,
+                shardable=_shardable(LLAMA_8B, seen)) == "shard"
+    assert seen[0][2] == 2 and seen[1][2] == "the model needs ~19.4 GiB on one GPU, 15.0 GiB free"
+
+
+def test_nbddp_mode_shard(monkeypatch, capsys):
+    monkeypatch.setenv("NBDDP_MODE", "shard")
+    seen = []
+    assert _fit(monkeypatch, LLAMA_8B, [], bits=16, shardable=_shardable(LLAMA_8B, seen)) == "shard"
+    assert seen == [("start", [("org/model", 16)], None, None)]  # asked for: no numbers of the fit check's
+    with pytest.raises(SystemExit) as stop:  # a script that cannot load its model sharded
+        _fit(monkeypatch, LLAMA_8B, [], bits=16)
+    assert stop.value.code == 1 and capsys.readouterr().err == (
+        "nbddp: error: NBDDP_MODE=shard: this script does not load its model sharded (no peft, or Unsloth): "
+        "NBDDP_MODE=split\n")
+
+
 def test_device_map_follows_the_mode(monkeypatch):
     assert group.nbddp_device_map("auto") == {"": group.NBDDP_DEVICE}
     monkeypatch.setattr(group, "NBDDP_MODE", "split")
@@ -119,7 +192,7 @@ def test_bad_switches_are_usage_errors(monkeypatch, capsys, name, value):
 
 def test_start_launches_only_a_plain_process_with_several_processes_to_run(monkeypatch):
     launched = []
-    monkeypatch.setattr(group, "nbddp_self_launch", launched.append)
+    monkeypatch.setattr(group, "nbddp_self_launch", lambda nproc, mode: launched.append((nproc, mode)))
     for name in launcher.NBDDP_LAUNCHED:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NBDDP_NPROC", "1")
@@ -127,9 +200,11 @@ def test_start_launches_only_a_plain_process_with_several_processes_to_run(monke
     monkeypatch.setenv("NBDDP_NPROC", "3")
     group.nbddp_start("split")  # one process holds the model
     group.nbddp_start()
+    group.nbddp_start("shard")  # one process per GPU too, each holding its share of the layers
     monkeypatch.setenv("LOCAL_RANK", "0")  # under a launcher: already one of the job's processes
     group.nbddp_start()
-    assert launched == [3]
+    group.nbddp_start("shard")
+    assert launched == [(3, "ddp"), (3, "shard")]
 
 
 # ---- real processes: the script launches itself ----

@@ -209,7 +209,7 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
         ["recipe", "launcher", "wait", "group", "hooks", "fit", "one_writer", "files", "share", "agree",
          "stdin_fd", "ask", "ipython_forms", "unsloth_group", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim",
-         "global_batch", "balance", "loop", "shard_host", "shard", "shard_load"]
+         "global_batch", "balance", "loop", "shard_host", "shard", "shard_load", "shard_mode"]
 
 
 def test_inlining_keeps_what_is_read_and_what_runs_at_import():

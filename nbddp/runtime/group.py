@@ -27,7 +27,7 @@ NBDDP_DEVICE = f"cuda:{NBDDP_LOCAL_RANK}" if torch.cuda.is_available() else "cpu
 NBDDP_OWN_STORAGE = [False]  # this machine does not see rank 0's working folder (_nbddp_check_shared_folder)
 NBDDP_CHECKED = [False]  # this rank ran that check (the process group was started by nbddp)
 NBDDP_CHECKED_KEY, NBDDP_OWN_STORAGE_KEY = "nbddp/ranks-checked", "nbddp/machines-own-storage"  # counts
-NBDDP_MODE = "ddp"  # or "split": one process, the model over every GPU (nbddp_fit)
+NBDDP_MODE = "ddp"  # "split": one process, the model over every GPU; "shard": its layers over the ranks (nbddp_fit)
 # The group's collectives (training) wait this long for a late rank; waits for rank-0 work go through the store.
 # 1800 s is the Trainer's own ddp_timeout default (torch's NCCL default is 600 s).
 NBDDP_GROUP_TIMEOUT = float(os.environ.get("NBDDP_GROUP_TIMEOUT", "1800"))
@@ -62,8 +62,8 @@ def nbddp_start(mode="ddp", group=True, batch=None):
         os.environ.setdefault("NBDDP_BATCH", batch)
     NBDDP_MODE, nproc = mode, nbddp_nproc()
     launched = any(name in os.environ for name in NBDDP_LAUNCHED)
-    if mode == "ddp" and nproc > 1 and not launched:
-        nbddp_self_launch(nproc)
+    if mode in ("ddp", "shard") and nproc > 1 and not launched:
+        nbddp_self_launch(nproc, mode)
     if nproc == 0 and not launched and NBDDP_WORLD_SIZE == 1:  # no GPU, no count asked for: say what runs instead
         print("nbddp: no GPU visible: one process on the CPU (NBDDP_NPROC=2 runs 2 processes with gloo; on Kaggle or "
               "Colab, turn the GPU accelerator on)", flush=True)

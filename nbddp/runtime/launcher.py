@@ -23,8 +23,8 @@ def nbddp_usage_error(text):
 def nbddp_nproc():
     """NBDDP_NPROC, else the number of GPUs torch sees (0 without any); NBDDP_MODE is checked on the way."""
     value, mode = os.environ.get("NBDDP_NPROC", "").strip(), os.environ.get("NBDDP_MODE", "auto").strip().lower()
-    if mode not in ("", "auto", "ddp", "split"):
-        nbddp_usage_error(f"NBDDP_MODE={mode!r}: use ddp, split or auto")
+    if mode not in ("", "auto", "ddp", "shard", "split"):
+        nbddp_usage_error(f"NBDDP_MODE={mode!r}: use ddp, shard, split or auto")
     if not value:
         return torch.cuda.device_count()
     if not value.isdigit() or int(value) < 1:
@@ -32,15 +32,15 @@ def nbddp_nproc():
     return int(value)
 
 
-def nbddp_self_launch(nproc):
-    """Become torchrun running this script as `nproc` processes (the mode is decided: DDP): torch's own launcher
-    (torch.distributed.run's main) in this process, which has torch imported already; the script's status is the
-    job's. Where this process holds a CUDA context (the GPUs' free memory read through CUDA), it is replaced by
-    a fresh torchrun instead, which leaves the GPUs' memory to the ranks."""
+def nbddp_self_launch(nproc, mode="ddp"):
+    """Become torchrun running this script as `nproc` processes in the mode decided (DDP, or "shard": the ranks'
+    NBDDP_MODE): torch's own launcher (torch.distributed.run's main) in this process, which has torch imported
+    already; the script's status is the job's. Where this process holds a CUDA context (the GPUs' free memory read
+    through CUDA), it is replaced by a fresh torchrun instead, which leaves the GPUs' memory to the ranks."""
     print(f"nbddp: {torch.cuda.device_count()} GPUs: running as {nproc} processes (NBDDP_NPROC=1 for one)", flush=True)
     argv, env = nbddp_launch(sys.argv[0], nproc, python=sys.executable, cpus=nbddp_cpu_count(), env=os.environ,
                              script_args=sys.argv[1:])
-    os.environ.update(env, NBDDP_MODE="ddp")
+    os.environ.update(env, NBDDP_MODE=mode)
     if torch.cuda.is_initialized():
         os.execv(argv[0], argv)
     from torch.distributed.elastic.multiprocessing.api import SignalException

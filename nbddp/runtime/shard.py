@@ -21,8 +21,8 @@ packed bytes, like any other frozen parameter's: the gather moves bytes, whateve
 quantization state (`quant_state`: the block scales, 1/64 of the elements or less) is not a parameter's data and
 stays whole on every rank, so the gathered layer is the unsharded one byte for byte. Each parameter's bytes start
 at a multiple of 256 in the buffer (the alignment of the CUDA allocator's own blocks). bitsandbytes is not imported
-here. Loading a checkpoint layer by layer into this: nbddp/shard_load.py (outside the runtime scripts carry). Not
-built here: the fit check's choice of this mode (docs/sharded.md, "Next")."""
+here. Loading a checkpoint layer by layer into this: shard_load.py; the mode in a converted script (the fit check's
+choice, the notebook's own from_pretrained): fit.py and shard_mode.py."""
 import time
 
 import torch

@@ -16,7 +16,8 @@ checkpoint (bitsandbytes' packed weights and their quantization states: each ran
 each layer's packed tensors and the whole states), quantize-on-load (each rank quantizing its slice of each weight,
 aligned to the quantization block) and Unsloth's loaders.
 
-No converted script carries it yet: the fit check does not choose the sharded mode."""
+A converted script carries it where the notebook can train sharded: shard_mode.py sends the notebook's own
+`from_pretrained` here in the sharded mode."""
 import json
 import os
 
@@ -134,7 +135,7 @@ def _nbddp_model_class(config, model_cls):
 
 
 def nbddp_load_sharded(folder, device="cpu", dtype=None, prepare=None, key_of=None, model_cls=None, group=None,
-                       **shard_kwargs):
+                       config=None, **shard_kwargs):
     """The model saved in `folder` (`save_pretrained`, safetensors) on this rank, its decoder layers sharded over the
     process group as `nbddp_shard_model` shards them (`shard_kwargs`: prefetch, timing, transport), never more than
     one whole layer of it read on a rank. `device`: where this rank's tensors go; `dtype`: the floating tensors cast
@@ -144,7 +145,7 @@ def nbddp_load_sharded(folder, device="cpu", dtype=None, prepare=None, key_of=No
     leave alone (already given to `nbddp_ddp_ignore` for the returned model), `shards.loaded` the checkpoint keys
     read, outside the layers and then layer by layer, `shards.new` the tensors made new (not in the checkpoint)."""
     import transformers
-    config = transformers.AutoConfig.from_pretrained(folder)
+    config = config if config is not None else transformers.AutoConfig.from_pretrained(folder)
     checkpoint = NbddpCheckpoint(folder)
     with torch.device("meta"):
         model = _nbddp_model_class(config, model_cls)(config)

@@ -176,6 +176,10 @@ def needs(facts: _Facts) -> dict[str, str]:
                      "and a line saying what to set"
     if sized_loads(facts):
         why["fit"] = "the notebook loads a model: DDP if it fits one GPU, else one process split over all of them"
+    unsloth = bool(facts.modules & {"unsloth", "unsloth_zoo"})
+    if sized_loads(facts) and "peft" in facts.modules and not unsloth:
+        why["shard_mode"] = "the notebook loads a model and trains peft's adapters: where the model does not fit one " \
+                            "GPU, its frozen layers sharded over the processes (NBDDP_MODE=shard)"
     helpers = {module: sorted(n for n in facts.names if n in HELPERS and HELPERS[n].module == module)
                for module in ("files", "share", "ipython_forms", "loop")}  # the steps' helpers of these (HELPERS)
     forms = helpers["ipython_forms"] + sorted(facts.ipython)
@@ -186,7 +190,6 @@ def needs(facts: _Facts) -> dict[str, str]:
         why["files"] += f"; the notebook calls {', '.join(used)}: once per machine, the other ranks wait"
     if helpers["share"]:
         why["share"] = "the notebook loads what it saved: machines that do not see rank 0's storage get a copy"
-    unsloth = bool(facts.modules & {"unsloth", "unsloth_zoo"})
     if facts.trainer and (facts.checkpointing or unsloth) and facts.own_ddp:
         why["strategy"] = (f"gradient checkpointing and {facts.own_ddp[0]}: DDP's graph settings chosen at run time "
                            "from the checkpointing mode")
