@@ -186,7 +186,17 @@ def test_overrides_and_unsloth_aliases(monkeypatch):
     assert strategy.nbddp_ddp_strategy("reentrant")[0] is False
 
 
-def test_checkpointing_mode_detection(monkeypatch):
+def _fake_zoo_checkpoint(monkeypatch, request):
+    """The offloaded checkpoint of the fake unsloth_zoo (runtime_cases/fake_zoo), which leaves with the test: a later
+    test in the same process must not find it."""
+    monkeypatch.syspath_prepend(os.path.join(CASES, "fake_zoo"))
+    request.addfinalizer(lambda: [sys.modules.pop(name) for name in list(sys.modules)
+                                  if name.split(".")[0] == "unsloth_zoo"])
+    from unsloth_zoo.gradient_checkpointing import unsloth_offloaded_checkpoint
+    return unsloth_offloaded_checkpoint
+
+
+def test_checkpointing_mode_detection(monkeypatch, request):
     import functools
 
     from torch.utils.checkpoint import checkpoint as torch_checkpoint
@@ -201,9 +211,7 @@ def test_checkpointing_mode_detection(monkeypatch):
     assert strategy.nbddp_checkpointing_mode(model) == "non-reentrant"
     block._gradient_checkpointing_func = functools.partial(torch_checkpoint, use_reentrant=True)
     assert strategy.nbddp_checkpointing_mode(model) == "reentrant"
-    sys.path.insert(0, os.path.join(CASES, "fake_zoo"))
-    from unsloth_zoo.gradient_checkpointing import unsloth_offloaded_checkpoint
-    block._gradient_checkpointing_func = unsloth_offloaded_checkpoint
+    block._gradient_checkpointing_func = _fake_zoo_checkpoint(monkeypatch, request)
     assert strategy.nbddp_checkpointing_mode(model) == "unsloth"
     checkpoint.nbddp_use_non_reentrant(model, offload=True)
     assert strategy.nbddp_checkpointing_mode(model) == "non-reentrant"
