@@ -32,6 +32,9 @@ def test_the_scripts_that_can_load_sharded_carry_the_mode(cells, carried):
     if carried:  # it tells the fit check, at import, that this script can load the model sharded
         assert "NBDDP_SHARDABLE.update(share=nbddp_shard_share, start=nbddp_shard_start)" in conversion.script
         assert "nbddp_start(nbddp_fit([('org/model', 16)]))" in conversion.script
+    said = [n.text for n in conversion.report.changes if n.text.startswith("model ")]  # the report says the modes
+    assert [("its frozen layers sharded over the processes" in text) for text in said] in ([carried], []), said
+    assert said or not carried
 
 
 @pytest.fixture

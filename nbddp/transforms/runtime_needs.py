@@ -226,10 +226,13 @@ class RuntimeNeeds(TreeStep):
         tree.module.visit(facts)
         loads = sized_loads(facts)
         models = tuple(dict.fromkeys((model, bits) for model, bits, _, _ in loads))
+        why = needs(facts)
         for model, bits, cell, placement in loads[:1]:
+            sharded = "else its frozen layers sharded over the processes where each one's share fits " \
+                      "(NBDDP_MODE=shard), " if "shard_mode" in why else ""
             ctx.report.change(cell, f"model {model} ({bits}-bit, the notebook's placement: {placement}): one process "
-                                    "per GPU where it fits one GPU, else one process with the model split over every "
-                                    "GPU; the script decides at run time")
+                                    f"per GPU where it fits one GPU, {sharded}else one process with the model split "
+                                    "over every GPU; the script decides at run time")
         for cell, shown in facts.unsized:
             ctx.report.warn(cell, f"from_pretrained({shown}, ...): nbddp cannot read which model or how it loads, "
                                   "so the script cannot check that it fits one GPU (it runs one process per GPU): "
@@ -242,5 +245,5 @@ class RuntimeNeeds(TreeStep):
             who = "in a rank-0-only block: only rank 0 asks and gets the answer" if main_only else \
                 "rank 0 asks, every rank gets the answer"
             ctx.report.change(cell, f"{what}: {who}; with no answer the job stops: {instead}")
-        ctx.runtime = Choice(needs(facts), frozenset(facts.names), models, scale_batch=ctx.options.scale_batch)
+        ctx.runtime = Choice(why, frozenset(facts.names), models, scale_batch=ctx.options.scale_batch)
         return tree.module
