@@ -29,12 +29,19 @@ class Report:
     warnings: list[Note] = field(default_factory=list)
     installs: list[str] = field(default_factory=list)
     code_cells: int = 0
+    _seen: set = field(default_factory=set, repr=False, compare=False)
 
     def change(self, cell, text, line=None):
-        self.changes.append(Note(cell, text, line))
+        self._add(self.changes, Note(cell, text, line))
 
     def warn(self, cell, text, line=None):
-        self.warnings.append(Note(cell, text, line))
+        self._add(self.warnings, Note(cell, text, line))
+
+    def _add(self, notes, note):
+        """One line for what two calls of a cell both decided."""
+        if note not in self._seen:
+            self._seen.add(note)
+            notes.append(note)
 
     def install(self, command: str):
         command = " ".join(command.split(" #")[0].split())  # one line, no trailing comment
