@@ -16,6 +16,8 @@ Runs (each `python script`, as a Kaggle Script runs it; the rate and peak memory
   self   the script as generated: it starts one process per GPU itself
   one    NBDDP_NPROC=1: one process on one GPU
   ddp    NBDDP_MODE=ddp: one process per GPU whatever the model needs (what the script did before it checked)
+  split  NBDDP_MODE=split: one process, the model split over every GPU (the reference for the sharded mode, which
+         `self` runs where the fit check picks it)
   whole  NBDDP_NPROC=1 on GPU 1 with the whole GPU (no --sms share) and cores 4-7: the reference the share's
          losses must equal; `one+whole` runs both at once (separate GPUs and cores)
 Several --gib values run the listed runs at each (e.g. 15 for the throughput, a lower one where the model fits only
@@ -53,7 +55,7 @@ print("free GiB", [round(torch.cuda.mem_get_info(d)[0] / 2**30, 2) for d in rang
       flush=True)
 time.sleep(10 ** 6)
 """
-RUNS = {"self": {}, "one": {"NBDDP_NPROC": "1"}, "ddp": {"NBDDP_MODE": "ddp"},
+RUNS = {"self": {}, "one": {"NBDDP_NPROC": "1"}, "ddp": {"NBDDP_MODE": "ddp"}, "split": {"NBDDP_MODE": "split"},
         "whole": {"NBDDP_NPROC": "1", "CUDA_VISIBLE_DEVICES": "1"}}
 CORES = {"whole": "4-7"}  # every other run: 0-3, Kaggle's 4 vCPUs
 T4 = {"NBDDP_BENCH_FP16": "1", "NCCL_P2P_DISABLE": "1"}
@@ -118,6 +120,8 @@ def summary(results):
         runs = {r["run"]: r for r in results if (r["gib"], r.get("round", 0)) == key}
         rate = {k: (v["rate"] or {}).get("samples_per_s") for k, v in runs.items()}
         row = {f"{k}_over_one": round(rate[k] / rate["one"], 3) for k in ("self", "ddp") if rate.get(k) and rate.get("one")}
+        if rate.get("self") and rate.get("split"):
+            row["self_over_split"] = round(rate["self"] / rate["split"], 3)
         wall = {k: v.get("script_wall_s") for k, v in runs.items()}  # `python script` from start to end
         row.update({f"one_wall_over_{k}": round(wall["one"] / wall[k], 3)
                     for k in ("self", "ddp") if wall.get(k) and wall.get("one")})
