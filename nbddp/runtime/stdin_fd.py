@@ -119,10 +119,10 @@ def nbddp_share_stdin():
         _nbddp_run(_nbddp_replay, _nbddp_pipe_on_fd0())
         return
     try:
-        real = None if os.isatty(0) else os.dup(0)
+        real = None if os.isatty(0) else os.dup(0)  # a terminal stays rank 0's own
     except OSError:  # no stdin at all
         real = None
-    _nbddp_run(_nbddp_relay, real, real is not None and _nbddp_pipe_on_fd0())
+    _nbddp_run(_nbddp_relay, real, None if real is None else _nbddp_pipe_on_fd0())
 
 
 NBDDP_AT_START.append(nbddp_share_stdin)
