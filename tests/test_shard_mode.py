@@ -173,3 +173,18 @@ def test_the_start_stops_a_job_of_one_process(tmp_path, shard_mode, start, monke
         "nbddp: error: NBDDP_MODE=shard shards the layers over 2 processes or more, this job has 1: NBDDP_NPROC=2 "
         "(or torchrun --nproc_per_node=2), or NBDDP_MODE=split\n")
     assert start == []
+
+
+def test_a_causal_lm_is_known_by_its_class_not_its_name():
+    import transformers
+
+    from nbddp.runtime import shard_mode
+
+    class Mine(transformers.LlamaForCausalLM):  # a notebook's own subclass: a causal LM
+        pass
+
+    class NotOneForCausalLM(transformers.LlamaModel):  # the name says so, the class does not
+        pass
+
+    assert shard_mode._nbddp_causal_lm(Mine) and shard_mode._nbddp_causal_lm(transformers.LlamaForCausalLM)
+    assert not shard_mode._nbddp_causal_lm(NotOneForCausalLM)

@@ -5,8 +5,8 @@ model peft's `get_peft_model` made around it) leaves the sharded parameters out,
 give them. The fit check (fit.py) gets from here, through NBDDP_SHARDABLE, the mode's share of a model on each
 process (None where this mode cannot load it) and its start (the line, the stops, the patches).
 
-What loads sharded: transformers' `PreTrainedModel.from_pretrained` of a class named `...ForCausalLM`, reached
-through AutoModelForCausalLM or the class itself (patched when the notebook first imports transformers' modeling,
+What loads sharded: transformers' `PreTrainedModel.from_pretrained` of a causal LM (a class AutoModelForCausalLM
+maps a model type to, or a subclass of one), reached through AutoModelForCausalLM or the class itself (patched when the notebook first imports transformers' modeling,
 in this mode only), from a local `save_pretrained` folder with safetensors or a hub id whose safetensors are in the
 Hugging Face cache, in fp32, fp16 or bf16 (`dtype`: "auto", the default, is the config's dtype, else as saved).
 A load that asks for 4-bit or 8-bit quantization (or a pre-quantized checkpoint) stops with one line: not built yet,
@@ -163,6 +163,15 @@ def nbddp_from_pretrained_sharded(cls, name, config=None, **kwargs):
     return model
 
 
+def _nbddp_causal_lm(cls):
+    """A causal LM of transformers: the class, or one it derives from (a notebook's own subclass), is one that
+    AutoModelForCausalLM maps a model type to."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    return any(c.__name__ in causal for c in cls.__mro__)
+
+
 def _nbddp_patch_from_pretrained(modeling):
     base = modeling.PreTrainedModel
     whole = base.from_pretrained.__func__
@@ -171,7 +180,7 @@ def _nbddp_patch_from_pretrained(modeling):
 
     @functools.wraps(whole)
     def from_pretrained(cls, name, *args, **kwargs):
-        if cls.__name__.endswith("ForCausalLM") and not args:
+        if _nbddp_causal_lm(cls) and not args:
             return nbddp_from_pretrained_sharded(cls, name, **kwargs)
         nbddp_say(f"shard-whole-{cls.__name__}", f"{cls.__name__}.from_pretrained: not a causal LM (or with model "
                                                  "arguments): loaded whole on every rank")
