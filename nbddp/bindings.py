@@ -6,6 +6,7 @@ from __future__ import annotations
 import libcst as cst
 
 from .cst_helpers import dotted, is_if_false
+from .walk import walk
 
 
 class _Returns(cst.CSTVisitor):
@@ -32,7 +33,7 @@ def params_of(function: cst.FunctionDef) -> list[cst.Param]:
 
 def returns_of(definition: cst.FunctionDef) -> list:
     found = _Returns()
-    definition.body.visit(found)
+    walk(definition.body, found)
     return found.values
 
 
@@ -132,7 +133,7 @@ class Bindings(Assignments):
         fields = Fields()
         for method in methods:
             fields.own = params_of(method)[0].name.value
-            method.body.visit(fields)
+            walk(method.body, fields)
         self.fields.update((params_of(m)[0], fields) for m in methods)
         self.class_fields[node] = fields
 

@@ -11,6 +11,7 @@ import libcst as cst
 
 from .cells import starts_cell
 from .errors import ConversionError
+from .walk import walk
 
 
 def parse(code: str, cell=None, step=None) -> cst.Module:
@@ -115,7 +116,7 @@ def names_in(node) -> set[str]:
         def visit_Name(self, n):
             found.add(n.value)
 
-    node.visit(_Names())
+    walk(node, _Names())
     return found
 
 
@@ -162,7 +163,7 @@ def leaves_block(stmt) -> bool:
     """Whether running the statement may leave the block it stands in (`return`, or a `break`/`continue` of the
     loop around it)."""
     exits = _Exits()
-    stmt.visit(exits)
+    walk(stmt, exits)
     return exits.found
 
 
@@ -180,7 +181,7 @@ class _CallCollector(LiveVisitor):
 def live_calls(node) -> tuple:
     """The calls in a node's live code, in order (nodes are immutable: read once per node)."""
     collector = _CallCollector()
-    node.visit(collector)
+    walk(node, collector)
     return tuple(collector.calls)
 
 

@@ -16,6 +16,7 @@ import re
 import libcst as cst
 
 from .bindings import Assignments
+from .walk import walk
 
 MAX_LINES, MAX_VALUES, MAX_DEPTH = 4, 4, 6
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")  # IPython's {name} and $name
@@ -102,7 +103,7 @@ def expand(commands, module: cst.Module) -> list:
     if not has_placeholders(commands):
         return list(commands)
     assignments = _Assignments()
-    module.visit(assignments)
+    walk(module, assignments)
     names = assignments.found
     out = []
     for command in commands:

@@ -1,7 +1,7 @@
 """What the notebook's names and expressions are: the one name and value analysis every conversion step shares.
 
 Built once on the notebook's tree right after the magics step (nbddp.tree.Tree.names), from libcst's scope
-analysis (ScopeProvider, computed once through MetadataWrapper), so a name means what it is bound to where it is
+analysis (ScopeProvider, computed once: nbddp.walk.scopes), so a name means what it is bound to where it is
 read: imports and their aliases (`from unsloth import FastLanguageModel as FLM`), assignments (`FLM2 = FLM`,
 `model, tok = FLM.from_pretrained(...)`), builtins (`map`), the notebook's own functions, lambdas and
 `functools.partial`s, in every scope.
@@ -27,12 +27,13 @@ Which names a statement reads and binds (the flow across cells) is the other ana
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import BuiltinAssignment, GlobalScope, ImportAssignment, MetadataWrapper, ScopeProvider
+from libcst.metadata import BuiltinAssignment, GlobalScope, ImportAssignment
 
 from .bindings import Bindings, returns_of, static
 from .cst_helpers import dotted
 from .entries import PASS_THROUGH
 from .vocabulary import kinds
+from .walk import scopes, walk
 
 MAX_MEANINGS, MAX_DEPTH = 12, 12
 MAIN = "__main__"  # the notebook's own functions and classes are `__main__.name`, as in the script
@@ -45,9 +46,9 @@ IPYTHON_BUILTINS = frozenset({"display", "get_ipython"})
 class Names:
     def __init__(self, module: cst.Module, watcher=None):
         self.module = module
-        self.scopes = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ScopeProvider)
+        self.scopes = scopes(module)
         bindings = Bindings(set(module.body), watcher)
-        module.visit(bindings)
+        walk(module, bindings)
         self.values, self.classes, self.order = bindings.values, bindings.classes, bindings.order
         self.fields, self.class_fields, self.attribute_reads = bindings.fields, bindings.class_fields, bindings.reads
         self.receivers = {c.func.value for c in bindings.calls if isinstance(c.func, cst.Attribute)}  # x of x.m()

@@ -52,6 +52,7 @@ from .reads_writes import free_reads, imported_names, imported_packages, reads_w
 from .training_end import is_own_guard, training_end
 from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT
 from .written import OwnModules
+from .walk import walk
 
 MAKES = frozenset({CONFIG, LOAD, PEFT})  # training's own objects: made by every rank (they hold the process's state)
 PATHS = frozenset({"pathlib.Path", "pathlib.PurePath", "os.path.join", "os.path.abspath", "os.path.expanduser",
@@ -95,7 +96,7 @@ class _Scan:
         """One pass over a statement's live code."""
         if id(stmt) not in self.read:
             changes = Changes(self)
-            stmt.visit(changes)
+            walk(stmt, changes)
             self.read[id(stmt)] = changes
         return self.read[id(stmt)]
 

@@ -15,6 +15,7 @@ import libcst as cst
 from .bindings import returns_of
 from .entries import is_entry, is_trainer
 from .vocabulary import CONFIG, kinds
+from .walk import walk
 
 RANK, WORLD = "rank", "world"
 # nbddp's runtime names (what a converted script reads): converting converted code keeps their meaning.
@@ -125,7 +126,7 @@ def _reads(node, names, depth) -> set:
     key = ("node", node)
     if key not in cache:
         reads = _Reads(names, depth)
-        node.visit(reads)
+        walk(node, reads)
         cache[key] = frozenset(reads.found)
     return set(cache[key])
 

@@ -19,6 +19,7 @@ import libcst as cst
 
 from .cst_helpers import arguments, names_in
 from .vocabulary import PATH_KEYWORDS
+from .walk import walk
 
 
 class _ReadsWrites(cst.CSTVisitor):
@@ -35,35 +36,35 @@ class _ReadsWrites(cst.CSTVisitor):
         elif isinstance(target, cst.StarredElement):
             self._bind(target.value)
         else:  # x.attr = … / x[i] = …: reads x
-            target.visit(self)
+            walk(target, self)
 
     def visit_Assign(self, node):
         for target in node.targets:
             self._bind(target.target)
-        node.value.visit(self)
+        walk(node.value, self)
         return False
 
     def visit_AnnAssign(self, node):
         self._bind(node.target)
         if node.value is not None:
-            node.value.visit(self)
+            walk(node.value, self)
         return False
 
     def visit_AugAssign(self, node):
-        node.target.visit(self)
+        walk(node.target, self)
         self._bind(node.target)
-        node.value.visit(self)
+        walk(node.value, self)
         return False
 
     def visit_For(self, node):
         self._bind(node.target)
         for part in (node.iter, node.body, node.orelse):
             if part is not None:
-                part.visit(self)
+                walk(part, self)
         return False
 
     def visit_WithItem(self, node):
-        node.item.visit(self)
+        walk(node.item, self)
         if node.asname is not None:
             self._bind(node.asname.name)
         return False
@@ -90,11 +91,11 @@ class _ReadsWrites(cst.CSTVisitor):
         self.reads.add(node.value)
 
     def visit_Attribute(self, node):
-        node.value.visit(self)  # `x.attr` reads x, not a name `attr`
+        walk(node.value, self)  # `x.attr` reads x, not a name `attr`
         return False
 
     def visit_Arg(self, node):
-        node.value.visit(self)  # `f(key=v)` reads v, not a name `key`
+        walk(node.value, self)  # `f(key=v)` reads v, not a name `key`
         return False
 
     def _own_scope(self, node, local, outer):
@@ -102,10 +103,10 @@ class _ReadsWrites(cst.CSTVisitor):
         (the first iterable, the defaults) runs in the enclosing scope."""
         inner = _ReadsWrites()
         for child in node.children:
-            child.visit(inner)
+            walk(child, inner)
         self.reads |= inner.reads - local
         for part in outer:
-            part.visit(self)
+            walk(part, self)
         return False
 
     def _comprehension(self, node):
@@ -129,7 +130,7 @@ class _ReadsWrites(cst.CSTVisitor):
 def reads_writes(node) -> tuple[frozenset, frozenset]:
     """The names a statement reads and those it binds (def and class bodies run later: only their names)."""
     visitor = _ReadsWrites()
-    node.visit(visitor)
+    walk(node, visitor)
     return frozenset(visitor.reads), frozenset(visitor.writes)
 
 

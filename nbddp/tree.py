@@ -24,6 +24,7 @@ from .effects import Effects
 from .meanings import Names
 from .reads_writes import reads_writes
 from .vocabulary import AMP, DEVICE, ENV
+from .walk import walk
 
 
 def marker(number) -> cst.EmptyLine:
@@ -156,7 +157,7 @@ class Tree:
                 self._facts[stmt] = self._seen.of(names, stmt)
             else:
                 found = _Facts()
-                stmt.visit(found)
+                walk(stmt, found)
                 self._facts[stmt] = found.of(names, None)
         return self._facts[stmt]
 

@@ -19,6 +19,7 @@ import os
 import libcst as cst
 
 from .bindings import Bindings
+from .walk import walk
 
 WRITE = "nbddp_write_file"
 
@@ -41,7 +42,7 @@ def _imports(text) -> set[str] | None:
     except cst.ParserSyntaxError:
         return None
     seen = Bindings(set(module.body))
-    module.visit(seen)
+    walk(module, seen)
     return set(seen.packages)
 
 

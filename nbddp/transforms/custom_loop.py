@@ -21,6 +21,7 @@ from ..cst_helpers import call_stmt, code_of, dotted, live_calls
 from ..rank_conditions import is_rank_test
 from ..vocabulary import BACKWARD, OWN_DDP, STEP, parts
 from .base import TreeStep, TreeTransformer
+from ..walk import walk
 
 WRAP, DEAL, STOP = "nbddp_ddp", "nbddp_distributed", "nbddp_unsynced_loop"
 PARAMETERS = frozenset({"parameters", "named_parameters"})
@@ -224,7 +225,7 @@ def _loops(node) -> list:
         def visit_FunctionDef(self, _):
             return False
 
-    node.visit(_Loops())
+    walk(node, _Loops())
     return found
 
 

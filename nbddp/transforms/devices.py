@@ -17,6 +17,7 @@ from ..vocabulary import DEVICE, ENV, parts
 from ..tree import Recording, TreeTransformer
 from .base import TreeStep
 from .markers import Tidy, marker
+from ..walk import walk
 
 RANK_DEVICE, RANK_INDEX = "NBDDP_DEVICE", "NBDDP_LOCAL_RANK"
 VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -165,7 +166,7 @@ class Devices(TreeStep):
         uses = _DeviceUses(tree.names)
         for stmt in tree.module.body:
             if DEVICE in tree.facts(stmt):
-                stmt.visit(uses)
+                walk(stmt, uses)
         uses.targets.discard(None)
         devices = _Devices(tree, ctx, uses.targets)
         module = tree.visit(devices, frozenset({DEVICE, ENV}))

@@ -29,6 +29,7 @@ from .base import TreeStep
 from .devices import TidiedMarkers
 from .markers import marker
 from .shell import one_line
+from ..walk import walk
 
 MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel", "notebook_launcher", "spawn",
                       "start_processes"})  # and names bound from them (tree.visit)
@@ -121,5 +122,5 @@ def _attributes(module) -> set[str]:
         def visit_Attribute(self, node):
             found.add(node.attr.value)
 
-    module.visit(_Attributes())
+    walk(module, _Attributes())
     return found

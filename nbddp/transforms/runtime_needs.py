@@ -20,6 +20,7 @@ from ..entry_match import Table
 from ..vocabulary import CONFIG, CREDENTIALS, LOAD, SAVE, is_unsloth_loader, known, parts, prompt
 from .base import TreeStep
 from .placement import OURS
+from ..walk import walk
 
 CHECKPOINTS = Table(values={"transformers.PreTrainedModel().gradient_checkpointing_enable"})
 QUANTIZERS = frozenset({"transformers.BitsAndBytesConfig"})
@@ -223,7 +224,7 @@ class RuntimeNeeds(TreeStep):
 
     def run(self, tree, ctx):
         facts = _Facts(tree.names)
-        tree.module.visit(facts)
+        walk(tree.module, facts)
         loads = sized_loads(facts)
         models = tuple(dict.fromkeys((model, bits) for model, bits, _, _ in loads))
         why = needs(facts)

@@ -24,6 +24,7 @@ from ..cells import starts_cell
 from ..cst_helpers import LiveVisitor
 from ..vocabulary import DISPLAY, MEMORY, PRINT, PUSH, SAVE, TRACK
 from .base import TreeStep
+from ..walk import walk
 
 SHOW, HISTORY, INPUT = "nbddp_show", "nbddp_history", "nbddp_cell_input"
 HISTORY_NAMES = re.compile(r"_{1,3}|_\d+|_i\d+|Out|In|_oh|_ih")  # what IPython binds in a notebook's namespace
@@ -58,7 +59,7 @@ def _returns_nothing(function) -> bool:
     if not isinstance(function, cst.FunctionDef) or function.name.value == "__init__":  # a class's call: an instance
         return False
     returns = _Returns()
-    function.body.visit(returns)
+    walk(function.body, returns)
     return not returns.found
 
 
