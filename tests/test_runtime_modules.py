@@ -907,6 +907,37 @@ def test_a_prompt_toolkit_reads_rank_0s_stdin_on_every_rank_and_a_silent_pipe_en
     assert max(r["seconds"] for r in records) < 10, out
 
 
+EXIT_WHILE_WAITING = """
+import atexit, os, sys, time
+from nbddp.runtime import stdin_fd
+ending = []
+
+class Store:  # rank 0 never sends anything: the other rank's thread waits for its first piece
+    def check(self, keys):
+        if ending:  # Python's own end has begun: a thread still in the store's C++ code here aborts the process
+            os.write(1, b"CHECKED WHILE ENDING\\n")
+        return False
+
+stdin_fd.nbddp_store = lambda: Store()
+stdin_fd.NBDDP_IS_MAIN = False
+stdin_fd.NBDDP_WORLD_SIZE = 2
+stdin_fd.nbddp_share_stdin()
+atexit.register(lambda: (ending.append(1), time.sleep(0.5)))
+time.sleep(0.3)
+print("MAIN DONE", flush=True)
+"""
+
+
+def test_the_stdin_thread_ends_with_the_script_before_pythons_own_end(tmp_path):
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_WHILE_WAITING)
+    env = dict(os.environ, NBDDP_INPUT="1")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30, env=env,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0 and "MAIN DONE" in done.stdout, done.stdout + done.stderr
+    assert "CHECKED WHILE ENDING" not in done.stdout, done.stdout
+
+
 def test_a_folder_made_with_exist_ok_costs_no_wait_and_one_made_without_still_fails(monkeypatch, tmp_path):
     import pathlib
     import time

@@ -38,29 +38,46 @@ def nbddp_fd_line(fd):
 def _nbddp_pipe_on_fd0():
     """Descriptor 0 reads a new pipe; its writing end, for the thread that fills it."""
     read, write = os.pipe()
+    os.set_blocking(write, False)
     os.dup2(read, 0)
     os.close(read)
     NBDDP_STDIN["shared"] = True
     return write
 
 
+def _nbddp_live():
+    """The script still runs: the thread ends with the main thread, before Python's own end (a thread still in the
+    store's C++ code then aborts the process)."""
+    return threading.main_thread().is_alive()
+
+
 def _nbddp_the_store():
-    """The process group's store, once the group is up (the thread starts before it)."""
-    while (store := nbddp_store()) is None:
+    """The process group's store, once the group is up (the thread starts before it); None if the script ends first."""
+    while (store := nbddp_store()) is None and _nbddp_live():
         time.sleep(0.05)
     return store
+
+
+def _nbddp_write(write, piece):
+    """All of `piece` into the pipe (its writing end does not block): a full pipe that nobody reads waits only while
+    the script runs."""
+    while piece and _nbddp_live():
+        try:
+            piece = piece[os.write(write, piece):]
+        except BlockingIOError:
+            select.select([], [write], [], 0.1)
 
 
 def _nbddp_relay(real, write):
     """Rank 0: the real stdin into descriptor 0's pipe, and each piece into the store as soon as the group is up,
     until the stdin ends or stays quiet (an empty piece ends it for every rank)."""
     pieces, sent, store, last = [], 0, None, time.monotonic()
-    while real is not None:
+    while real is not None and _nbddp_live():
         piece = None
         if select.select([real], [], [], 0.1)[0]:
             piece = os.read(real, 65536)
             if piece:
-                os.write(write, piece)
+                _nbddp_write(write, piece)
                 last = time.monotonic()
         elif time.monotonic() - last >= NBDDP_STDIN_QUIET:
             NBDDP_STDIN["quiet"], piece = True, b""
@@ -77,7 +94,7 @@ def _nbddp_relay(real, write):
 
 def _nbddp_publish(store, pieces, sent):
     """The pieces from the `sent`-th on into the store (None: not up yet); how many the store holds now."""
-    if store is None:
+    if store is None or not _nbddp_live():
         return sent
     for n in range(sent, len(pieces)):
         store.set(NBDDP_STDIN_KEY.format(n), pieces[n])
@@ -88,14 +105,15 @@ def _nbddp_replay(write):
     """Another rank: rank 0's pieces into this rank's descriptor 0, to their end."""
     store, n = _nbddp_the_store(), 0
     try:
-        while True:
+        while store is not None and _nbddp_live():
             key = NBDDP_STDIN_KEY.format(n)
-            while not store.check([key]):
+            if not store.check([key]):
                 time.sleep(0.05)
+                continue
             piece = store.get(key)
             if not piece:
                 break
-            os.write(write, piece)
+            _nbddp_write(write, piece)
             n += 1
     finally:
         os.close(write)
@@ -108,7 +126,7 @@ def _nbddp_run(target, *args):
         except Exception:  # the group or the reader is gone: nothing is left to copy
             pass
 
-    threading.Thread(target=run, name="nbddp-stdin", daemon=True).start()
+    threading.Thread(target=run, name="nbddp-stdin").start()  # Python waits for it at the end: it ends then
 
 
 def nbddp_share_stdin():
