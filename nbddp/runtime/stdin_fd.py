@@ -7,8 +7,11 @@ As the script starts, descriptor 0 of each rank becomes a pipe of nbddp's. On ra
 into it and, piece by piece, into the process group's store; on the other ranks a thread copies the store's pieces
 into theirs. A stdin that is not a terminal and gives nothing for NBDDP_STDIN_QUIET seconds has ended: every rank's
 readers then read the end of their input, never a hang. A terminal stays rank 0's own; the other ranks' descriptor 0
-ends at once. Python's readers (input, getpass, sys.stdin) ask through nbddp_ask (ask.py), which keeps every rank at
+ends at once. The copying thread ends with the script's main thread, before Python's own end (a thread still in the
+store's C++ code then aborts the process), and a full pipe that nobody reads holds it only while the script runs.
+Python's readers (input, getpass, sys.stdin) ask through nbddp_ask (ask.py), which keeps every rank at
 the same place in the stream."""
+import contextlib
 import os
 import select
 import threading
@@ -21,16 +24,14 @@ from .wait import nbddp_store
 NBDDP_STDIN_QUIET = float(os.environ.get("NBDDP_STDIN_QUIET", "5"))  # seconds of nothing that end a piped stdin
 NBDDP_STDIN_KEY = "nbddp/stdin/{}"  # the n-th piece of rank 0's stdin; an empty piece ends it
 NBDDP_STDIN = {"shared": False, "quiet": False}  # descriptor 0 is nbddp's pipe; rank 0's stdin ended by its quiet
+_NBDDP_MAIN = threading.main_thread()
 
 
 def nbddp_fd_line(fd):
     """A line of descriptor `fd`, read a byte at a time (what the next reader waits for stays in the pipe): its
     bytes, the newline kept; b"" at the end of the input."""
     line = b""
-    while not line.endswith(b"\n"):
-        byte = os.read(fd, 1)
-        if not byte:
-            break
+    while not line.endswith(b"\n") and (byte := os.read(fd, 1)):
         line += byte
     return line
 
@@ -45,45 +46,33 @@ def _nbddp_pipe_on_fd0():
     return write
 
 
-def _nbddp_live():
-    """The script still runs: the thread ends with the main thread, before Python's own end (a thread still in the
-    store's C++ code then aborts the process)."""
-    return threading.main_thread().is_alive()
-
-
 def _nbddp_the_store():
     """The process group's store, once the group is up (the thread starts before it); None if the script ends first."""
-    while (store := nbddp_store()) is None and _nbddp_live():
+    while (store := nbddp_store()) is None and _NBDDP_MAIN.is_alive():
         time.sleep(0.05)
     return store
 
 
-def _nbddp_write(write, piece):
-    """All of `piece` into the pipe (its writing end does not block): a full pipe that nobody reads waits only while
-    the script runs."""
-    while piece and _nbddp_live():
-        try:
+def _nbddp_fill(write, piece):
+    """All of `piece` into the pipe, as room comes (its writing end does not block), while the script runs."""
+    while piece and _NBDDP_MAIN.is_alive():
+        if select.select([], [write], [], 0.1)[1]:
             piece = piece[os.write(write, piece):]
-        except BlockingIOError:
-            select.select([], [write], [], 0.1)
 
 
 def _nbddp_relay(real, write):
     """Rank 0: the real stdin into descriptor 0's pipe, and each piece into the store as soon as the group is up,
     until the stdin ends or stays quiet (an empty piece ends it for every rank)."""
     pieces, sent, store, last = [], 0, None, time.monotonic()
-    while real is not None and _nbddp_live():
-        piece = None
-        if select.select([real], [], [], 0.1)[0]:
-            piece = os.read(real, 65536)
-            if piece:
-                _nbddp_write(write, piece)
-                last = time.monotonic()
-        elif time.monotonic() - last >= NBDDP_STDIN_QUIET:
+    while real is not None and _NBDDP_MAIN.is_alive():
+        piece = os.read(real, 65536) if select.select([real], [], [], 0.1)[0] else None
+        if piece:
+            _nbddp_fill(write, piece)
+            last = time.monotonic()
+        elif piece is None and time.monotonic() - last >= NBDDP_STDIN_QUIET:
             NBDDP_STDIN["quiet"], piece = True, b""
         if piece == b"":
-            os.close(write)
-            os.close(real)
+            os.close(write), os.close(real)
             real = None
         if piece is not None:
             pieces.append(piece)
@@ -94,7 +83,7 @@ def _nbddp_relay(real, write):
 
 def _nbddp_publish(store, pieces, sent):
     """The pieces from the `sent`-th on into the store (None: not up yet); how many the store holds now."""
-    if store is None or not _nbddp_live():
+    if store is None or not _NBDDP_MAIN.is_alive():
         return sent
     for n in range(sent, len(pieces)):
         store.set(NBDDP_STDIN_KEY.format(n), pieces[n])
@@ -105,28 +94,24 @@ def _nbddp_replay(write):
     """Another rank: rank 0's pieces into this rank's descriptor 0, to their end."""
     store, n = _nbddp_the_store(), 0
     try:
-        while store is not None and _nbddp_live():
-            key = NBDDP_STDIN_KEY.format(n)
-            if not store.check([key]):
+        while store is not None and _NBDDP_MAIN.is_alive():
+            if not store.check([NBDDP_STDIN_KEY.format(n)]):
                 time.sleep(0.05)
-                continue
-            piece = store.get(key)
-            if not piece:
+            elif not (piece := store.get(NBDDP_STDIN_KEY.format(n))):
                 break
-            _nbddp_write(write, piece)
-            n += 1
+            else:
+                _nbddp_fill(write, piece)
+                n += 1
     finally:
         os.close(write)
 
 
 def _nbddp_run(target, *args):
     def run():
-        try:
+        with contextlib.suppress(Exception):  # the group or the reader is gone: nothing is left to copy
             target(*args)
-        except Exception:  # the group or the reader is gone: nothing is left to copy
-            pass
 
-    threading.Thread(target=run, name="nbddp-stdin").start()  # Python waits for it at the end: it ends then
+    threading.Thread(target=run, name="nbddp-stdin").start()
 
 
 def nbddp_share_stdin():
@@ -134,8 +119,7 @@ def nbddp_share_stdin():
     if NBDDP_WORLD_SIZE == 1 or _nbddp_choice("NBDDP_INPUT") is False:
         return
     if not NBDDP_IS_MAIN:
-        _nbddp_run(_nbddp_replay, _nbddp_pipe_on_fd0())
-        return
+        return _nbddp_run(_nbddp_replay, _nbddp_pipe_on_fd0())
     try:
         real = None if os.isatty(0) else os.dup(0)  # a terminal stays rank 0's own
     except OSError:  # no stdin at all
