@@ -1,4 +1,10 @@
-"""Rank facts from torchrun's environment, this rank's device, the process group, and how the job starts."""
+"""Rank facts from torchrun's environment, this rank's device, the process group, and how the job starts.
+
+The group's collectives (training) wait NBDDP_GROUP_TIMEOUT seconds for a late rank: 1800, the Trainer's own
+ddp_timeout default (torch's NCCL default is 600 s); waits for rank-0 work go through the store. On several machines
+the ranks of the first (group rank 0, whose launcher hosts torchrun's store under a static rendezvous) leave a second
+after the others: each launcher meets the others at an exit barrier in that store, and one that comes last there
+while the store's host has already left fails with a traceback after a job that went well."""
 import atexit
 import contextlib
 import datetime
@@ -28,8 +34,6 @@ NBDDP_OWN_STORAGE = [False]  # this machine does not see rank 0's working folder
 NBDDP_CHECKED = [False]  # this rank ran that check (the process group was started by nbddp)
 NBDDP_CHECKED_KEY, NBDDP_OWN_STORAGE_KEY = "nbddp/ranks-checked", "nbddp/machines-own-storage"  # counts
 NBDDP_MODE = "ddp"  # "split": one process, the model over every GPU; "shard": its layers over the ranks (nbddp_fit)
-# The group's collectives (training) wait this long for a late rank; waits for rank-0 work go through the store.
-# 1800 s is the Trainer's own ddp_timeout default (torch's NCCL default is 600 s).
 NBDDP_GROUP_TIMEOUT = float(os.environ.get("NBDDP_GROUP_TIMEOUT", "1800"))
 NBDDP_AT_START = []  # set-up every rank runs as the script starts (nbddp_start), in this order
 NBDDP_SKIPPED = set()  # what this rank left to rank 0 (saves, files written as its own copy), said once at the end
@@ -276,3 +280,5 @@ def nbddp_teardown():
             nbddp_barrier("the end of the script")
             nbddp_collective_barrier()
         torch.distributed.destroy_process_group()
+        if os.environ.get("GROUP_RANK") == "0" and NBDDP_WORLD_SIZE > int(os.environ.get("LOCAL_WORLD_SIZE", 1)):
+            time.sleep(1)  # the launcher that hosts torchrun's store comes last to its exit barrier (see the top)
