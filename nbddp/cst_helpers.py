@@ -109,15 +109,20 @@ def is_if_false(node) -> bool:
     return (isinstance(test, cst.Name) and test.value == "False") or (isinstance(test, cst.Integer) and test.value == "0")
 
 
-def names_in(node) -> set[str]:
-    found: set[str] = set()
+def name_nodes(node) -> list[cst.Name]:
+    """Every Name node under `node`, in order (lambda and comprehension bodies too)."""
+    found: list = []
 
     class _Names(cst.CSTVisitor):
         def visit_Name(self, n):
-            found.add(n.value)
+            found.append(n)
 
     walk(node, _Names())
     return found
+
+
+def names_in(node) -> set[str]:
+    return {name.value for name in name_nodes(node)}
 
 
 class LiveVisitor(cst.CSTVisitor):

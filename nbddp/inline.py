@@ -14,6 +14,7 @@ from pathlib import Path
 import libcst as cst
 
 from .runtime import MODULES
+from .walk import walk
 
 RUNTIME = Path(__file__).resolve().parent / "runtime"
 SKELETON = frozenset({"nbddp_start", "nbddp_teardown"})  # what nbddp/templates/ddp_script.py.j2 calls
@@ -44,6 +45,9 @@ def _is_docstring(stmt) -> bool:
 class _DropDocstrings(cst.CSTTransformer):
     """Function and class docstrings go (a body that is only a docstring keeps it); what follows moves up. Inside a
     body, blank lines stay only before a nested def or class."""
+
+    def on_visit(self, node):  # docstrings and blocks are statements: a simple line or an expression holds neither
+        return not isinstance(node, (cst.SimpleStatementLine, cst.BaseExpression)) and super().on_visit(node)
 
     def leave_IndentedBlock(self, original, updated):
         blocks = (cst.FunctionDef, cst.ClassDef)
@@ -99,7 +103,7 @@ def _part(stmt) -> Part:
         def visit_Name(self, node):
             reads.add(node.value)
 
-    stmt.visit(_Reads())
+    walk(stmt, _Reads())
     code = cst.Module([stmt.with_changes(leading_lines=[line for line in stmt.leading_lines if line.comment])]).code
     return Part(code, frozenset(_binds(stmt)), frozenset(reads), isinstance(stmt, cst.SimpleStatementLine))
 

@@ -14,10 +14,9 @@ training itself (accelerate, torch's DDP or FSDP, Lightning's Fabric) is left al
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ..cells import starts_cell
-from ..cst_helpers import call_stmt, code_of, dotted, live_calls
+from ..cst_helpers import call_stmt, code_of, dotted, live_calls, name_nodes
 from ..rank_conditions import is_rank_test
 from ..vocabulary import BACKWARD, OWN_DDP, STEP, parts
 from .base import TreeStep, TreeTransformer
@@ -136,7 +135,7 @@ class _Rewrite(TreeTransformer):
         for call in live_calls(optimizer):
             if isinstance(call.func, cst.Attribute) and call.func.attr.value in PARAMETERS:
                 return dotted(call.func.value)
-        reads = [n for n in m.findall(optimizer, m.Name())
+        reads = [n for n in name_nodes(optimizer)
                  if self.names.orig(n) in self.names.referents]  # not `x.attr`'s attr; a node a step rewrote, too
         for name in reads if depth < FOLLOW else ():
             value = self.names.value(name)
