@@ -88,8 +88,10 @@ class Changes(LiveVisitor):
                 self.drops.add(shown)         # dropped in the notebook (None) and shown in the script
 
     def visit_Call(self, node):
-        self.calls.append(node)
         func = node.func
+        if isinstance(func, cst.Name) and func.value in SHOWS:  # the notebook's own line is what it shows
+            return
+        self.calls.append(node)
         if isinstance(func, cst.Name) and func.value.startswith("nbddp_") and (
                 func.value not in HELPERS or HELPERS[func.value].together):  # nbddp's helpers every rank calls
             self.together = True

@@ -121,6 +121,24 @@ def name_nodes(node) -> list[cst.Name]:
     return found
 
 
+class _Statements(cst.CSTVisitor):
+    def __init__(self):
+        self.found = []
+
+    def on_visit(self, node):
+        if isinstance(node, cst.BaseStatement):
+            self.found.append(node)
+        return isinstance(node, (cst.BaseStatement, cst.BaseSuite, cst.Else, cst.ExceptHandler, cst.Finally,
+                                 cst.Module))
+
+
+def statements_in(node) -> list:
+    """Every statement in a node, nested ones too, in order."""
+    found = _Statements()
+    walk(node, found)
+    return found.found
+
+
 def names_in(node) -> set[str]:
     return {name.value for name in name_nodes(node)}
 
@@ -269,7 +287,9 @@ def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable,
             for block in statement_blocks(stmt, defs=True):
                 inner = regroup(block.body, select, wrap, True, origin)
                 if len(inner) != len(block.body) or any(a is not b for a, b in zip(inner, block.body)):
-                    stmt = stmt.deep_replace(block, block.with_changes(body=inner))  # a walk of stmt: only on change
+                    old, stmt = stmt, stmt.deep_replace(block, block.with_changes(body=inner))  # only on change
+                    if origin is not None:
+                        origin[stmt] = origin.get(old, old)
         out.append(stmt)
     flush()
     return out

@@ -97,7 +97,7 @@ def _text_steps(nb, ctx: Context):
 def run_tree(nb, ctx: Context) -> Tree:
     """The notebook's code cells through every step: the text steps, then one tree through the tree steps."""
     nb = _text_steps(copy.deepcopy(nb), ctx)
-    tree = ctx.tree = Tree(nb.cells)
+    tree = ctx.tree = Tree(nb.cells, folder=ctx.folder)
     for step in tree_steps():
         tree.at = None
         try:

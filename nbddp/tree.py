@@ -22,6 +22,7 @@ from .cells import MARKER, CellIndex, cell_at, cell_number, marker_number, start
 from .cst_helpers import is_if_false, names_in, parse
 from .effects import Effects
 from .meanings import Names
+from .needs import training_needs
 from .reads_writes import reads_writes
 from .vocabulary import AMP, DEVICE, ENV
 from .walk import walk
@@ -129,8 +130,9 @@ class _Facts(cst.CSTVisitor):
 
 
 class Tree:
-    def __init__(self, cells, step: str = "tree"):
+    def __init__(self, cells, step: str = "tree", folder=None):
         self.module = build(cells, step)
+        self.folder = folder  # where the notebook's own modules are (nbddp.written)
         self.first = self.module
         self.numbers = [cell_number(cell) for cell in cells]
         self._facts: dict = {}
@@ -147,6 +149,11 @@ class Tree:
     def effects(self) -> Effects:
         """What the notebook's calls do through its own functions (nbddp.effects), computed once for every step."""
         return Effects(self.names)
+
+    @cached_property
+    def plan(self):
+        """Where each statement runs (nbddp.needs), computed once on the first tree: steps read it through names.orig."""
+        return training_needs(self.first.body, self.names, self.effects, self.folder)
 
     def facts(self, stmt) -> frozenset:
         """What a top-level statement holds (see _Facts), read once from the first tree."""
@@ -218,9 +225,7 @@ class Tree:
         positions = MetadataWrapper(self.first, unsafe_skip_copy=True).resolve(PositionProvider)
         if node not in positions:
             return None, None
-        line = positions[node].start.line
-        lines = self.first.code.splitlines()
-        found = cell_at(lines, line)
+        found = cell_at(self.first.code.splitlines(), positions[node].start.line)
         return (int(found[0]), found[1]) if found else (None, None)
 
 

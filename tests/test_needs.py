@@ -379,3 +379,38 @@ def test_an_attribute_of_the_notebooks_object_is_what_its_class_assigns(cells, g
         assert f"if NBDDP_IS_MAIN:\n        {guarded}" in code, code
     else:
         assert "NBDDP_IS_MAIN" not in code, code
+
+
+DEMO = "from datasets import load_dataset\n"
+
+
+def test_data_preparation_read_by_training_over_cells_runs_main_process_first_on_every_rank():
+    out, _ = convert(DEMO + "def get(path):\n    return load_dataset('json', data_files=path)\n",
+                     "rows = get('train.json')\n", "ds = rows\n" + TRAIN)
+    assert out[1] == "with nbddp_main_process_first():\n    rows = get('train.json')\n", out[1]
+
+
+LOOP = ("import torch\nmodel = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=2)\n")
+
+
+@pytest.mark.parametrize("cells, end_after", [
+    # the notebook's own loop: training ends after it, not before the line nbddp puts in front of it
+    ([LOOP, "for epoch in range(2):\n    for x in loader:\n        loss = model(x).sum()\n        loss.backward()\n"
+            "        opt.step()\n        opt.zero_grad()\n", "torch.save(model.state_dict(), 'm.pt')\n"],
+     "opt.zero_grad()"),
+    # a collective shown as the last thing every rank does: it runs everywhere, what shows it after training's end
+    (["from transformers import Trainer\n", TRAIN, "print(trainer.evaluate())\n"], "nbddp_evaluate = trainer.evaluate()"),
+])
+def test_training_ends_where_the_plan_read_on_the_notebook_says(cells, end_after):
+    out, _ = convert(*cells)
+    code = "".join(out)
+    assert REST in code, code
+    assert code.index(end_after) < code.index(REST), code
+    assert "nbddp_ddp(" not in code.partition(REST)[2], code  # the loop's own line stays before the end
+
+
+def test_a_cells_last_value_of_no_call_is_shown_by_every_rank_without_a_wait():
+    out, report = convert("prompt = 'Think first.'\nprompt\n", TRAIN)
+    assert out[0] == "prompt = 'Think first.'\nnbddp_show(prompt)\n", out[0]  # nbddp_show prints on rank 0 alone
+    assert not any("training does not need it" in n.text for n in report.changes)

@@ -17,6 +17,7 @@ import libcst as cst
 
 from ..cells import starts_cell
 from ..cst_helpers import call_stmt, code_of, dotted, live_calls, name_nodes
+from ..origins import same_statements
 from ..rank_conditions import is_rank_test
 from ..vocabulary import BACKWARD, OWN_DDP, STEP, parts
 from .base import TreeStep, TreeTransformer
@@ -186,6 +187,13 @@ class _Rewrite(TreeTransformer):
         return inner, data
 
     def _plan(self, loop):
+        """The loop's statements: the helper's line, then the loop; each is, for later steps, the loop as it was."""
+        placed = self._placed(loop)
+        self.names.origin[placed[0]] = self.names.orig(loop)
+        same_statements(self.names, loop, placed[-1])
+        return placed
+
+    def _placed(self, loop):
         model = self._model(loop)
         if model is None:
             self.report.warn(self.cell, "a training loop (a backward pass, then an optimizer step) whose model nbddp "

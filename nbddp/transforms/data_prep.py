@@ -85,7 +85,9 @@ class DataPrep(TreeStep):
         def wrap(group, nested):
             wrapped[cell[0]] = wrapped.get(cell[0], 0) + len(group)
             with_item = cst.WithItem(cst.Call(cst.Name(FIRST)))
-            return [cst.With(items=[with_item], body=cst.IndentedBlock(body=group))]
+            block = cst.With(items=[with_item], body=cst.IndentedBlock(body=group))
+            tree.names.origin[block] = tree.names.orig(group[0])  # where the plan placed what it holds
+            return [block]
 
         module = module.with_changes(body=regroup(module.body, select, wrap, origin=tree.names.origin))
         for number, count in wrapped.items():

@@ -74,6 +74,8 @@ class _Hoist(TreeTransformer):
         shown_stmt = updated.with_changes(leading_lines=(), body=[updated.body[0].with_changes(
             value=call.with_changes(func=func, args=args))])
         self.hoisted.add(id(shown_stmt.body))
+        for stmt in assigns + [shown_stmt]:  # each is the statement the analysis read
+            self.names.origin[stmt] = self.names.orig(original)
         return cst.FlattenSentinel(assigns + [shown_stmt])
 
 

@@ -250,7 +250,7 @@ class _Guards:
         self.waits.add(self.cell)
         words = [self.taken[id(s.body)] for s in group if self.taken[id(s.body)][1]]  # (kinds, word)
         what = next((w for k, w in words if k & {SAVE, PUSH, GENERATE}), words[0][1] if words else None)
-        calls = [c for s in group for c in live_calls(s)]
+        calls = [c for s in group for c in live_calls(s) if not code_of(c.func).startswith("nbddp_")]  # the notebook's
         what = what or (parts(code_of(calls[0].func))[-1] if calls else "rank 0")
         given = [name for s in group for name in self.sharing.get(id(s.body), ())]
         if given:

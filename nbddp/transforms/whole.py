@@ -1,4 +1,5 @@
-"""Part of the rank-guards step: the whole notebook's plan (nbddp.needs) applied. The statements training does not need
+"""Part of the rank-guards step: the whole notebook's plan (nbddp.needs, computed once on the first tree: Tree.plan)
+applied to the statements as the earlier steps rewrote them, each found through the statement the plan read. The statements training does not need
 are rank-0 work, those that give rank 0's values to every rank are taken whole, values that differ by rank are
 reported, and after training's end rank 0 goes on alone (`nbddp_rest_on_rank0()`)."""
 from __future__ import annotations
@@ -6,8 +7,8 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cells import starts_cell
-from ..cst_helpers import TAKE, code_of, live_calls
-from ..needs import training_needs
+from ..cst_helpers import TAKE, code_of, live_calls, statements_in
+from ..needs import Plan
 from ..reads_writes import reads_writes
 from ..training_end import REST
 from ..vocabulary import OWN_VALUE, parts
@@ -18,7 +19,7 @@ GIVE, GIVEN = "nbddp_share_values", "given"  # rank 0's values, to every rank (n
 def apply_plan(body, guards, tree, ctx) -> list:
     """What training needs (nbddp.needs): the statements it does not need are rank-0 work; after its end, rank 0 goes
     on alone (`nbddp_rest_on_rank0()`, unless the notebook has that line already)."""
-    plan = training_needs(body, tree.names, guards.effects, ctx.folder)
+    plan = on_body(tree.plan, tree.first.body, body, tree.names, guards.hoisted)
     guards.calls = plan.calls
     if plan.end is None:
         return body
@@ -61,6 +62,31 @@ def apply_plan(body, guards, tree, ctx) -> list:
                                                 "ranks wait for it"))
     line = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(REST)))], leading_lines=[comment])
     return body[:plan.end + 1] + [line] + rest
+
+
+def on_body(plan, read, body, names, hoisted) -> Plan:
+    """The plan, read on the statements `read` (the first tree's), for the statements of `body` (the steps' rewrites: a statement is the one the
+    plan read where `names.orig` leads to it; several may: what the plan says of one statement holds for each, and
+    what it gives (shares, files, report lines) goes to the first). Training's end is the last statement from the
+    plan's end or before it that is not the rank-0 part of a hoisted collective (what shows its result)."""
+    at = {id(stmt): i for i, stmt in enumerate(read)}
+    where = [at.get(id(names.orig(stmt))) for stmt in body]
+    new = Plan(marked=plan.marked, libraries=plan.libraries, packages=plan.packages,
+               calls={id(stmt): live_calls(stmt) for stmt in body})
+    if plan.end is None:
+        return new
+    first: dict = {}
+    for stmt in body:
+        key = id(names.orig(stmt))
+        first.setdefault(key, id(stmt))
+        if key in plan.once:
+            new.once.add(id(stmt))
+    for name in ("files", "shares", "differs", "setup", "outside"):
+        setattr(new, name, {first[key]: value for key, value in getattr(plan, name).items() if key in first})
+    ends = [i for i, w in enumerate(where) if w is not None and w <= plan.end and id(body[i].body) not in hoisted]
+    new.end = ends[-1] if ends else None
+    new.nested_once = {id(s) for stmt in body for s in statements_in(stmt) if id(names.orig(s)) in plan.nested_once}
+    return new
 
 
 def take_given(guards, stmt):

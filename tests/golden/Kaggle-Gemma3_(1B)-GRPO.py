@@ -131,9 +131,7 @@ f"""You are given a problem.
 Think about the problem and provide your working out.
 Place it between {reasoning_start} and {reasoning_end}.
 Then, provide your solution between {solution_start}{solution_end}"""
-    if NBDDP_IS_MAIN:
-        nbddp_show(system_prompt)
-    nbddp_barrier("rank 0")
+    nbddp_show(system_prompt)
 
     # %% cell 21
     with nbddp_main_process_first():
@@ -360,5 +358,5 @@ Then, provide your solution between {solution_start}{solution_end}"""
 finally:
     nbddp_teardown()
 
-# nbddp lines: 12:3=2 12:4=3 19:12=11 21:2=1 21:9=8
+# nbddp lines: 12:3=2 12:4=3 21:2=1 21:9=8
 
