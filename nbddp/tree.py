@@ -152,7 +152,7 @@ class Tree:
 
     @cached_property
     def plan(self):
-        """Where each statement runs (nbddp.needs), computed once on the first tree: steps read it through names.orig."""
+        """Where each statement runs (nbddp.needs), once, on the first tree: steps read it through names.orig."""
         return training_needs(self.first.body, self.names, self.effects, self.folder)
 
     def facts(self, stmt) -> frozenset:

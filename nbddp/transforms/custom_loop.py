@@ -20,8 +20,8 @@ from ..cst_helpers import call_stmt, code_of, dotted, live_calls, name_nodes
 from ..origins import same_statements
 from ..rank_conditions import is_rank_test
 from ..vocabulary import BACKWARD, OWN_DDP, STEP, parts
-from .base import TreeStep, TreeTransformer
 from ..walk import walk
+from .base import TreeStep, TreeTransformer
 
 WRAP, DEAL, STOP = "nbddp_ddp", "nbddp_distributed", "nbddp_unsynced_loop"
 PARAMETERS = frozenset({"parameters", "named_parameters"})

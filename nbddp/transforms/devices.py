@@ -15,9 +15,9 @@ import libcst as cst
 from ..cst_helpers import code_of
 from ..vocabulary import DEVICE, ENV, parts
 from ..tree import Recording, TreeTransformer
+from ..walk import walk
 from .base import TreeStep
 from .markers import Tidy, marker
-from ..walk import walk
 
 RANK_DEVICE, RANK_INDEX = "NBDDP_DEVICE", "NBDDP_LOCAL_RANK"
 VISIBLE = "CUDA_VISIBLE_DEVICES"

@@ -25,11 +25,11 @@ from ..cst_helpers import arguments, code_of
 from ..errors import ConversionError
 from ..rank_conditions import is_rank_test
 from ..tree import TreeTransformer
+from ..walk import walk
 from .base import TreeStep
 from .devices import TidiedMarkers
 from .markers import marker
 from .shell import one_line
-from ..walk import walk
 
 MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel", "notebook_launcher", "spawn",
                       "start_processes"})  # and names bound from them (tree.visit)

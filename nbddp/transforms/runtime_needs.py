@@ -18,9 +18,9 @@ from ..runtime import HELPERS
 from ..entries import is_entry, is_trainer
 from ..entry_match import Table
 from ..vocabulary import CONFIG, CREDENTIALS, LOAD, SAVE, is_unsloth_loader, known, parts, prompt
+from ..walk import walk
 from .base import TreeStep
 from .placement import OURS
-from ..walk import walk
 
 CHECKPOINTS = Table(values={"transformers.PreTrainedModel().gradient_checkpointing_enable"})
 QUANTIZERS = frozenset({"transformers.BitsAndBytesConfig"})

@@ -23,8 +23,8 @@ from IPython.core.inputtransformer2 import TransformerManager
 from ..cells import starts_cell
 from ..cst_helpers import LiveVisitor
 from ..vocabulary import DISPLAY, MEMORY, PRINT, PUSH, SAVE, TRACK
-from .base import TreeStep
 from ..walk import walk
+from .base import TreeStep
 
 SHOW, HISTORY, INPUT = "nbddp_show", "nbddp_history", "nbddp_cell_input"
 HISTORY_NAMES = re.compile(r"_{1,3}|_\d+|_i\d+|Out|In|_oh|_ih")  # what IPython binds in a notebook's namespace

@@ -1,7 +1,7 @@
 """Part of the rank-guards step: the whole notebook's plan (nbddp.needs, computed once on the first tree: Tree.plan)
-applied to the statements as the earlier steps rewrote them, each found through the statement the plan read. The statements training does not need
-are rank-0 work, those that give rank 0's values to every rank are taken whole, values that differ by rank are
-reported, and after training's end rank 0 goes on alone (`nbddp_rest_on_rank0()`)."""
+applied to the statements as the earlier steps rewrote them, each found through the statement the plan read. The
+statements training does not need are rank-0 work, those that give rank 0's values to every rank are taken whole,
+values that differ by rank are reported, and after training's end rank 0 goes on alone (`nbddp_rest_on_rank0()`)."""
 from __future__ import annotations
 
 import libcst as cst
@@ -65,9 +65,9 @@ def apply_plan(body, guards, tree, ctx) -> list:
 
 
 def on_body(plan, read, body, names, hoisted) -> Plan:
-    """The plan, read on the statements `read` (the first tree's), for the statements of `body` (the steps' rewrites: a statement is the one the
-    plan read where `names.orig` leads to it; several may: what the plan says of one statement holds for each, and
-    what it gives (shares, files, report lines) goes to the first). Training's end is the last statement from the
+    """The plan, read on the statements `read` (the first tree's), for the statements of `body` (the steps' rewrites:
+    a statement is the one the plan read where `names.orig` leads to it; several may: what the plan says of one
+    statement holds for each, and what it gives (shares, files, report lines) goes to the first). Training's end is the last statement from the
     plan's end or before it that is not the rank-0 part of a hoisted collective (what shows its result)."""
     at = {id(stmt): i for i, stmt in enumerate(read)}
     where = [at.get(id(names.orig(stmt))) for stmt in body]
