@@ -128,8 +128,8 @@ class _Statements(cst.CSTVisitor):
     def on_visit(self, node):
         if isinstance(node, cst.BaseStatement):
             self.found.append(node)
-        return isinstance(node, (cst.BaseStatement, cst.BaseSuite, cst.Else, cst.ExceptHandler, cst.Finally,
-                                 cst.Module))
+        return isinstance(node, (cst.BaseStatement, cst.BaseSuite, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler,
+                                 cst.Finally, cst.MatchCase, cst.Module))
 
 
 def statements_in(node) -> list:

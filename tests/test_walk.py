@@ -141,3 +141,12 @@ def test_the_scopes_are_libcsts_scope_provider_answers():
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/notebooks/unsloth is not beside this clone")
 def test_the_corpus_is_read():
     assert sum(1 for _ in _modules()) == 13
+
+
+def test_statements_in_finds_the_statements_of_every_kind_of_block():
+    from nbddp.cst_helpers import statements_in
+
+    module = cst.parse_module("match x:\n    case 1:\n        a = 1\ntry:\n    pass\nexcept* E:\n    b = 2\n"
+                              "for i in r:\n    if i:\n        c = 3\n    elif j:\n        d = 4\nelse:\n    e = 5\n")
+    found = [cst.Module([]).code_for_node(s).split("\n")[0].strip() for s in statements_in(module)]
+    assert [line for line in found if "=" in line] == ["a = 1", "b = 2", "c = 3", "d = 4", "e = 5"]
