@@ -47,7 +47,8 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     """`node.visit(visitor)` for a visitor that only reads (see the module's docstring). Classes are compared by
     identity: isinstance on libcst's abstract node classes costs a call each time."""
     if visitor.on_visit(node):
-        for name in _FIELDS.get(type(node)) or _fields(node):
+        fields = _FIELDS.get(type(node))
+        for name in fields if fields is not None else _fields(node):
             value = getattr(node, name)
             kind = type(value)
             if kind is tuple or kind is list:

@@ -20,6 +20,7 @@ from ..cells import starts_cell
 from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, names_in,
                            regroup, statement_blocks)
 from ..inside import is_hooks
+from ..runtime import HELPERS
 from ..training_end import REST
 from ..rank_conditions import RANK, is_rank_test, reads_rank
 from ..reads_writes import header_of, reads_writes
@@ -250,7 +251,8 @@ class _Guards:
         self.waits.add(self.cell)
         words = [self.taken[id(s.body)] for s in group if self.taken[id(s.body)][1]]  # (kinds, word)
         what = next((w for k, w in words if k & {SAVE, PUSH, GENERATE}), words[0][1] if words else None)
-        calls = [c for s in group for c in live_calls(s) if not code_of(c.func).startswith("nbddp_")]  # the notebook's
+        calls = [c for s in group for c in live_calls(s)  # the notebook's own, not the runtime's helpers
+                 if not (isinstance(c.func, cst.Name) and c.func.value in HELPERS)]
         what = what or (parts(code_of(calls[0].func))[-1] if calls else "rank 0")
         given = [name for s in group for name in self.sharing.get(id(s.body), ())]
         if given:
