@@ -1,9 +1,12 @@
 """`%%torchrun` in a real Jupyter kernel (ipykernel, driven by jupyter_client as JupyterLab, Kaggle and Colab drive
 it), on CPU with 2 gloo ranks: what the cell shows, and what is left when the kernel dies."""
+import contextlib
 import os
+import signal
 import sys
 import time
 
+import psutil
 import pytest
 
 from nbddp.executor import alive
@@ -120,6 +123,27 @@ def test_a_killed_kernel_takes_its_job_with_it_and_its_log_folder(kernel, tmp_pa
         assert not set(dead) & set(left) and len(left) == 1, (dead, left)  # only the new job's, kept for its end line
     finally:
         again.close()
+
+
+def test_ranks_leave_with_a_killed_kernel_also_when_their_launcher_is_stuck(kernel, tmp_path):
+    kernel.start("%%torchrun 2\nimport os, time\nopen(f'pid-{os.getpid()}', 'w').close()\ntime.sleep(300)\n")
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("pid-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ranks = [int(p.name[4:]) for p in tmp_path.glob("pid-*")]
+    assert len(ranks) == 2, "the ranks did not start"
+    launcher = psutil.Process(ranks[0]).ppid()
+    os.kill(launcher, signal.SIGSTOP)  # torchrun can no longer stop them: the ranks watch the kernel themselves
+    try:
+        kernel.km.shutdown_kernel(now=True)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in ranks if alive(pid)], "a rank outlived the kernel"
+    finally:
+        for pid in [launcher, *ranks]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_failing_rank_shows_its_own_traceback_in_cell_lines_and_not_torchruns(kernel):

@@ -76,6 +76,7 @@ def start_torchrun(argv, env) -> subprocess.Popen:
     """torchrun in a session of its own (the kernel's interrupt does not reach it: nbddp stops the job itself), its
     output piped, dying with the process that starts it."""
     try:
+        env = {**(os.environ if env is None else env), "NBDDP_OWNER": str(os.getpid())}  # runtime/owner.py
         return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent)
     except OSError as exc:

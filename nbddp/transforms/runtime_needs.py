@@ -170,7 +170,8 @@ def needs(facts: _Facts) -> dict[str, str]:
            "files": "every script: a file that every rank writes is written by one rank per machine",
            "agree": "every script: rank 0 says whether the ranks trained the same weights",
            "stdin_fd": "every script: rank 0 alone reads stdin, every rank reads the same, a stdin that gives "
-                       "nothing ends, never a hang"}
+                       "nothing ends, never a hang",
+           "owner": "every script: a rank leaves when the kernel or shell that started its job is gone"}
     if facts.prompts:
         asked = ", ".join(dict.fromkeys(what.split(" ")[0] for _, what, _ in facts.prompts))
         why["ask"] = f"the notebook asks for values ({asked}): rank 0 asks, every rank gets the answer, or EOFError " \

@@ -25,6 +25,7 @@ Install first (the notebook's install commands, every branch, removed here):
 # -- files: every script: a file that every rank writes is written by one rank per machine; the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
 # -- stdin_fd: every script: rank 0 alone reads stdin, every rank reads the same, a stdin that gives nothing ends, never a hang
+# -- owner: every script: a rank leaves when the kernel or shell that started its job is gone
 # -- ipython_forms: the notebook uses what IPython gives it (nbddp_show): in the script too
 # -- unsloth_group: the notebook imports Unsloth: the process group starts right after that import
 # -- lean_sync: a quantized or Unsloth model: DDP's start-up sync without a copy of the largest weight
