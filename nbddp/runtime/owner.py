@@ -1,4 +1,4 @@
-"""A rank of a job started from a notebook kernel or a shell (`%%torchrun`, `%ddp`, `nbddp run`) leaves when that
+"""A rank of a converted script started from a notebook kernel or a shell (`%%torchrun`, `nbddp run`) leaves when that
 process is gone, whatever its launcher does: a killed kernel's torchrun is told to stop its ranks, but one that is
 itself stuck or gone would leave them running with nobody to read them. NBDDP_OWNER holds the process id (the
 executor sets it); a rank checks it every NBDDP_OWNER_POLL seconds and, once it is gone, sends itself SIGTERM (and
