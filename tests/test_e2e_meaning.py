@@ -4,7 +4,8 @@ multi-process code keeps its meaning and every rank computes the same values (is
 The notebook trains with accelerate (its `prepare` is the data parallelism, its `wait_for_everyone` after the loop
 meets every rank), then each rank records what it computed: after training, a test of the rank that runs on rank 1
 only, and values each process would compute for itself that training reads (a set of strings' order, an unseeded
-NumPy generator, samples a generator of the notebook's own draws from the OS's entropy, a uuid). A function training
+NumPy generator, generators and reseeds without a seed (Python's, NumPy's legacy and new, torch's; through
+aliases, in a function, in a loop), samples a generator of the notebook's own draws from the OS's entropy, a uuid). A function training
 needs makes its folders without exist_ok, on every rank.
 It writes a training script with `%%writefile` and runs it with `!python`, and starts it again through subprocess
 from its own function: the script would join a process group of WORLD_SIZE processes if it saw this job's.
@@ -38,6 +39,12 @@ CELLS = [
     "run_child('subprocess')\n",
     "tags = {'alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta', 'theta'}\norder = list(tags)\n"
     "rng = np.random.default_rng()\nnoise = rng.normal(size = 3).tolist()\n",
+    "import random as rnd\nfrom numpy.random import RandomState, PCG64, Generator as NpGen, SeedSequence\n"
+    "def draws():\n    picker, legacy = rnd.Random(), RandomState()\n    rnd.seed()\n    np.random.seed()\n"
+    "    g = torch.Generator()\n    g.seed()\n    return [picker.random(), int(legacy.randint(0, 10**6)), rnd.random(), "
+    "int(np.random.randint(0, 10**6)), torch.randperm(8, generator = g).tolist(), int(NpGen(PCG64()).integers(0, 10**6)), "
+    "SeedSequence().entropy % 10**6, torch.seed() % 10**6]\n",
+    "drawn = [draws() for _ in range(2)]\n",
     "import secrets, uuid\nclass Sampler:\n    def generate(self, n):\n        return [secrets.token_hex(4) for _ in range(n)]\n",
     "synthetic = Sampler().generate(3)\nrun_id = uuid.uuid4().hex\n",
     "import pathlib\ndef workdir(name):\n    os.makedirs(name)\n    (pathlib.Path(name) / 'logs').mkdir()\n    return name\n"
@@ -45,10 +52,11 @@ CELLS = [
     "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr = 0.1)\n"
     "model, opt = acc.prepare(model, opt)\n",
     "for step in range(3):\n    x = torch.full((2, 4), float(acc.process_index + step + len(order[0])))\n"
-    "    loss = model(x).pow(2).mean() + 0 * sum(noise) + 0 * len(synthetic + [run_id, out_dir])\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
+    "    loss = model(x).pow(2).mean() + 0 * sum(noise) + 0 * len(synthetic + [run_id, out_dir] + drawn)\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
     "acc.wait_for_everyone()\nweights = acc.unwrap_model(model).weight.tolist()\n",
     "with open(f'rank{acc.process_index}.json', 'w') as fh:\n"
-    "    json.dump({'order': order, 'noise': noise, 'weights': weights, 'synthetic': synthetic, 'run': run_id}, fh)\n",
+    "    json.dump({'order': order, 'noise': noise, 'weights': weights, 'synthetic': synthetic, 'run': run_id,\n"
+    "               'drawn': drawn}, fh)\n",
     "if acc.process_index == 1:\n    open('rank1-after-training.txt', 'w').write('here')\n",
     "print('DONE', flush = True)\n",
 ]
@@ -79,6 +87,8 @@ def test_every_rank_computes_the_same_values_and_trains_one_model(job):
     first, second = (json.loads((done.cwd / f"rank{r}.json").read_text()) for r in range(2))
     assert first["order"] == second["order"], "a set of strings iterated in another order on rank 1"
     assert first["noise"] == second["noise"], "np.random.default_rng() drew another seed on rank 1"
+    assert first["drawn"] == second["drawn"], "a generator or reseed without a seed drew from the OS on rank 1"
+    assert first["drawn"][0] != first["drawn"][1], "every draw gave the same seed"
     assert first["synthetic"] == second["synthetic"] and first["run"] == second["run"], "generated or drawn anew"
     assert first["weights"] == second["weights"]
 

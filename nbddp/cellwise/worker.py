@@ -136,7 +136,7 @@ class Worker:
 
         self.torch_barrier = group.nbddp_barrier
         self.runtime = Runtime(self.barrier)
-        self.runtime.need(["group", "hooks", "files"])  # files: each file one writer per machine
+        self.runtime.need(["group", "same_random", "hooks", "files"])  # files: each file one writer per machine
 
         self.display = Display(self.send, main=group.NBDDP_IS_MAIN)
         from ..runtime.ipython_forms import nbddp_no_ipython  # the same on every rank, as in a script

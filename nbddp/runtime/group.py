@@ -9,11 +9,9 @@ import atexit
 import contextlib
 import datetime
 import functools
-import hashlib
 import importlib.util
 import logging
 import os
-import random
 import sys
 import time
 
@@ -78,7 +76,6 @@ def nbddp_start(mode="ddp", group=True, batch=None):
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     if NBDDP_IS_MAIN and NBDDP_WORLD_SIZE > 1:
         print(f"nbddp: {NBDDP_WORLD_SIZE} processes, this one is rank 0 on {NBDDP_DEVICE}", flush=True)
-    nbddp_same_random_state()
     nbddp_quiet_others()
     for setup in NBDDP_AT_START:
         setup()
@@ -98,38 +95,6 @@ def nbddp_same_hash_seed():
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
-
-
-def nbddp_same_random_state():
-    """Every rank starts from one random state (Python's, NumPy's, torch's), the same for all ranks of a job and new
-    for each job: randomness the notebook leaves unseeded (a shuffle, a sample, a split) gives every rank the same
-    data. NBDDP_SAME_RANDOM=0 leaves each rank's own."""
-    if NBDDP_WORLD_SIZE == 1 or os.environ.get("NBDDP_SAME_RANDOM", "1").strip().lower() in ("0", "false", "no", "off"):
-        return
-    job = "|".join(os.environ.get(name, "") for name in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
-    seed = int(hashlib.sha256(job.encode()).hexdigest()[:8], 16)
-    random.seed(seed)
-    torch.manual_seed(seed)
-    if importlib.util.find_spec("numpy") is not None:
-        import numpy
-
-        numpy.random.seed(seed)
-        _nbddp_seeded_generators(numpy.random, seed)
-
-
-def _nbddp_seeded_generators(module, seed):
-    """NumPy's `default_rng()` without a seed draws one from the OS on each rank: here the n-th such generator is
-    seeded from the job's seed and n, the same on every rank (a generator given a seed is left as it is)."""
-    made, default_rng = [0], module.default_rng
-
-    @functools.wraps(default_rng)
-    def same_default_rng(seed_=None, *args, **kwargs):
-        if seed_ is None and not args and not kwargs:
-            made[0] += 1
-            seed_ = [seed, made[0]]
-        return default_rng(seed_, *args, **kwargs)
-
-    module.default_rng = same_default_rng
 
 
 def nbddp_quiet_others():

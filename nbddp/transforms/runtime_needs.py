@@ -171,6 +171,7 @@ def needs(facts: _Facts) -> dict[str, str]:
            "agree": "every script: rank 0 says whether the ranks trained the same weights",
            "stdin_fd": "every script: rank 0 alone reads stdin, every rank reads the same, a stdin that gives "
                        "nothing ends, never a hang",
+           "same_random": "every script: one random state on every rank, also for generators made without a seed",
            "owner": "every script: a rank leaves when the kernel or shell that started its job is gone"}
     if facts.prompts:
         asked = ", ".join(dict.fromkeys(what.split(" ")[0] for _, what, _ in facts.prompts))

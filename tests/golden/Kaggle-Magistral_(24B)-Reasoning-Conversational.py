@@ -19,6 +19,7 @@ Install first (the notebook's install commands, every branch, removed here):
 # -- launcher: needed by group, fit, global_batch
 # -- wait: needed by group, one_writer, files, agree, stdin_fd
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group
+# -- same_random: every script: one random state on every rank, also for generators made without a seed
 # -- hooks: needed by fit, one_writer, files, agree, stdin_fd, unsloth_group, lean_sync, peft_shim, xformers_shim, global_batch, balance
 # -- fit: the notebook loads a model: DDP if it fits one GPU, else one process split over all of them
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
