@@ -8,7 +8,7 @@ NumPy generator, generators and reseeds without a seed (Python's, NumPy's legacy
 aliases, in a function, in a loop), samples a generator of the notebook's own draws from the OS's entropy, a uuid). A function training
 needs makes its folders without exist_ok, on every rank.
 It writes a training script with `%%writefile` and runs it with `!python`, and starts it again through subprocess
-from its own function: the script would join a process group of WORLD_SIZE processes if it saw this job's.
+from its own function, with a copy of its environment, and through os.spawnv: the script would join a process group of WORLD_SIZE processes if it saw this job's.
 """
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ CELLS = [
     "!python child.py shell\n",
     "def run_child(how):\n    subprocess.run([sys.executable, 'child.py', how], check = True, timeout = 60)\n"
     "run_child('subprocess')\n",
+    "import subprocess as sp\nsp.run([sys.executable, 'child.py', 'envcopy'], env = dict(os.environ, OMP_NUM_THREADS = '1'), "
+    "check = True, timeout = 60)\n",
+    "def spawn_child(how):\n    os.spawnv(os.P_WAIT, sys.executable, [sys.executable, 'child.py', how])\nspawn_child('spawnv')\n",
     "tags = {'alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta', 'theta'}\norder = list(tags)\n"
     "rng = np.random.default_rng()\nnoise = rng.normal(size = 3).tolist()\n",
     "import random as rnd\nfrom numpy.random import RandomState, PCG64, Generator as NpGen, SeedSequence\n"
@@ -95,7 +98,7 @@ def test_every_rank_computes_the_same_values_and_trains_one_model(job):
 
 def test_a_script_the_notebook_starts_is_one_process_of_its_own(job):
     done, conversion = job
-    for how in ("shell", "subprocess"):
+    for how in ("shell", "subprocess", "envcopy", "spawnv"):
         assert (done.cwd / f"child-{how}.txt").read_text() == "alone\n", done.explain()  # once, not in the job
     assert "`!python child.py shell` runs a Python program: it starts in one process of its own" in \
         conversion.report.format()

@@ -49,23 +49,28 @@ NBDDP_RANK_ENVIRONMENT = frozenset({
 })
 
 
-def nbddp_child_environment():
-    """The environment of a program the notebook starts: this process's, without the job's rank variables."""
-    return {name: value for name, value in os.environ.items() if name not in NBDDP_RANK_ENVIRONMENT}
+def nbddp_child_environment(env=None):
+    """The environment of a program the notebook starts: this process's (None), or the one given, without the job's
+    rank variables where it copies them from this process (`dict(os.environ, ...)`: the same RANK and run id)."""
+    if env is not None and any(env.get(name) != os.environ.get(name) for name in ("RANK", "TORCHELASTIC_RUN_ID")):
+        return env  # an environment of its own
+    return {name: value for name, value in (os.environ if env is None else env).items()
+            if name not in NBDDP_RANK_ENVIRONMENT}
 
 
 def nbddp_children_outside_the_job():
     """Programs the notebook starts (a `!` line, subprocess, os.system) without an environment of their own get this
     process's without the job's rank variables: a training script the notebook runs (`!python train.py`, accelerate
     or torch.distributed inside it) is one process of its own, as in the notebook, instead of waiting forever for
-    ranks of this job that never come. A child given its own `env=` keeps it."""
+    ranks of this job that never come; so do one given a copy of this process's environment, and os.spawn*'s. A
+    child given an environment of its own keeps it."""
     if NBDDP_WORLD_SIZE == 1 or getattr(subprocess.Popen.__init__, "_nbddp_outside", False):
         return
     init = subprocess.Popen.__init__
 
     def __init__(self, args, *rest, **kwargs):
-        if len(rest) < 10 and kwargs.get("env") is None:  # env: the tenth parameter after args
-            kwargs["env"] = nbddp_child_environment()
+        if len(rest) < 10:  # env: the tenth parameter after args
+            kwargs["env"] = nbddp_child_environment(kwargs.get("env"))
         init(self, args, *rest, **kwargs)
 
     __init__._nbddp_outside = True
@@ -76,6 +81,14 @@ def nbddp_children_outside_the_job():
         return status << 8 if status >= 0 else -status
 
     os.system = system
+    spawn = getattr(os, "_spawnvef", None)  # every os.spawn* (POSIX)
+    if spawn is not None:
+        with_env = {os.execv: os.execve, os.execvp: os.execvpe}
+
+        def _spawnvef(mode, file, args, env, func):
+            return spawn(mode, file, args, nbddp_child_environment(env), with_env.get(func, func))
+
+        os._spawnvef = _spawnvef
 
 
 NBDDP_AT_START.append(nbddp_children_outside_the_job)
