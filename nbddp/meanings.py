@@ -105,6 +105,8 @@ class Names:
             called = self.meanings(expr.func, depth + 1)
             if called & PARTIALS and expr.args:  # partial(f, ...) is f, with some arguments given
                 return set(self.meanings(expr.args[0].value, depth + 1))
+            if "builtins.getattr" in called and len(expr.args) > 1 and isinstance(self.literal(expr.args[1].value), str):
+                return {f"{m}.{self.literal(expr.args[1].value)}" for m in self.meanings(expr.args[0].value, depth + 1)}
             if called & PASS_THROUGH and expr.args and expr.args[0].keyword is None:  # gives back its argument
                 return set(self.meanings(expr.args[0].value, depth + 1)) | {f"{m}()" for m in called}
             return {f"{m}()" for m in called} | self._returned(expr.func, depth)

@@ -14,6 +14,7 @@ import libcst as cst
 
 from .bindings import returns_of
 from .entries import is_entry, is_trainer
+from .meanings import PARTIALS
 from .vocabulary import CONFIG, kinds
 from .walk import walk
 
@@ -36,6 +37,7 @@ ATTRIBUTES = {"process_index": RANK, "local_process_index": RANK, "is_main_proce
               "is_local_process_zero": RANK, "global_rank": RANK, "local_rank": RANK, "node_rank": RANK,
               "is_global_zero": RANK, "should_save": RANK, "should_log": RANK,
               "num_processes": WORLD, "world_size": WORLD, "n_gpu": WORLD}
+PROPERTIES = frozenset({"builtins.property", "functools.cached_property"})
 MAX_DEPTH = 4
 CALLED = frozenset({"get", "getenv", "__getitem__"} | {m.rsplit(".", 1)[1] for m in DISTRIBUTED} | set(ATTRIBUTES))
 
@@ -48,7 +50,7 @@ def _of_value(meaning: str, names) -> str | None:
     if len(segments) < 2 or segments[-1] not in ATTRIBUTES:
         return None
     owner = ".".join(segments[:-1])
-    if owner.endswith(".args") or owner.endswith(".state"):  # a Trainer's arguments or the accelerator's state
+    while owner.endswith((".args", ".state", ".accelerator")):  # a Trainer's arguments or accelerator, a state
         owner = owner.rsplit(".", 1)[0]
     if "." not in owner and "(" not in owner and "[" not in owner:  # a parameter, a name bound in another cell
         return ATTRIBUTES[segments[-1]]  # (`state.is_world_process_zero` in a callback): what it is, unknown
@@ -66,8 +68,8 @@ def node_reads(node, names, depth=0) -> set:
     if isinstance(node, cst.Name):
         return _name_reads(node, names, depth)
     if isinstance(node, cst.Attribute):  # (only the attributes that tell the shape can: the meanings only then)
-        if node.attr.value not in ATTRIBUTES:
-            return set()
+        if node.attr.value not in ATTRIBUTES:  # or a property of the notebook's own class
+            return _returns_read(node, names, depth, properties=True)
         return {w for w in (_of_value(m, names) for m in names.meanings(node)) if w}
     if isinstance(node, cst.Call):
         return _call_reads(node, names, depth)
@@ -93,17 +95,35 @@ def _name_reads(node, names, depth) -> set:
 
 def _call_reads(node, names, depth) -> set:
     if isinstance(node.func, cst.Attribute) and node.func.attr.value not in CALLED:
-        return set()  # a method of no value that tells the shape (a notebook's own class aside: rare, not followed)
+        return _returns_read(node.func, names, depth)  # a method of no value that tells the shape, or the notebook's
     meanings = names.meanings(node.func)
     found = {DISTRIBUTED[m] for m in meanings if m in DISTRIBUTED} | {
         w for w in (_of_value(m, names) for m in meanings) if w}
-    if meanings & ENVIRONMENT_READS and node.args:
-        found |= _environment(node.args[0].value, names)
-    if depth < MAX_DEPTH:  # the notebook's own function that returns the rank
-        for definition in names.definitions(node.func):
-            if isinstance(definition, cst.FunctionDef):
-                for value in returns_of(definition):
-                    found |= _reads(value, names, depth + 1)
+    args = node.args
+    if isinstance(node.func, cst.Name):  # `who()` after `who = partial(os.environ.get, "RANK")`
+        given = names.value(node.func)
+        if isinstance(given, cst.Call) and names.meanings(given.func) & PARTIALS:
+            args = (*given.args[1:], *args)
+    if meanings & ENVIRONMENT_READS and args:
+        found |= _environment(args[0].value, names)
+    return found | _returns_read(node.func, names, depth)
+
+
+def _returns_read(func, names, depth, properties=False) -> set:
+    """What the notebook's own functions, lambdas or methods that `func` names return of the job's shape (only its
+    properties, for an attribute that is not called)."""
+    found, own = set(), names.rank_reads.get("methods")
+    if own is None:  # the notebook's own method names: any other attribute names none of its definitions
+        own = names.rank_reads["methods"] = frozenset(method.name.value for method in names.methods)
+    if isinstance(func, cst.Attribute) and func.attr.value not in own or depth >= MAX_DEPTH:
+        return found
+    for definition in names.definitions(func):
+        if isinstance(definition, cst.Lambda) and not properties:
+            found |= _reads(definition.body, names, depth + 1)
+        elif isinstance(definition, cst.FunctionDef) and (not properties or any(
+                names.meanings(d.decorator) & PROPERTIES for d in definition.decorators)):
+            for value in returns_of(definition):
+                found |= _reads(value, names, depth + 1)
     return found
 
 

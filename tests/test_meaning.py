@@ -32,7 +32,8 @@ def test_a_test_of_the_rank_by_what_it_reads_is_left_as_it_is(test):
     assert cells == [TRAIN, cell]
 
 
-@pytest.mark.parametrize("lora", ["rank = 16\n", "local_rank = 8\n", "def rank():\n    return 16\n"])
+@pytest.mark.parametrize("lora", ["rank = 16\n", "local_rank = 8\n", "def rank():\n    return 16\n",
+                                  "class Lora:\n    @property\n    def rank(self):\n        return 16\nrank = lambda: Lora().rank\n"])
 def test_a_name_alone_is_no_rank_test(lora):
     test = "if rank() > 8:\n" if "def" in lora else f"if {lora.split()[0]} > 4:\n"
     (cell, train), report = convert(lora + test + "    " + SAVE, TRAIN)
@@ -43,6 +44,17 @@ def test_a_name_alone_is_no_rank_test(lora):
     "if acc.process_index == 1:\n    open('one.txt', 'w').write('x')\n",
     "import os\nif int(os.environ['RANK']) == 1:\n    raise ValueError('rank 1 stops')\n",
     "def is_last():\n    return acc.process_index == acc.num_processes - 1\nif is_last():\n    print('last')\n",
+    "import os as o\nrank_of = lambda: int(o.getenv('RANK', '0'))\nif rank_of() == 1:\n    open('a.txt', 'w').write('a')\n",
+    "from torch import distributed as D\ndef my_rank():\n    return getattr(D, 'get_rank')() if D.is_initialized() else 0\n"
+    "if my_rank() == 1:\n    open('b.txt', 'w').write('b')\n",
+    "import torch.distributed as D\nclass Node:\n    @property\n    def rank(self):\n        return D.get_rank()\n"
+    "node = Node()\nif node.rank == 1:\n    open('c.txt', 'w').write('c')\n",
+    "import torch.distributed as D\nclass Node:\n    def where(self):\n        return D.get_rank()\n"
+    "if Node().where() == 1:\n    open('c.txt', 'w').write('c')\n",
+    "import functools, os\nwho = functools.partial(os.environ.get, 'LOCAL_RANK', '0')\nif who() == '1':\n"
+    "    open('d.txt', 'w').write('d')\n",
+    "state = trainer.accelerator\nif state.process_index == 1:\n    open('e.txt', 'w').write('e')\n",
+    "if trainer.accelerator.process_index == 1:\n    open('e.txt', 'w').write('e')\n",
 ])
 def test_per_rank_code_after_training_runs_on_every_rank(after):
     head = "from accelerate import Accelerator\nacc = Accelerator()\n"
