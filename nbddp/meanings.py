@@ -8,18 +8,15 @@ read: imports and their aliases (`from unsloth import FastLanguageModel as FLM`)
 
 API (every node may be one a step rewrote: `orig()` maps it back to the node the analysis saw):
   names.meanings(expr)    -> frozenset of dotted paths: `unsloth.FastLanguageModel.get_peft_model` for
-                             `FLM.get_peft_model`, `builtins.map`, `datasets.load_dataset().map` for `ds.map` after
-                             `ds = load_dataset(...)`, `torch.optim.AdamW().step` for `opt.step`; `()` marks a
-                             value made by a call; the notebook's own `f` is `__main__.f`; a parameter is what the
-                             notebook's calls give it (`sites`); a name bound nowhere stays as written.
-                             nbddp.vocabulary reads them (`names.kinds(expr)`, with the packages the notebook imports).
-                             `self.bot` in a method is what the class's methods assign to it.
+                             `FLM.get_peft_model`, `datasets.load_dataset().map` for `ds.map` of `ds = load_dataset()`,
+                             `()` marks a value made by a call; the notebook's own `f` is `__main__.f`; a parameter is
+                             what the notebook's calls give it (`sites`); `self.bot` in a method is what the class's
+                             methods assign to it; `getattr(m, "x")` is m.x; a name bound nowhere stays as written.
   names.sites(function)   -> each call of the notebook's function with the arguments it binds (parameter -> argument);
                              names.passed(param): what those calls (and its default) give one parameter.
   names.definitions(expr) -> the notebook's own FunctionDef/Lambda nodes a callee refers to (a def, a lambda bound to
                              a name, `partial(f, ...)`, a method of a class the notebook defines, through `obj.m`).
-  names.value(name)       -> the expression a name was last assigned (`'org/model'` for `model_id`), or None.
-  names.literal(node)     -> a literal's value, also through the names last assigned one (`'org/model'`), or `...`.
+  names.value(name)       -> the expression a name was last assigned, or None; names.literal(node): its literal, or ...
   names.bindings(name)    -> the nodes a read of the name may be bound by (an Assign, a Param, a def, an import).
   names.orig(node)        -> the node the analysis saw (steps record rewrites in `names.origin`; see tree.py).
 Which names a statement reads and binds (the flow across cells) is the other analysis: nbddp.reads_writes.
@@ -105,13 +102,17 @@ class Names:
             called = self.meanings(expr.func, depth + 1)
             if called & PARTIALS and expr.args:  # partial(f, ...) is f, with some arguments given
                 return set(self.meanings(expr.args[0].value, depth + 1))
-            if "builtins.getattr" in called and len(expr.args) > 1 and isinstance(self.literal(expr.args[1].value), str):
-                return {f"{m}.{self.literal(expr.args[1].value)}" for m in self.meanings(expr.args[0].value, depth + 1)}
+            got = self.literal(expr.args[1].value) if "builtins.getattr" in called and len(expr.args) > 1 else None
+            if isinstance(got, str):  # getattr(m, "x") is m.x
+                return {f"{m}.{got}" for m in self.meanings(expr.args[0].value, depth + 1)}
             if called & PASS_THROUGH and expr.args and expr.args[0].keyword is None:  # gives back its argument
                 return set(self.meanings(expr.args[0].value, depth + 1)) | {f"{m}()" for m in called}
             return {f"{m}()" for m in called} | self._returned(expr.func, depth)
-        if isinstance(expr, cst.Subscript):
-            return {f"{m}[]" for m in self.meanings(expr.value, depth + 1)}
+        if isinstance(expr, cst.Subscript):  # of a display the notebook built (`steps["fit"]`): any of its items
+            held = self.value(expr.value) if isinstance(expr.value, cst.Name) else None
+            items = held.elements if isinstance(held, (cst.Dict, cst.List, cst.Tuple, cst.Set)) else ()
+            found = {m for item in items for m in self.meanings(item.value, depth + 1)} - {"?"}
+            return found or {f"{m}[]" for m in self.meanings(expr.value, depth + 1)}
         if not isinstance(expr, cst.Name):
             return {dotted(expr) or "?"}
         assignments = self._assignments(expr)

@@ -122,6 +122,12 @@ def test_fit_and_train_of_values_that_are_not_trainers_are_not_training(cells):
     ["from lightning import Trainer as LT\nrunner = LT(max_epochs=1)\n", "runner.fit(module)\n"],
     ["from unsloth.chat_templates import train_on_responses_only\nfrom trl import SFTTrainer\n"
      "t = SFTTrainer(model=model)\nt = train_on_responses_only(t)\n", "t.train()\n"],
+    ["from transformers import Trainer\nt = Trainer(model=model)\nphases = {'fit': t.train, 'eval': lambda: None}\n",
+     "for phase in ('fit', 'eval'):\n    phases[phase]()\n"],
+    ["from trl import SFTTrainer\nsteps = [SFTTrainer(model=model).train]\n", "for step in steps:\n    step()\n",
+     "steps[0]()\n"],
+    ["import torch.distributed as D\nclass Meter:\n    def synced(self, t):\n        op = getattr(D, 'all_reduce')\n"
+     "        op(t)\n        return t\n", "total = Meter().synced(loss)\n"],
 ])
 def test_training_through_a_function_a_subclass_or_another_library(cells):
     out, _ = convert(*cells, "print('done')\n")
