@@ -225,8 +225,10 @@ def dry_run_command(line: str):
 
 
 def assert_ran_as_dry_run_said(line: str, folder: Path, base_env: dict):
-    """The launcher that ran had the argv the dry run printed, and exactly `base_env` plus what it printed."""
+    """The launcher that ran had the argv the dry run printed, and exactly `base_env` plus what it printed, plus the
+    process id of what started it (NBDDP_OWNER: the ranks watch it; not part of a command to copy)."""
     env, argv = dry_run_command(line)
     seen = launcher_seen(folder)
     assert seen["argv"] == argv, (seen["argv"], argv)
+    assert seen["env"].pop("NBDDP_OWNER", None) == str(os.getpid()), "the ranks cannot tell who started them"
     assert env and seen["env"] == {**base_env, **env}, set(seen["env"].items()) ^ set({**base_env, **env}.items())
