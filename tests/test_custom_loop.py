@@ -228,20 +228,34 @@ def _notebook(texts):
     )
 
 
-@pytest.mark.ddp
-def test_the_loop_trains_one_model_as_one_process_does_at_the_same_global_batch(tmp_path):
+@pytest.fixture(scope="module")
+def loop_jobs(tmp_path_factory):
+    """The jobs of the two tests below, each in its own folder, all at once (e2e.run_jobs: none reads time):
+    (the folder, the loop's script, {name: the job}, the epochs notebook's conversion)."""
     import nbddp
 
-    torch = pytest.importorskip("torch")
+    from e2e import notebook_job
+
+    tmp_path = tmp_path_factory.mktemp("loops")
     script = nbddp.convert(_notebook(alpaca_texts() * 2))
-    assert "nbddp_ddp(net)" in script and "for batch in nbddp_distributed(data):" in script
     started = []
     for name, argv, batch in (("ddp", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"], "4"),
                               ("one", [], "4")):  # the notebook's batch of 4: 2 samples of each on each rank
         save_tiny_llama((cwd := tmp_path / name) / "tiny-llama")
         (cwd / SCRIPT).write_text(script, encoding="utf-8")
         started.append(([sys.executable, *argv, SCRIPT], cwd, {"LOOP_BATCH": batch, "NBDDP_NPROC": "1"}))
-    runs = dict(zip(("ddp", "one"), run_jobs(started)))  # both at once: neither reads time
+    (tmp_path / "epochs").mkdir()
+    epochs, conversion = notebook_job(EPOCHS, tmp_path / "epochs")
+    runs = dict(zip(("ddp", "one", "epochs"), run_jobs(started + [epochs])))
+    return tmp_path, script, runs, conversion
+
+
+@pytest.mark.ddp
+def test_the_loop_trains_one_model_as_one_process_does_at_the_same_global_batch(loop_jobs):
+    torch = pytest.importorskip("torch")
+    tmp_path, script, runs, _ = loop_jobs
+    assert "nbddp_ddp(net)" in script and "for batch in nbddp_distributed(data):" in script
+    runs = {name: runs[name] for name in ("ddp", "one")}
     for job in runs.values():
         assert_clean_exit(job)
     assert runs["ddp"].count("nbddp: the notebook's training loop trains one PeftModel") == 1, runs["ddp"].explain()
@@ -283,13 +297,13 @@ EPOCHS = [
 
 
 @pytest.mark.ddp
-def test_a_loop_that_trains_then_validates_each_epoch_trains_one_model(tmp_path):
+def test_a_loop_that_trains_then_validates_each_epoch_trains_one_model(loop_jobs):
     """The usual shape: the epoch loop calls the notebook's train function (its own loop is the one converted) and
     an evaluation function; every rank validates on the whole validation set, so the accuracy printed once is the
     whole set's, and every rank holds the same weights."""
-    from e2e import assert_clean_exit, run_notebook
-
-    done, conversion = run_notebook(EPOCHS, tmp_path, timeout=120)
+    _, _, runs, conversion = loop_jobs
+    done = runs["epochs"]
+    tmp_path = done.cwd
     assert_clean_exit(done)
     assert "nbddp_unsynced_loop" not in conversion.script and "nbddp_ddp(model)" in conversion.script
     records = [json.loads((tmp_path / f"val-{rank}.json").read_text()) for rank in range(2)]

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from e2e import assert_clean_exit, run_notebook
+from e2e import assert_clean_exit, notebook_job, start_jobs
 
 pytestmark = pytest.mark.ddp
 
@@ -50,7 +50,25 @@ CELLS = [
 
 
 @pytest.fixture(scope="module")
-def kernel_seen(tmp_path_factory):
+def ran(tmp_path_factory):
+    """The notebook's job, started in the background (e2e.start_jobs: neither reads time), and the kernel's run of the
+    same cells while it runs: ((the job, the conversion), what the kernel saw)."""
+    cwd = tmp_path_factory.mktemp("history")
+    launch, conversion = notebook_job(CELLS, cwd)
+    started = start_jobs([launch])
+    try:
+        seen = _kernel_seen(tmp_path_factory)
+        return (started.jobs()[0], conversion), seen
+    finally:
+        started.close()
+
+
+@pytest.fixture(scope="module")
+def kernel_seen(ran):
+    return ran[1]
+
+
+def _kernel_seen(tmp_path_factory):
     """The cells in a new kernel, in order, as a user runs them: what it bound, and the values it showed."""
     import os
 
@@ -74,9 +92,8 @@ def kernel_seen(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("history")
-    return run_notebook(CELLS, cwd)
+def job(ran):
+    return ran[0]
 
 
 def test_every_rank_binds_the_history_the_kernel_binds(job, kernel_seen):

@@ -23,12 +23,22 @@ def _run(script, **env):
 
 
 def test_a_script_on_a_machine_without_a_gpu_says_what_runs_instead(tmp_path):
-    done = _run(_script(tmp_path, "print('HELLO')\n"))
+    import os
+
+    from e2e import run_at_once
+
+    script = _script(tmp_path, "print('HELLO')\n")
+    (tmp_path / "asked").mkdir()
+    again = tmp_path / "asked" / script.name  # the same script, run from a folder of its own
+    again.write_bytes(script.read_bytes())
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # _run's; both runs at once (neither reads time)
+    done, asked = run_at_once([([sys.executable, str(script)], script.parent, env),
+                               ([sys.executable, str(again)], again.parent, {**env, "NBDDP_NPROC": "1"})], 120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == (
         "nbddp: no GPU visible: one process on the CPU (NBDDP_NPROC=2 runs 2 processes with gloo; on Kaggle or Colab, "
         "turn the GPU accelerator on)")
-    assert "nbddp: no GPU" not in _run(_script(tmp_path, "print('HELLO')\n"), NBDDP_NPROC="1").stdout  # asked for
+    assert "nbddp: no GPU" not in asked.stdout  # asked for
 
 
 def test_a_missing_package_names_the_install_line_of_the_scripts_header(tmp_path):

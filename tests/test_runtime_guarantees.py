@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -36,10 +37,20 @@ def launch(mode, out, slow, stdin):
 
 
 @pytest.fixture(scope="module")
-def ordinary(tmp_path_factory):
-    """stdin: an open pipe that nobody writes (kept open until the job ends)."""
-    out = tmp_path_factory.mktemp("guarantees")
-    return launch("ok", out, SLOW, "open pipe")
+def runs(tmp_path_factory):
+    """Both jobs at once, each in its own folder (most of either is rank 0's sleep, which leaves the cores to the
+    other; each job's end is its own, taken as its subprocess returns): {mode: launch's result}."""
+    cases = {"ok": (SLOW, "open pipe"),  # stdin: an open pipe that nobody writes (kept open until the job ends)
+             "fail": (6, subprocess.DEVNULL)}  # stdin closed
+    with ThreadPoolExecutor(len(cases)) as pool:
+        started = {mode: pool.submit(launch, mode, tmp_path_factory.mktemp(f"guarantees-{mode}"), slow, stdin)
+                   for mode, (slow, stdin) in cases.items()}
+        return {mode: future.result() for mode, future in started.items()}
+
+
+@pytest.fixture(scope="module")
+def ordinary(runs):
+    return runs["ok"]
 
 
 def test_a_wait_for_rank_0_outlasts_the_groups_timeout(ordinary):
@@ -79,8 +90,8 @@ def test_input_with_an_open_pipe_nobody_writes(ordinary):
     assert all(seen["input"].startswith(f"EOFError: nbddp: {line}") for seen in ranks)
 
 
-def test_rank_0_failing_in_its_block_ends_the_job_with_its_error(tmp_path):
-    done, output, ranks, ended = launch("fail", tmp_path, 6, subprocess.DEVNULL)  # stdin closed
+def test_rank_0_failing_in_its_block_ends_the_job_with_its_error(runs):
+    done, output, ranks, ended = runs["fail"]
     assert done.returncode != 0
     assert "RuntimeError: rank 0 failed during its save (test)" in output
     root = output[output.index("Root Cause (first observed failure)"):]

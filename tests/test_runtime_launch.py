@@ -10,8 +10,8 @@ import time
 import pytest
 
 from conftest import make_notebook
-from e2e import (LAUNCHER_PROBE, Job, assert_adapter_saved_once, assert_clean_exit, assert_trained, child_env,
-                 launcher_seen, run_job, torchrun_launch)
+from e2e import (LAUNCHER_PROBE, AtOnce, Job, assert_adapter_saved_once, assert_clean_exit, assert_trained,
+                 child_env, launcher_seen, torchrun_launch)
 from nbddp import launch
 from nbddp.executor import alive
 from nbddp.pipeline import convert_notebook
@@ -223,26 +223,58 @@ def _pids(folder):
     return sorted(int(p.name.rsplit("-", 1)[1]) for p in folder.glob("pid-*"))
 
 
-@pytest.mark.ddp
-@pytest.mark.parametrize("env, under_torchrun, files, launches", [
+STARTS = [
     ({"NBDDP_NPROC": "2"}, False, ["pid-0", "pid-1"], True),  # two ranks of one job, started by the script
     ({"NBDDP_NPROC": "1"}, False, ["pid-plain"], False),  # stays one process
     ({}, False, ["pid-plain"], False),  # no GPU, no NBDDP_NPROC: one process
     ({"NBDDP_NPROC": "2"}, True, ["pid-0", "pid-1"], False),  # under torchrun: no second launch
-])
-def test_the_script_starts_as_many_processes_as_asked(tmp_path, env, under_torchrun, files, launches):
-    env = _sleeper(tmp_path, **env)
-    argv, run_env = (torchrun_launch("train_ddp.py", 2, env) if under_torchrun
-                     else ([sys.executable, "train_ddp.py"], env))
-    job = subprocess.Popen(argv, cwd=tmp_path, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = job.communicate(timeout=120)
+]
+BAD_SWITCHES = [("NBDDP_NPROC", "0"), ("NBDDP_NPROC", "abc"), ("NBDDP_MODE", "xyz")]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """The processes of the tests below that read no time (each test's, in its own folder), all started at once
+    (e2e.AtOnce: a process importing torch leaves a core idle that another one uses): {key: (folder, argv, its
+    process id, the CompletedProcess, its seconds)}; keys: ("starts", i) of STARTS, ("switch", name, value) of
+    BAD_SWITCHES, ("group", i) of GROUP_CASES, "self": the example notebook as `NBDDP_NPROC=2 python train_ddp.py`."""
+    import nbddp
+    from tinymodels import EXAMPLE_NOTEBOOK
+
+    runs = {}
+    for i, (env, under_torchrun, _, _) in enumerate(STARTS):
+        cwd = tmp_path_factory.mktemp(f"starts{i}")
+        env = _sleeper(cwd, **env)
+        argv, run_env = (torchrun_launch("train_ddp.py", 2, env) if under_torchrun
+                         else ([sys.executable, "train_ddp.py"], env))
+        runs["starts", i] = (argv, cwd, run_env)
+    for name, value in BAD_SWITCHES:
+        cwd = tmp_path_factory.mktemp("switch")
+        runs["switch", name, value] = ([sys.executable, "train_ddp.py"], cwd, _sleeper(cwd, **{name: value}))
+    for i, (cells, _) in enumerate(GROUP_CASES):
+        runs["group", i] = _group_run(tmp_path_factory.mktemp(f"group{i}"), cells)
+    cwd = tmp_path_factory.mktemp("self")
+    (cwd / "train_ddp.py").write_text(nbddp.convert(str(EXAMPLE_NOTEBOOK)), encoding="utf-8")
+    runs["self"] = ([sys.executable, "train_ddp.py"], cwd, {**child_env(cwd), "NBDDP_NPROC": "2"})
+    at_once = AtOnce(runs.values(), timeout=240)
+    done = at_once.done()
+    return {key: (cwd, argv, proc.pid, ran, seconds) for (key, (argv, cwd, _)), proc, ran, seconds
+            in zip(runs.items(), at_once.procs, done, (job.seconds for job in at_once.jobs()))}
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("env, under_torchrun, files, launches", STARTS)
+def test_the_script_starts_as_many_processes_as_asked(launched, env, under_torchrun, files, launches):
+    tmp_path, argv, pid, job, _ = launched["starts", STARTS.index((env, under_torchrun, files, launches))]
+    env = {**child_env(tmp_path), **env}  # the environment it ran with (_sleeper's), as the recipe reads it
+    out, err = job.stdout, job.stderr
     assert job.returncode == 0, err[-3000:]
     assert sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.glob("pid-*")) == files
     said = "nbddp: 0 GPUs: running as 2 processes (NBDDP_NPROC=1 for one)"
     assert out.count(said) == int(launches), out
     if launches:  # the script itself became torchrun (torch imported once), with nbddp's recipe: `nbddp run`'s
         seen = launcher_seen(tmp_path)
-        assert seen["pid"] == job.pid and seen["argv"] == argv, seen["argv"]
+        assert seen["pid"] == pid and seen["argv"] == argv, seen["argv"]
         recipe = launch.build("train_ddp.py", 2, python=sys.executable, cpus=launch.cpu_count(), env=env)
         assert {name: seen["rank_env"].get(name) for name in recipe.env} == recipe.env
         assert seen["rank_env"]["NBDDP_MODE"] == "ddp" and seen["rank_env"]["LOCAL_WORLD_SIZE"] == "2"
@@ -251,10 +283,9 @@ def test_the_script_starts_as_many_processes_as_asked(tmp_path, env, under_torch
 
 
 @pytest.mark.ddp
-@pytest.mark.parametrize("name, value", [("NBDDP_NPROC", "0"), ("NBDDP_NPROC", "abc"), ("NBDDP_MODE", "xyz")])
-def test_bad_switches_stop_the_script_before_anything_runs(tmp_path, name, value):
-    done = subprocess.run([sys.executable, "train_ddp.py"], cwd=tmp_path, env=_sleeper(tmp_path, **{name: value}),
-                          capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("name, value", BAD_SWITCHES)
+def test_bad_switches_stop_the_script_before_anything_runs(launched, name, value):
+    tmp_path, _, _, done, _ = launched["switch", name, value]
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"nbddp: error: {name}=") and not list(tmp_path.glob("pid-*"))
 
@@ -284,13 +315,9 @@ def test_stopping_the_script_stops_every_rank(tmp_path, how):
 
 
 @pytest.fixture(scope="module")
-def self_job(tmp_path_factory) -> Job:
-    import nbddp
-    from tinymodels import EXAMPLE_NOTEBOOK
-
-    cwd = tmp_path_factory.mktemp("self")
-    (cwd / "train_ddp.py").write_text(nbddp.convert(str(EXAMPLE_NOTEBOOK)), encoding="utf-8")
-    return run_job([sys.executable, "train_ddp.py"], cwd, env={"NBDDP_NPROC": "2"})
+def self_job(launched) -> Job:
+    cwd, argv, _, done, seconds = launched["self"]
+    return Job(argv, cwd, done.returncode, done.stdout, done.stderr, seconds)
 
 
 @pytest.mark.ddp
@@ -308,22 +335,31 @@ GROUP_CELL = ("import torch, torch.distributed as dist\nt = torch.ones(1)\nif di
 FAKE_UNSLOTH = "import torch.distributed as dist\nGROUP_DURING_IMPORT = dist.is_initialized()\n"
 
 
-@pytest.mark.ddp
-@pytest.mark.parametrize("cells, expected", [
+GROUP_CASES = [
     ((GROUP_CELL,), "sum 2.0 initialized True"),
     (("import unsloth\nimport torch.distributed as dist\n"
       "print('during import', unsloth.GROUP_DURING_IMPORT, 'after', dist.is_initialized())\n", GROUP_CELL),
      "during import False after True"),
-])
-def test_the_process_group_is_up_before_the_notebook_can_use_it(tmp_path, cells, expected):
+]
+
+
+def _group_run(tmp_path, cells):
+    """(argv, folder, environment) of a GROUP_CASES job: the notebook of `cells` under torchrun, a fake unsloth
+    importable."""
     (tmp_path / "unsloth").mkdir()
     (tmp_path / "unsloth" / "__init__.py").write_text(FAKE_UNSLOTH)
-    script = convert_notebook(make_notebook(*cells)).script
-    assert ("group=False" in script) == ("import unsloth" in cells[0])
-    (tmp_path / "train_ddp.py").write_text(script, encoding="utf-8")
+    (tmp_path / "train_ddp.py").write_text(convert_notebook(make_notebook(*cells)).script, encoding="utf-8")
     argv, env = torchrun_launch("train_ddp.py", 2, {**child_env(tmp_path),
                                                     "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
-    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return argv, tmp_path, env
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("cells, expected", GROUP_CASES)
+def test_the_process_group_is_up_before_the_notebook_can_use_it(launched, cells, expected):
+    tmp_path, _, _, done, _ = launched["group", GROUP_CASES.index((cells, expected))]
+    script = (tmp_path / "train_ddp.py").read_text(encoding="utf-8")
+    assert ("group=False" in script) == ("import unsloth" in cells[0])
     assert done.returncode == 0, done.stderr[-3000:]
     assert expected in done.stdout and "sum 2.0 initialized True" in done.stdout, done.stdout
 
