@@ -144,6 +144,20 @@ def test_training_through_a_function_a_subclass_or_another_library(cells):
     (["import torch.distributed as dist\ndef n():\n    return dist.get_world_size() if dist.is_initialized() else 1\n",
       "from trl import GRPOConfig\nsteps = max(1, 4 // n())\nargs = GRPOConfig(output_dir='o', gradient_accumulation_steps=steps)\n"],
      "gradient_accumulation_steps=nbddp_batch_as_written(steps)"),
+    # the accumulation in a mapping the config is given as **kwargs: set by key, in dict(), in a display, beside it
+    (["from accelerate import PartialState\nfrom transformers import TrainingArguments\n"
+      "def per_process(total):\n    return max(1, total // PartialState().num_processes)\n",
+      "hp = dict(output_dir='o')\nhp['gradient_accumulation_steps'] = per_process(8)\nargs = TrainingArguments(**hp)\n"],
+     "hp['gradient_accumulation_steps'] = nbddp_batch_as_written(per_process(8))"),
+    (["import os\nfrom trl import SFTConfig\nn = int(os.environ['WORLD_SIZE'])\n",
+      "kw = dict(output_dir='o', gradient_accumulation_steps=8 // n)\nargs = SFTConfig(**kw, max_steps=2)\n"],
+     "gradient_accumulation_steps=nbddp_batch_as_written(8 // n))"),
+    (["import torch.distributed as D\nfrom transformers import TrainingArguments as TA\nworld = D.get_world_size()\n",
+      "cfg = {'output_dir': 'o', 'gradient_accumulation_steps': 16 // world}\nargs = TA(**cfg)\n"],
+     "'gradient_accumulation_steps': nbddp_batch_as_written(16 // world)}"),
+    (["import os\nfrom trl import SFTConfig\nn = int(os.environ['WORLD_SIZE'])\nkw = dict(output_dir='o')\n",
+      "args = SFTConfig(**kw, gradient_accumulation_steps=8 // n)\n"],
+     "gradient_accumulation_steps=nbddp_batch_as_written(8 // n))"),
 ])
 def test_a_batch_the_notebook_adapts_to_the_world_size_is_kept_as_written(cells, written):
     out, report = convert(*cells)
@@ -152,8 +166,10 @@ def test_a_batch_the_notebook_adapts_to_the_world_size_is_kept_as_written(cells,
 
 
 def test_a_batch_of_literals_is_left_to_the_runtime():
-    out, _ = convert("from trl import SFTConfig\nargs = SFTConfig(output_dir='o', gradient_accumulation_steps=4)\n")
-    assert "nbddp_batch_as_written" not in out[0]
+    out, _ = convert("from trl import SFTConfig\nargs = SFTConfig(output_dir='o', gradient_accumulation_steps=4)\n",
+                     "hp = dict(output_dir='o', gradient_accumulation_steps=8)\nhp['gradient_accumulation_steps'] = 4\n"
+                     "world_size = 2\nhp.update(gradient_accumulation_steps=8 // world_size)\nargs = SFTConfig(**hp)\n")
+    assert "nbddp_batch_as_written" not in "".join(out)
 
 
 @pytest.mark.parametrize("cell, said", [

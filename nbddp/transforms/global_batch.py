@@ -91,22 +91,57 @@ def _adapted(call: cst.Call, names) -> list:
     return found
 
 
+def _marked(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`nbddp_batch_as_written(value)`: an accumulation the notebook computes itself (marked once)."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == AS_WRITTEN:
+        return value  # converting converted code
+    return cst.Call(cst.Name(AS_WRITTEN), [cst.Arg(value)])
+
+
 def _as_written(call: cst.Call) -> cst.Call:
     """The config with its accumulation marked as the notebook's own (the default 1 written out where absent)."""
     arg = keyword(call, ACCUMULATION)
     if arg is None:
-        return add_keyword(call, ACCUMULATION, cst.Call(cst.Name(AS_WRITTEN), [cst.Arg(cst.Integer("1"))]))
-    value = arg.value
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == AS_WRITTEN:
-        return call  # converting converted code
-    args = [a.with_changes(value=cst.Call(cst.Name(AS_WRITTEN), [cst.Arg(value)])) if a is arg else a
-            for a in call.args]
-    return call.with_changes(args=args)
+        return add_keyword(call, ACCUMULATION, _marked(cst.Integer("1")))
+    return call.with_changes(args=[a.with_changes(value=_marked(a.value)) if a is arg else a for a in call.args])
+
+
+class _Spread(TreeTransformer):
+    """In the statements that build a mapping a config is given as `**hp`: an accumulation the notebook computes
+    from the world size (`hp["gradient_accumulation_steps"] = 8 // world`, `dict(gradient_accumulation_steps=...)`,
+    `{"gradient_accumulation_steps": ...}`) is marked as written, as a config's own keyword is."""
+
+    def _follows(self, key, value) -> bool:
+        return self.names.literal(key) == ACCUMULATION and WORLD in reads_rank(value, self.names)
+
+    def _said(self, updated, value):
+        self.report.change(self.cell, f"{ACCUMULATION} follows the world size already: the notebook's batch is kept as "
+                                      "it computes it (nbddp does not divide the accumulation again)")
+        return updated.with_changes(value=_marked(value))
+
+    def leave_Assign(self, original, updated):
+        target = original.targets[0].target if len(original.targets) == 1 else None
+        key = target.slice[0].slice if isinstance(target, cst.Subscript) and len(target.slice) == 1 else None
+        if isinstance(key, cst.Index) and self._follows(key.value, original.value):
+            return self._said(updated, updated.value)
+        return updated
+
+    def leave_DictElement(self, original, updated):
+        return self._said(updated, updated.value) if self._follows(original.key, original.value) else updated
+
+    def leave_Arg(self, original, updated):
+        if original.keyword is not None and original.keyword.value == ACCUMULATION and \
+                WORLD in reads_rank(original.value, self.names):
+            return self._said(updated, updated.value)
+        return updated
 
 
 class _Report(TreeTransformer):
+    spread: set  # the names of mappings a config is given as `**name`
+
     def leave_Call(self, original, updated):
         if CONFIG in call_kinds(self.names, original):
+            self.spread |= {a.value.value for a in original.args if a.star == "**" and isinstance(a.value, cst.Name)}
             adapted = _adapted(original, self.names)
             if adapted and not has_star_kwargs(original):
                 self.report.change(self.cell, f"{config_name(original)}: {' and '.join(adapted)} follow{'s' if len(adapted) == 1 else ''} the world "
@@ -127,3 +162,9 @@ class GlobalBatch(TreeStep):
     inserts = (AS_WRITTEN,)
     rewriter = _Report
     wants = frozenset({CONFIG})
+
+    def run(self, tree, ctx) -> cst.Module:
+        report = self.rewriter(tree, ctx)
+        report.spread = set()
+        tree.module = tree.visit(report, self.wants)
+        return tree.visit(_Spread(tree, ctx), mentions=report.spread) if report.spread else tree.module
