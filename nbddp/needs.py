@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from .bindings import params_of
 from .changes import Changes, base_name
 from .cst_helpers import is_if_false, names_in
 from .entries import COMPUTES, STANDARD, VALUE_HOMES
@@ -50,7 +51,7 @@ from .inside import nested_effects
 from .rank_conditions import is_rank_test
 from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
 from .training_end import is_own_guard, training_end
-from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT
+from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT, PUSH, SAVE
 from .walk import walk
 from .written import OwnModules
 
@@ -114,9 +115,15 @@ class _Scan:
 
     def changed_by(self, definition) -> set[str]:
         """The outside names a function of the notebook may change when it runs (`random.shuffle(rows)` in its
-        body changes the notebook's `rows`)."""
+        body changes the notebook's `rows`), and those it binds as its `global`s."""
         changed = self._by(definition, "changed")  # empty but for a def
-        return changed & free_reads(self.names.orig(definition)) if changed else changed
+        definition, declared = self.names.orig(definition), _declared_global(self.names.orig(definition))
+        if changed:  # not its own local names (those of the functions it calls are theirs)
+            stars = [p for p in (definition.params.star_arg, definition.params.star_kwarg) if isinstance(p, cst.Param)]
+            own = {p.name.value for p in [*params_of(definition), *stars]} | set().union(
+                *(reads_writes(s)[1] for s in definition.body.body))
+            changed = changed - (own - declared)
+        return changed | declared
 
     def saved_by(self, definition) -> set[str]:
         """The files a function of the notebook saves at literal paths when it runs."""
@@ -185,6 +192,27 @@ class _Scan:
         # those libraries' values are (an Unsloth model is a transformers model)
 
 
+class _Globals(cst.CSTVisitor):
+    def __init__(self, root):
+        self.root, self.found = root, set()
+
+    def visit_Global(self, node):
+        self.found |= {item.name.value for item in node.names}
+
+    def on_visit(self, node):  # a nested def or class has its own
+        return node is self.root or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and \
+            super().on_visit(node)
+
+
+def _declared_global(definition) -> set[str]:
+    """The names a def of the notebook declares `global` (its assignments to them bind the notebook's names)."""
+    if not isinstance(definition, cst.FunctionDef):
+        return set()
+    found = _Globals(definition)
+    walk(definition, found)
+    return found.found
+
+
 def _aliases(body) -> dict:
     """name -> the names whose value it may share: `r = rows`, `for row in rows:` (a change of `r` or `row` changes
     what `rows` holds), transitively."""
@@ -204,10 +232,11 @@ def _aliases(body) -> dict:
 
 
 def _share(plan, stmt, scan, names):
-    """A statement training needs that generates or computes a value of its own process: rank 0's values of
-    `names`, given to every rank (plan.shares), or where it binds none, a line in the report (plan.differs)."""
+    """A statement training needs that generates or computes a value of its own process, or saves or pushes (rank-0
+    work) and gives back what training reads (`path = save_features(...)`): rank 0's values of `names`, given to
+    every rank (plan.shares), or where it binds none, a line in the report (plan.differs)."""
     found = scan.kinds(stmt)
-    if not found & {GENERATE, OWN_VALUE} or COLLECTIVE in found:
+    if not found & {GENERATE, OWN_VALUE, SAVE, PUSH} or COLLECTIVE in found:
         return
     changes = scan.seen(stmt)
     names = [name for name in names if name in changes.mutated or name in reads_writes(stmt)[1]]

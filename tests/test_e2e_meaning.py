@@ -6,7 +6,8 @@ meets every rank), then each rank records what it computed: after training, a te
 only, and values each process would compute for itself that training reads (a set of strings' order, an unseeded
 NumPy generator, generators and reseeds without a seed (Python's, NumPy's legacy and new, torch's; through
 aliases, in a function, in a loop), samples a generator of the notebook's own draws from the OS's entropy, a uuid). A function training
-needs makes its folders without exist_ok, on every rank.
+needs makes its folders without exist_ok, on every rank; another sets a global that training reads, and one saves
+features and returns their path, which training reads.
 It writes a training script with `%%writefile` and runs it with `!python`, and starts it again through subprocess
 from its own function, with a copy of its environment, and through os.spawnv: the script would join a process group of WORLD_SIZE processes if it saw this job's.
 """
@@ -52,14 +53,18 @@ CELLS = [
     "synthetic = Sampler().generate(3)\nrun_id = uuid.uuid4().hex\n",
     "import pathlib\ndef workdir(name):\n    os.makedirs(name)\n    (pathlib.Path(name) / 'logs').mkdir()\n    return name\n"
     "out_dir = workdir('out')\n",
+    "DATA = None\ndef refresh():\n    global DATA\n    DATA = sorted(tags)[:3]\nrefresh()\n",
+    "def cache_feats(name):\n    os.makedirs(name, exist_ok = True)\n    path = pathlib.Path(name) / 'feats.npy'\n"
+    "    np.save(path, np.ones(3))\n    return path\nfeats = cache_feats('cache')\n",
     "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr = 0.1)\n"
     "model, opt = acc.prepare(model, opt)\n",
     "for step in range(3):\n    x = torch.full((2, 4), float(acc.process_index + step + len(order[0])))\n"
-    "    loss = model(x).pow(2).mean() + 0 * sum(noise) + 0 * len(synthetic + [run_id, out_dir] + drawn)\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
+    "    loss = model(x).pow(2).mean() + 0 * sum(noise) + 0 * len(synthetic + [run_id, out_dir] + drawn + DATA)"
+    " + 0 * float(np.load(feats).sum())\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
     "acc.wait_for_everyone()\nweights = acc.unwrap_model(model).weight.tolist()\n",
     "with open(f'rank{acc.process_index}.json', 'w') as fh:\n"
     "    json.dump({'order': order, 'noise': noise, 'weights': weights, 'synthetic': synthetic, 'run': run_id,\n"
-    "               'drawn': drawn}, fh)\n",
+    "               'drawn': drawn, 'data': DATA, 'feats': str(feats)}, fh)\n",
     "if acc.process_index == 1:\n    open('rank1-after-training.txt', 'w').write('here')\n",
     "print('DONE', flush = True)\n",
 ]
@@ -90,6 +95,8 @@ def test_every_rank_computes_the_same_values_and_trains_one_model(job):
     first, second = (json.loads((done.cwd / f"rank{r}.json").read_text()) for r in range(2))
     assert first["order"] == second["order"], "a set of strings iterated in another order on rank 1"
     assert first["noise"] == second["noise"], "np.random.default_rng() drew another seed on rank 1"
+    assert first["data"] == second["data"] and first["data"], "a global the notebook's function sets is rank 0's only"
+    assert first["feats"] == second["feats"] == "cache/feats.npy"
     assert first["drawn"] == second["drawn"], "a generator or reseed without a seed drew from the OS on rank 1"
     assert first["drawn"][0] != first["drawn"][1], "every draw gave the same seed"
     assert first["synthetic"] == second["synthetic"] and first["run"] == second["run"], "generated or drawn anew"

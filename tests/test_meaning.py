@@ -196,6 +196,11 @@ GIVE_TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, trai
     ("import uuid\nrows = [f'run-{uuid.uuid4().hex}']\n", ["rows"]),
     ("from datetime import datetime as dt\nstamp = dt.now().strftime('%H%M%S')\nrows = [stamp]\n", ["stamp"]),
     ("import tempfile as tf\nwork = tf.mkdtemp()\nrows = [work]\n", ["work"]),  # a folder of a random name
+    # rank-0 work (a save) that gives back what training reads: rank 0 saves, every rank gets the value
+    ("import numpy as np, pathlib as pl\ndef cache(name):\n    p = pl.Path(name) / 'f.npy'\n    np.save(p, [1])\n"
+     "    return p\nrows = cache('c')\n", ["rows"]),
+    ("from numpy import save as keep\ndef store(batch):\n    keep('b.npy', batch)\n    return 'b.npy'\n"
+     "rows = [store(b) for b in range(2)]\n", ["rows"]),
 ])
 def test_values_training_needs_that_each_rank_would_compute_alone_are_rank_0s_given_to_every_rank(cell, names):
     (out, train), report = convert(cell, GIVE_TRAIN)
@@ -328,3 +333,14 @@ def test_values_of_the_standard_library_or_trainings_libraries_are_not_reported_
                         "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows, args=meta)\n"
                         "trainer.train()\n")
     assert "which training's own objects do not come from" not in report.format()
+
+
+@pytest.mark.parametrize("cells", [
+    ["DATA = None\ndef refresh():\n    global DATA\n    DATA = load_rows()\n", "refresh()\n"],
+    ["DATA = None\ndef fill():\n    global DATA\n    DATA = load_rows()\ndef refresh():\n    fill()\n", "refresh()\n"],
+    ["def refresh(n):\n    global DATA, EXTRA\n    for _ in range(n):\n        DATA = load_rows()\n", "refresh(2)\n"],
+])
+def test_a_global_the_notebooks_function_sets_that_training_reads_is_set_on_every_rank(cells):
+    train = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=DATA)\ntrainer.train()\n"
+    out, report = convert(*cells, train)
+    assert out[-2] == cells[-1] and "NBDDP_IS_MAIN" not in "".join(out), out
