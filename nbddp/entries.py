@@ -236,6 +236,10 @@ PIPELINE = "transformers.pipeline"
 # that they made is no effect on every rank worth a report line.
 STANDARD = frozenset(sys.stdlib_module_names)  # Python's own packages
 COMPUTES = frozenset({"numpy", "pandas", "polars", "pyarrow", "scipy", "sklearn", "einops", "tqdm", "regex"})
+# Python's own modules whose calls reach other machines: a line that only calls them for their effect (a ping, a
+# datagram) is one, as another library's would be (nbddp.inside)
+REACHES_OUT = ("urllib.request.", "http.client.", "smtplib.", "socket.", "ftplib.", "imaplib.", "poplib.",
+               "xmlrpc.client.", "webbrowser.")
 
 # The packages nbddp has entries for, or knows the values of: a value another library made, nbddp cannot tell
 ENTRY_ROOTS = frozenset(entry.split(".")[0] for table in (

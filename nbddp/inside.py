@@ -1,7 +1,8 @@
 """Inside what trains: the lines that only call another library for their effect (nbddp.needs' `plan.nested_once`).
 
     nested_effects(body, scan, names) -> ids of such lines inside the blocks of the statements `body` holds, the
-                  bodies of the functions that do work every rank must do, and the methods a trainer calls (a
+                  bodies of the functions that do work every rank must do or that those statements call (through
+                  the functions they call, a decorator, a context manager), and the methods a trainer calls (a
                   callback's hooks, a Lightning module: `is_hooks`), and of the statements that hold them
 
 A line is such an effect when it calls a library none of training's, Python's own or a computing one's (a web hook,
@@ -17,7 +18,7 @@ import libcst as cst
 
 from .changes import base_name
 from .cst_helpers import is_if_false, names_in, statement_blocks
-from .entries import COMPUTES, STANDARD, TRAINING_HOOKS, is_entry
+from .entries import COMPUTES, REACHES_OUT, STANDARD, TRAINING_HOOKS, is_entry
 from .rank_conditions import is_rank_test
 from .vocabulary import COLLECTIVE, CONFIG, DEVICE_MOVES, parts
 
@@ -32,16 +33,18 @@ def _effect_only(stmt, scan, handles) -> bool:
     seen = scan.seen(stmt)
     changes = changes - _sent(seen.calls, scan)
     packages = seen.packages - {"builtins", "__main__"}  # the notebook's own functions: by what they call
+    reach = {m.split(".", 1)[0] for c in seen.calls for m in scan.names.meanings(c.func) if m.startswith(REACHES_OUT)}
     return bool(packages) and not (seed or changes or seen.rank or seen.together or reads & handles) and not \
-        packages & (scan.libraries | STANDARD | COMPUTES) and not scan.kinds(stmt) & {COLLECTIVE, CONFIG}
+        packages & scan.libraries and not (packages - reach) & (STANDARD | COMPUTES) and not \
+        scan.kinds(stmt) & {COLLECTIVE, CONFIG}
 
 
 def _others(meanings, scan) -> bool:
     """Meanings all in packages the notebook imports, whose code is none of training's libraries, Python's own or a
     computing one's (a module the notebook wrote: by what it imports)."""
-    homes = scan.homes(meanings)
+    homes, reach = scan.homes(meanings), {m.split(".", 1)[0] for m in meanings if m.startswith(REACHES_OUT)}
     return bool(homes) and {m.split(".", 1)[0] for m in meanings} <= scan.packages and \
-        not homes & (scan.libraries | STANDARD | COMPUTES)
+        not homes & scan.libraries and not (homes - reach) & (STANDARD | COMPUTES)
 
 
 def _sent(calls, scan) -> set:
@@ -65,11 +68,30 @@ def is_hooks(node: cst.ClassDef, names) -> bool:
     return any(is_entry(m, TRAINING_HOOKS) for base in node.bases for m in names.meanings(base.value))
 
 
+def _called(body, scan, names) -> set:
+    """The notebook's functions that these statements run when they run: those they call, those those call, a
+    context manager of a `with`, and the functions a decorator of the notebook's wraps around what it decorates."""
+    found, todo = set(), [c for s in body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))
+                          for c in scan.seen(s).calls]
+    while todo:
+        for definition in names.definitions(todo.pop().func):
+            definition = names.orig(definition)
+            if not isinstance(definition, cst.FunctionDef) or definition in found:
+                continue
+            found.add(definition)
+            wrappers = [w for d in definition.decorators for w in map(names.orig, names.definitions(d.decorator))
+                        if isinstance(w, cst.FunctionDef)]  # @notify: the function notify returns runs instead
+            inner = [s for w in wrappers for s in w.body.body if isinstance(s, cst.FunctionDef)]
+            found |= {*wrappers, *inner}
+            todo += [c for d in (definition, *wrappers, *inner) for s in d.body.body for c in scan.seen(s).calls]
+    return found
+
+
 def nested_effects(body, scan, names) -> set:
     """The effect-only lines (_effect_only) inside the blocks of these statements and the bodies of the functions that
     do work every rank must do (a trainer's, a collective) or that a trainer calls (a callback's hooks), and the
     statements that hold them (by id)."""
-    found = set()
+    found, called = set(), _called(body, scan, names)
 
     def runs_everywhere(stmt, hook) -> bool:
         if is_if_false(stmt) or is_rank_test(stmt, names):  # a rank test's body: as the notebook wrote it
@@ -77,7 +99,7 @@ def nested_effects(body, scan, names) -> set:
         if isinstance(stmt, cst.ClassDef):
             return is_hooks(stmt, names)
         if isinstance(stmt, cst.FunctionDef):  # else it runs where it is called (a top-level line: once)
-            return hook or COLLECTIVE in scan.effects.of_def(stmt)
+            return hook or COLLECTIVE in scan.effects.of_def(stmt) or names.orig(stmt) in called
         return True
 
     def walk(stmt, handles, hook=False) -> bool:

@@ -11,7 +11,7 @@ API (every node may be one a step rewrote: `orig()` maps it back to the node the
                              `FLM.get_peft_model`, `datasets.load_dataset().map` for `ds.map` of `ds = load_dataset()`,
                              `()` marks a value made by a call; the notebook's own `f` is `__main__.f`; a parameter is
                              what the notebook's calls give it (`sites`); `self.bot` in a method is what the class's
-                             methods assign to it; `getattr(m, "x")` is m.x; a name bound nowhere stays as written.
+                             methods assign to it; `getattr(m, "x")` is m.x (else m.?); a name bound nowhere: as is.
   names.sites(function)   -> each call of the notebook's function with the arguments it binds (parameter -> argument);
                              names.passed(param): what those calls (and its default) give one parameter.
   names.definitions(expr) -> the notebook's own FunctionDef/Lambda nodes a callee refers to (a def, a lambda bound to
@@ -19,8 +19,7 @@ API (every node may be one a step rewrote: `orig()` maps it back to the node the
   names.value(name)       -> the expression a name was last assigned, or None; names.literal(node): its literal, or ...
   names.bindings(name)    -> the nodes a read of the name may be bound by (an Assign, a Param, a def, an import).
   names.orig(node)        -> the node the analysis saw (steps record rewrites in `names.origin`; see tree.py).
-Which names a statement reads and binds (the flow across cells) is the other analysis: nbddp.reads_writes.
-"""
+Which names a statement reads and binds (the flow across cells): nbddp.reads_writes."""
 from __future__ import annotations
 
 import libcst as cst
@@ -102,8 +101,9 @@ class Names:
             called = self.meanings(expr.func, depth + 1)
             if called & PARTIALS and expr.args:  # partial(f, ...) is f, with some arguments given
                 return set(self.meanings(expr.args[0].value, depth + 1))
-            got = self.literal(expr.args[1].value) if "builtins.getattr" in called and len(expr.args) > 1 else None
-            if isinstance(got, str):  # getattr(m, "x") is m.x
+            if "builtins.getattr" in called and len(expr.args) > 1:  # getattr(m, "x") is m.x; some attribute of m
+                got = self.literal(expr.args[1].value)
+                got = got if isinstance(got, str) else "?"
                 return {f"{m}.{got}" for m in self.meanings(expr.args[0].value, depth + 1)}
             if called & PASS_THROUGH and expr.args and expr.args[0].keyword is None:  # gives back its argument
                 return set(self.meanings(expr.args[0].value, depth + 1)) | {f"{m}()" for m in called}

@@ -251,6 +251,48 @@ def test_an_effect_in_a_training_callbacks_hook_runs_on_rank_0(hook):
     assert "in the callback's Notify hooks" in report.format()
 
 
+@pytest.mark.parametrize("hook", [
+    "        getattr(requests, self.verb)(URL, json=logs)\n",  # a verb the callback holds: some call of requests
+    "        send = getattr(hooks, 'send')\n        send(URL, text=str(logs))\n",
+])
+def test_an_effect_through_getattr_in_a_callbacks_hook_runs_on_rank_0(hook):
+    test_an_effect_in_a_training_callbacks_hook_runs_on_rank_0(hook)
+
+
+LOOP = ("import torch\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "X = torch.randn(8, 4)\n")
+STEP = "    loss = model(X).pow(2).mean()\n    loss.backward(); opt.step(); opt.zero_grad()\n"
+
+
+@pytest.mark.parametrize("cells, effect", [
+    # a decorator of the notebook's around the training step
+    (["import requests, functools\ndef notify(fn):\n    @functools.wraps(fn)\n    def wrapper(*a, **k):\n"
+      "        out = fn(*a, **k)\n        requests.post('https://x', data=str(out))\n        return out\n    return wrapper\n",
+      LOOP + "@notify\ndef train_step(i):\n" + STEP + "    return i\n", "for i in range(3):\n    train_step(i)\n"],
+     "requests.post('https://x', data=str(out))"),
+    # a context manager of the notebook's around training, through an alias
+    (["import urllib.request as ur, contextlib\n@contextlib.contextmanager\ndef announced(name):\n"
+      "    ur.urlopen(f'https://x/start/{name}')\n    yield\n", LOOP + "with announced('t'):\n    for i in range(3):\n" +
+      STEP.replace("    ", "        ")], "ur.urlopen(f'https://x/start/{name}')"),
+    # a seeding function that also posts, called through another function
+    (["import random, requests as http\ndef seed_all(s):\n    random.seed(s)\n    http.post('https://x', json={'s': s})\n"
+      "def setup():\n    seed_all(42)\n", "setup()\n", LOOP + "for i in range(3):\n" + STEP],
+     "http.post('https://x', json={'s': s})"),
+    # a datagram of Python's own socket module, from a function the loop calls
+    (["import socket as so\ndef ping(step):\n    so.socket(so.AF_INET, so.SOCK_DGRAM).sendto(str(step).encode(), "
+      "('10.0.0.1', 8125))\n", LOOP + "for i in range(3):\n" + STEP + "    ping(i)\n"],
+     "so.socket(so.AF_INET, so.SOCK_DGRAM).sendto("),
+])
+def test_an_effect_in_a_function_that_every_rank_runs_runs_on_rank_0(cells, effect):
+    out, report = convert(*cells, "print('done')\n")
+    script = "".join(out)
+    assert f"if NBDDP_IS_MAIN:\n" in script and effect in script, script
+    line = next(line for line in script.splitlines() if effect in line)
+    above = script.splitlines()[script.splitlines().index(line) - 1]
+    assert above.strip() == "if NBDDP_IS_MAIN:" and len(line) - len(line.lstrip()) > len(above) - len(above.lstrip())
+    assert "nbddp_barrier" not in script.split("nbddp_rest_on_rank0()")[0], script  # no wait for an effect
+
+
 def test_an_effect_in_a_lightning_modules_hook_runs_on_rank_0_and_pythons_own_calls_stay():
     cell = ("import requests, time\nimport lightning as L\nclass Module(L.LightningModule):\n"
             "    def training_step(self, batch, i):\n        return self.model(batch).loss\n"
