@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst_helpers import arguments, live_calls
+from .cst_helpers import arguments, keyword, live_calls
 from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, PEFT, PRINT, SAVE, STEP,
                          is_file_write, is_generation_pipeline)
 
@@ -50,7 +50,22 @@ class Effects:
             found.add(SAVE)
         for node in names.definitions(call.func):
             found |= self.of_def(node)
+        for cls in names.classes:  # a class of the notebook's: making one runs its fields' default factories
+            if f"__main__.{cls.name.value}" in meanings:
+                found |= self._factories(cls)
         return frozenset(found)
+
+    def _factories(self, cls: cst.ClassDef) -> set:
+        """What the default factories of a (data)class's fields do: `field(default_factory=lambda: now())`."""
+        found = set()
+        for line in cls.body.body:
+            for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
+                value = getattr(small, "value", None)  # dataclasses', pydantic's, msgspec's keyword
+                factory = keyword(value, "default_factory") if isinstance(value, cst.Call) else None
+                if factory is not None:
+                    found |= self.names.kinds(factory.value) | set().union(
+                        *(self.of_def(node) for node in self.names.definitions(factory.value)))
+        return found
 
     def of_def(self, node) -> frozenset:
         node = self.names.orig(node)

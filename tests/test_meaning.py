@@ -201,6 +201,13 @@ GIVE_TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, trai
      "    return p\nrows = cache('c')\n", ["rows"]),
     ("from numpy import save as keep\ndef store(batch):\n    keep('b.npy', batch)\n    return 'b.npy'\n"
      "rows = [store(b) for b in range(2)]\n", ["rows"]),
+    # a field's default factory that reads the clock or draws a uuid: made as the notebook's class is
+    ("import datetime as dtm\nfrom dataclasses import dataclass, field\n@dataclass\nclass Cfg:\n    lr: float = 0.1\n"
+     "    out: str = field(default_factory=lambda: f'runs/{dtm.datetime.now():%H%M%S}')\nrows = Cfg()\n", ["rows"]),
+    ("import uuid, dataclasses as dc\n@dc.dataclass\nclass Run:\n    tag: str = dc.field(default_factory=uuid.uuid4)\n"
+     "rows = [Run()]\n", ["rows"]),
+    ("import time\nfrom dataclasses import dataclass, field\ndef stamp():\n    return str(time.time_ns())\n"
+     "@dataclass\nclass Run:\n    tag: str = field(default_factory=stamp)\nrows = Run()\n", ["rows"]),
 ])
 def test_values_training_needs_that_each_rank_would_compute_alone_are_rank_0s_given_to_every_rank(cell, names):
     (out, train), report = convert(cell, GIVE_TRAIN)
