@@ -99,7 +99,7 @@ class Changes(LiveVisitor):
         if any(is_process_config(m) for m in meanings):
             self.configures.add(CONFIG)
         elif node in self.drops:  # called for what it does to the process: set-up where training's libraries are
-            self.configures |= self.scan.homes(filter(None, map(library_of, meanings)))
+            self.configures |= self.scan.homes(m for m in meanings if library_of(m))  # (module functions)
         effects, definitions = self.scan.effects.of_call(node), self.names.definitions(func)
         if SAVE in effects and not definitions:  # a file saved by its path
             self.saves.update(filter(None, [file_of(node, meanings, self.names)]))

@@ -91,7 +91,11 @@ class _Scan:
 
     def homes(self, meanings) -> set[str]:
         """The packages the meanings come from; a module of the notebook's own counts as what its code imports."""
-        return set().union(*(self.own.packages(root) for root in {m.split(".", 1)[0] for m in meanings}))
+        found = set()
+        for meaning in meanings:  # `utils.ping` of the notebook's utils.py: what its def ping calls into
+            root, _, rest = meaning.partition(".")
+            found |= self.own.packages(root, rest.split(".")[0].split("(")[0].split("[")[0] or None)
+        return found
 
     def seen(self, stmt) -> Changes:
         """One pass over a statement's live code."""

@@ -3,7 +3,7 @@ folder (utils.py or utils/__init__.py beside the notebook, which Python imports 
 their code calls into.
 
     OwnModules(body, names, folder).packages("utils") -> the packages utils' code imports ({"utils"}: not the
-    notebook's own)
+    notebook's own); .packages("utils", "ping"): those its def ping's body reads (and the defs it reads)
 
 nbddp.needs reads a call into such a module as a call of the libraries the module's own code imports, not as a
 library of its own: `utils.set_seed(42)` where utils.py imports torch sets up training (every rank), `utils.ping()`
@@ -19,6 +19,7 @@ import os
 import libcst as cst
 
 from .bindings import Bindings
+from .reads_writes import free_reads, reads_writes
 from .walk import walk
 
 WRITE = "nbddp_write_file"
@@ -35,15 +36,35 @@ def _written(stmt, names):
     return (path, text) if isinstance(path, str) and path.endswith(".py") and isinstance(text, str) else None
 
 
-def _imports(text) -> set[str] | None:
-    """The packages a module's code imports, anywhere in it; None where it does not parse."""
+def _imports(text) -> tuple[set[str], dict] | None:
+    """The packages a module's code imports, anywhere in it, and what each of its top-level defs calls into: the
+    packages of the module's imports its body reads, through the module's other defs it reads; None where the module
+    does not parse."""
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError:
         return None
     seen = Bindings(set(module.body))
     walk(module, seen)
-    return set(seen.packages)
+    roots = {}  # a name the module's top-level imports bind -> its package
+    for small in (s for line in module.body if isinstance(line, cst.SimpleStatementLine) for s in line.body):
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                dotted = cst.Module([]).code_for_node(alias.name)
+                roots[alias.asname.name.value if alias.asname else dotted.split(".")[0]] = dotted.split(".")[0]
+        elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+            roots.update((bound, cst.Module([]).code_for_node(small.module).split(".")[0])
+                         for bound in reads_writes(small)[1])
+    defs = {stmt.name.value: free_reads(stmt) for stmt in module.body if isinstance(stmt, cst.FunctionDef)}
+    functions = {}
+    for name in defs:
+        reached, todo = {name}, [name]
+        while todo:
+            new = defs[todo.pop()] & defs.keys() - reached
+            reached |= new
+            todo += new
+        functions[name] = {roots[n] for d in reached for n in defs[d] if n in roots}
+    return set(seen.packages), functions
 
 
 def _beside(folder, name) -> list[str] | None:
@@ -69,24 +90,30 @@ def _beside(folder, name) -> list[str] | None:
 class OwnModules:
     def __init__(self, body, names, folder=None):
         self.folder, self.found = folder, {}  # module name -> the packages its code imports (None: not its own)
+        self.functions: dict = {}  # module name -> its top-level def -> the packages that def calls into
         for stmt in body:
             written = _written(stmt, names)
-            packages = written and _imports(written[1])
-            if packages is not None:
-                self.found[os.path.basename(written[0])[:-3]] = packages
+            read = written and _imports(written[1])
+            if read:
+                name = os.path.basename(written[0])[:-3]
+                self.found[name], self.functions[name] = read[0], read[1]
 
     def _direct(self, name) -> set[str] | None:
         if name not in self.found:
             texts = _beside(self.folder, name) if self.folder and name.isidentifier() else None
-            packages = [found for found in map(_imports, texts or ()) if found is not None]
-            self.found[name] = set().union(*packages) - {name} if packages else None
+            read = [found for found in map(_imports, texts or ()) if found is not None]
+            self.found[name] = set().union(*(r[0] for r in read)) - {name} if read else None
+            self.functions[name] = {k: v for r in read for k, v in r[1].items()}
         return self.found[name]
 
-    def packages(self, name) -> set[str]:
-        """The packages module `name`'s code imports, through the notebook's other own modules it imports; {name}
-        where it is not the notebook's own."""
+    def packages(self, name, attr=None) -> set[str]:
+        """The packages module `name`'s code imports (only its def `attr` calls into, where `attr` is one), through
+        the notebook's other own modules it imports; {name} where it is not the notebook's own."""
         if self._direct(name) is None:
             return {name}
+        start = self.functions[name].get(attr)
+        if start is not None:
+            return set().union(*(self.packages(p) if p != name else set() for p in start))
         seen, todo, found = {name}, [name], set()
         while todo:
             for package in self._direct(todo.pop()):

@@ -313,6 +313,31 @@ def test_a_module_the_notebook_writes_that_calls_another_library_runs_once():
     assert cell == "import tell as t\n" + once("t.ping('start')\n", "ping") + DONE and train == TRAIN
 
 
+BOTH = ("%%writefile helpers.py\nimport random, torch, requests as rq\n\ndef seed(s):\n    random.seed(s)\n"
+        "    torch.manual_seed(s)\n\ndef _post(text):\n    rq.post('https://x', data=text)\n\n"
+        "def announce(text):\n    _post(text)\n")
+
+
+@pytest.mark.parametrize("cell, every_rank, once_", [
+    ("import helpers as hp\nhp.seed(0)\nhp.announce('start')\n", "hp.seed(0)\n", "hp.announce('start')"),
+    ("from helpers import seed as s, announce as tell\ns(1)\ntell('go')\n", "s(1)\n", "tell('go')"),
+    ("import helpers\ndef setup():\n    helpers.seed(2)\nsetup()\nfor e in range(2):\n    helpers.announce('e')\n",
+     "setup()\n", "helpers.announce('e')"),
+])
+def test_each_function_of_a_module_the_notebook_writes_is_what_its_own_code_calls(cell, every_rank, once_):
+    """One module that both imports torch (a seeding function: set-up, every rank) and posts (once): by function."""
+    (_, out, train), _ = convert(BOTH, cell + DONE, TRAIN)
+    assert every_rank in out and f"if NBDDP_IS_MAIN:\n" in out and train == TRAIN, out
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if once_ in line)
+    depth, enclosing = len(lines[at]) - len(lines[at].lstrip()), []
+    for line in reversed(lines[:at]):  # the blocks the line is in, innermost first
+        if line.strip() and len(line) - len(line.lstrip()) < depth:
+            depth = len(line) - len(line.lstrip())
+            enclosing.append(line.strip())
+    assert "if NBDDP_IS_MAIN:" in enclosing, out
+
+
 @pytest.mark.parametrize("module, guarded", [
     ("import requests\nclass Pager:\n    def send(self, text):\n        requests.post('https://x', json={'t': text})\n", True),
     ("import torch\nclass Pager:\n    def send(self, text):\n        torch.manual_seed(len(text))\n", False),
