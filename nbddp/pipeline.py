@@ -26,6 +26,7 @@ from .transforms.global_batch import GlobalBatch
 from .transforms.ipython_lines import Magics
 from .transforms.placement import Placement
 from .transforms.process_control import ProcessControl
+from .transforms.rank_blocks import RankBlocks
 from .transforms.rank_guards import RankGuards
 from .transforms.runtime_needs import RuntimeNeeds
 from .transforms.scratch import Scratch
@@ -66,7 +67,7 @@ def steps() -> list[Transform]:
 def tree_steps() -> list[TreeStep]:
     """The steps over the notebook's one tree, in order."""
     return [Autocast(), Placement(), Devices(), Scratch(), TrainerArgs(), CustomLoop(), DataPrep(),
-            GlobalBatch(), Widgets(), Demos(), ProcessControl(), Show(), RankGuards(), RuntimeNeeds()]
+            GlobalBatch(), Widgets(), Demos(), ProcessControl(), Show(), RankBlocks(), RankGuards(), RuntimeNeeds()]
 
 
 def _step_error(exc, step, tree=None):

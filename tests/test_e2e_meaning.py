@@ -66,6 +66,8 @@ CELLS = [
     "    json.dump({'order': order, 'noise': noise, 'weights': weights, 'synthetic': synthetic, 'run': run_id,\n"
     "               'drawn': drawn, 'data': DATA, 'feats': str(feats)}, fh)\n",
     "if acc.process_index == 1:\n    open('rank1-after-training.txt', 'w').write('here')\n",
+    "def second():\n    return acc.process_index == 1\nif second():\n    with open('second.txt', 'w') as fh:\n"
+    "        fh.write('written by the second process')\n",
     "print('DONE', flush = True)\n",
 ]
 
@@ -88,6 +90,7 @@ def test_the_job_ends_without_a_hang(job):
 def test_a_rank_test_after_training_runs_on_that_rank(job):
     done, _ = job
     assert (done.cwd / "rank1-after-training.txt").read_text() == "here", done.explain()
+    assert (done.cwd / "second.txt").read_text() == "written by the second process", done.explain()  # not its copy
 
 
 def test_every_rank_computes_the_same_values_and_trains_one_model(job):

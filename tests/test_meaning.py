@@ -59,7 +59,21 @@ def test_a_name_alone_is_no_rank_test(lora):
 def test_per_rank_code_after_training_runs_on_every_rank(after):
     head = "from accelerate import Accelerator\nacc = Accelerator()\n"
     out, _ = convert(head + TRAIN, "print('trained')\n", after, "print('end')\n")
-    assert out[2] == after + REST and REST not in out[0] + out[1], out  # as it is, then training's end
+    assert _unblocked(out[2]) == after + REST and REST not in out[0] + out[1], out  # as it is, then training's end
+
+
+def _unblocked(code):
+    """The code without the runtime's `with nbddp_rank_block():` lines (their blocks one level out)."""
+    out, block = [], None  # the indentation of the block line being undone
+    for line in code.splitlines(keepends=True):
+        depth = len(line) - len(line.lstrip())
+        if block is not None and line.strip() and depth <= block:
+            block = None
+        if line.strip() == "with nbddp_rank_block():":
+            block = depth
+        else:
+            out.append(line[4:] if block is not None else line)
+    return "".join(out)
 
 
 @pytest.mark.parametrize("says, shown", [
@@ -393,3 +407,25 @@ def test_a_global_the_notebooks_function_sets_that_training_reads_is_set_on_ever
     train = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=DATA)\ntrainer.train()\n"
     out, report = convert(*cells, train)
     assert out[-2] == cells[-1] and "NBDDP_IS_MAIN" not in "".join(out), out
+
+
+@pytest.mark.parametrize("cell", [
+    "import torch.distributed as dist\nif dist.get_rank() == 1:\n    with open('two.txt', 'w') as fh:\n        fh.write('x')\n",
+    "import os\ndef rank():\n    return int(os.environ['RANK'])\nfor r in range(2):\n    if rank() == r:\n"
+    "        model.save_pretrained(f'out-{r}')\n",
+    "import json\nif trainer.args.process_index != 0: json.dump({}, open('other.json', 'w'))\n",
+])
+def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_picks(cell):
+    out, report = convert(TRAIN, cell)
+    assert "with nbddp_rank_block():\n" in out[1] and "nbddp_rank_block" in report.format(), out[1]
+    assert convert(*out)[0] == out  # converting converted code changes nothing more
+
+
+@pytest.mark.parametrize("cell", [
+    "import torch.distributed as dist\nif dist.get_rank() == 1:\n    print('one')\n",  # writes nothing
+    "if NBDDP_IS_MAIN:\n    model.save_pretrained('out')\n",  # nbddp's own guard
+    "rank = 16\nif rank > 8:\n    open('x.txt', 'w').write('x')\n",  # a LoRA rank is a number
+])
+def test_other_tests_and_blocks_that_write_nothing_are_left_as_they_are(cell):
+    out, _ = convert(TRAIN, cell)
+    assert "nbddp_rank_block" not in out[1], out[1]

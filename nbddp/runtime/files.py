@@ -25,8 +25,8 @@ import sys
 import tempfile
 import time
 
-from .group import (NBDDP_AT_START, NBDDP_IS_LOCAL_MAIN, NBDDP_LOCAL_RANK, NBDDP_RANK, NBDDP_WORLD_SIZE, nbddp_barrier,
-                    nbddp_skipped)
+from .group import (NBDDP_AT_START, NBDDP_IS_LOCAL_MAIN, NBDDP_LOCAL_RANK, NBDDP_RANK, NBDDP_RANK_BLOCK,
+                    NBDDP_WORLD_SIZE, nbddp_barrier, nbddp_skipped)
 from .hooks import _nbddp_choice
 from .wait import nbddp_store
 
@@ -202,7 +202,7 @@ class NbddpOwnCopies:
         return not self.own.search(path[len(self.cwd):] if inside else path)
 
     def __call__(self, file, mode="r", *args, **kwargs):
-        writes = any(c in mode for c in "wax+")
+        writes = any(c in mode for c in "wax+") and not NBDDP_RANK_BLOCK[0]  # (in the notebook's own rank test)
         if not isinstance(file, (str, bytes, os.PathLike)) or not (writes or self.copies):  # a descriptor, a read
             return self.real_open(file, mode, *args, **kwargs)
         path = os.path.realpath(os.fsdecode(file))  # only for a write, or a read while this rank has copies

@@ -36,6 +36,7 @@ NBDDP_GROUP_TIMEOUT = float(os.environ.get("NBDDP_GROUP_TIMEOUT", "1800"))
 NBDDP_AT_START = []  # set-up every rank runs as the script starts (nbddp_start), in this order
 NBDDP_SKIPPED = set()  # what this rank left to rank 0 (saves, files written as its own copy), said once at the end
 NBDDP_AT_TEARDOWN = []  # checks every rank runs at the end of a script that did not fail, in this order
+NBDDP_RANK_BLOCK = [0]  # > 0 in the body of the notebook's own test of the rank: its writes as written (one_writer)
 NBDDP_REST_KEY = "nbddp/rest"  # how rank 0 ended the rest of the notebook: "ok" or "stopped"
 nbddp_no_context = contextlib.nullcontext  # on the other ranks, for a rank-0-only context (a tracker's run)
 

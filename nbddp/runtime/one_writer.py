@@ -19,7 +19,7 @@ import sys
 import time
 import types
 
-from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_STARTED, NBDDP_WORLD_SIZE, nbddp_skipped
+from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_RANK_BLOCK, NBDDP_STARTED, NBDDP_WORLD_SIZE, nbddp_skipped
 from .hooks import NBDDP_IMPORTS, _nbddp_choice, nbddp_say
 from .wait import nbddp_store, nbddp_store_barrier
 
@@ -34,6 +34,17 @@ _NBDDP_WRITERS = {  # module -> class -> methods
                                          "PreTrainedConfig": ("save_pretrained",)},
     "peft.peft_model": {"PeftModel": ("save_pretrained",)},
 }
+
+
+@contextlib.contextmanager
+def nbddp_rank_block():
+    """The body of the notebook's own test of the rank (`if dist.get_rank() == 1:`): what it saves and writes there,
+    this rank saves and writes as the notebook says (neither the rank-0 net nor a copy of its own, files.py)."""
+    NBDDP_RANK_BLOCK[0] += 1
+    try:
+        yield
+    finally:
+        NBDDP_RANK_BLOCK[0] -= 1
 
 
 class NbddpWriter:
@@ -57,7 +68,7 @@ class NbddpWriter:
         """A call made at `caller`: it runs on rank 0 (a call from inside another patched call runs as it is); another
         rank notes it and waits for rank 0's."""
         state = _NBDDP_WRITES
-        if state["depth"]:
+        if state["depth"] or NBDDP_RANK_BLOCK[0]:
             return self.method(*args, **kwargs)
         site = f"{caller.f_code.co_filename}:{caller.f_lineno}"
         count = state["sites"][site] = state["sites"].get(site, 0) + 1

@@ -1,0 +1,75 @@
+"""Step: the body of the notebook's own test of the rank (`if dist.get_rank() == 1:`, by what it reads:
+nbddp.rank_conditions; not one only rank 0 passes) that saves or writes files runs under `with nbddp_rank_block():`, so what it writes there, the
+ranks the notebook picked write as it says: the runtime's nets (one writer for saves, a rank's own copy of the
+notebook's files: runtime/one_writer.py, runtime/files.py) are for code written for one process."""
+from __future__ import annotations
+
+import libcst as cst
+
+from ..rank_conditions import is_rank_test
+from ..tree import TreeTransformer
+from ..vocabulary import SAVE
+from .base import TreeStep
+
+BLOCK = "nbddp_rank_block"
+
+
+MAIN = frozenset({"is_main_process", "is_world_process_zero", "is_global_zero", "should_save", "is_local_main_process",
+                  "is_local_process_zero", "NBDDP_IS_MAIN", "NBDDP_IS_LOCAL_MAIN"})
+
+
+def _picks_rank_0(test, names, depth=0) -> bool:
+    """A test that only rank 0 (of the job, or of each machine) passes, where the nets write anyway: a main-process
+    flag (`acc.is_main_process`, `trainer.is_world_process_zero()`, a name bound to one) or `<rank> == 0`."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _picks_rank_0(test.left, names, depth) or _picks_rank_0(test.right, names, depth)
+    if isinstance(test, cst.Call):
+        test = test.func
+    if isinstance(test, cst.Attribute) or isinstance(test, cst.Name) and test.value in MAIN:
+        return (test.attr if isinstance(test, cst.Attribute) else test).value in MAIN
+    if isinstance(test, cst.Name) and depth < 4:
+        value = names.value(test)
+        return value is not None and _picks_rank_0(value, names, depth + 1)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+            isinstance(test.comparisons[0].operator, cst.Equal):
+        sides = (test.left, test.comparisons[0].comparator)
+        return any(isinstance(side, cst.Integer) and side.value == "0" for side in sides)
+    return False
+
+
+def _blocked(body) -> bool:
+    """Converting converted code: the body is already the runtime's block."""
+    stmts = body.body if isinstance(body, cst.IndentedBlock) else ()
+    first = stmts[0].items[0].item if len(stmts) == 1 and isinstance(stmts[0], cst.With) else None
+    return isinstance(first, cst.Call) and isinstance(first.func, cst.Name) and first.func.value == BLOCK
+
+
+class _Blocks(TreeTransformer):
+    def __init__(self, tree, ctx):
+        super().__init__(tree, ctx)
+        self.top = {id(stmt) for stmt in tree.module.body}
+        self.saving = {id(stmt) for stmt in tree.module.body
+                       if any(SAVE in tree.effects.of_call(call) for call in tree.calls_in(stmt))}
+
+    def on_visit(self, node):
+        if id(node) in self.top and id(node) not in self.saving:
+            super().on_visit(node)
+            return False  # a top-level statement that saves nothing
+        return super().on_visit(node)
+
+    def leave_If(self, original, updated):
+        if not is_rank_test(original, self.names) or _picks_rank_0(original.test, self.names) or \
+                _blocked(updated.body) or SAVE not in self.tree.effects.of_node(original.body):
+            return updated
+        block = updated.body if isinstance(updated.body, cst.IndentedBlock) else \
+            cst.IndentedBlock([cst.SimpleStatementLine(list(updated.body.body))])
+        item = cst.WithItem(cst.Call(cst.Name(BLOCK)))
+        self.report.change(self.cell, "a test of the rank of the notebook's own: what its block saves and writes, the "
+                                      "ranks it picks write as written (nbddp_rank_block)")
+        return updated.with_changes(body=cst.IndentedBlock([cst.With(items=[item], body=block)]))
+
+
+class RankBlocks(TreeStep):
+    name = "rank-blocks"
+    inserts = (BLOCK,)
+    rewriter = _Blocks
