@@ -13,7 +13,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from .runtime import MODULES
+from .runtime import EARLY, MODULES
 from .walk import walk
 
 RUNTIME = Path(__file__).resolve().parent / "runtime"
@@ -214,11 +214,14 @@ def render(choice: Choice, docs: bool = False, skeleton: bool = True) -> str:
     reads = set().union(*(part.reads for part in kept))
     imports = sorted({part for name in names for part in load(name, docs).imports if part.defines & reads},
                      key=_import_key)
-    stdlib = "".join(part.code for part in imports if not _import_key(part)[0])
-    blocks = [stdlib + ("\n" if stdlib else "") + "".join(part.code for part in imports if _import_key(part)[0])]
-    for name in names:
-        if any(part.reads or part.defines for part in parts[name]):  # more than its documentation
-            used_by = [n for n in names if name in load(n, docs).requires and parts[n]]
-            why = reasons.get(name) or "needed by " + ", ".join(used_by)
-            blocks.append(f"# -- {name}: {why}\n" + _join(parts[name]))
-    return "\n\n".join(block.rstrip("\n") for block in blocks)
+    def block(name):
+        if not any(part.reads or part.defines for part in parts[name]):  # nothing but its documentation
+            return ""
+        used_by = [n for n in names if name in load(n, docs).requires and parts[n]]
+        return f"# -- {name}: {reasons.get(name) or 'needed by ' + ', '.join(used_by)}\n" + _join(parts[name])
+
+    blocks = ["".join(part.code for part in imports if not _import_key(part)[0]),
+              *(block(name) for name in names if name in EARLY),  # before torch's import
+              "".join(part.code for part in imports if _import_key(part)[0]),
+              *(block(name) for name in names if name not in EARLY)]
+    return "\n\n".join(block.rstrip("\n") for block in blocks if block)

@@ -35,7 +35,7 @@ UNSLOTH_SFT = (
     # plain torch, no Trainer: the rank facts, the process group, the self-launch, one writer (saves and files),
     # the agreement check
     (("import torch\nx = torch.ones(1)\nprint(x)\n",), {},
-     {"group", "same_random", "launcher", "wait", "one_writer", "files", "agree", "stdin_fd", "owner"},
+     {"hash_seed", "group", "same_random", "launcher", "wait", "one_writer", "files", "agree", "stdin_fd", "owner"},
      {"balance", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "fit", "ask"}),
     # input() is asked on rank 0 only; a variable named input is not a call
     (("answer = input('Go on? ')\n",), {}, {"ask"}, set()),
@@ -124,12 +124,12 @@ def test_a_splitting_placement_stays_for_split_mode():
 def test_each_carried_module_says_why_in_one_line():
     conversion = convert_notebook(make_notebook(*UNSLOTH_SFT))
     lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
-    assert [line.split(":")[0][5:] for line in lines] == ["recipe", "launcher", "wait", "group", "same_random", "hooks",
-                                                          "fit",
+    assert [line.split(":")[0][5:] for line in lines] == ["hash_seed", "recipe", "launcher", "wait", "group",
+                                                          "same_random", "hooks", "fit",
                                                           "one_writer", "files", "agree", "stdin_fd",
                                                           "owner", "ipython_forms", "unsloth_group", "lean_sync", "peft_shim",
                                                           "global_batch", "balance"]
-    assert lines[5] == "# -- hooks: needed by fit, one_writer, files, agree, stdin_fd, unsloth_group, lean_sync, " \
+    assert lines[6] == "# -- hooks: needed by fit, one_writer, files, agree, stdin_fd, unsloth_group, lean_sync, " \
                        "peft_shim, global_batch, balance"
     assert "the notebook trains with a Trainer" in lines[-1]
 
@@ -208,7 +208,8 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
                   and ast.get_docstring(n) and len(n.body) > 1]
     assert documented == []
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
-        ["recipe", "launcher", "wait", "group", "same_random", "hooks", "fit", "one_writer", "files", "share", "agree",
+        ["hash_seed", "recipe", "launcher", "wait", "group", "same_random", "hooks", "fit", "one_writer", "files",
+         "share", "agree",
          "stdin_fd", "owner", "ask", "ipython_forms", "unsloth_group", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim",
          "global_batch", "balance", "loop", "shard_host", "shard", "shard_load", "shard_mode"]
 

@@ -60,7 +60,6 @@ def nbddp_start(mode="ddp", group=True, batch=None):
     it (`group=False` where the notebook imports Unsloth: unsloth_group starts it right after that import).
     `batch`: the script's default for NBDDP_BATCH (global_batch.py)."""
     global NBDDP_MODE
-    nbddp_same_hash_seed()
     if batch:
         os.environ.setdefault("NBDDP_BATCH", batch)
     NBDDP_MODE, nproc = mode, nbddp_nproc()
@@ -82,20 +81,6 @@ def nbddp_start(mode="ddp", group=True, batch=None):
         setup()
     if group:
         nbddp_dist()
-
-
-def nbddp_same_hash_seed():
-    """Every rank hashes strings alike, so a set or dict of strings has one order on every rank (data built by
-    iterating one is the same everywhere): nbddp's launches set PYTHONHASHSEED=0 (recipe.py); under another launcher
-    (plain torchrun, accelerate) a rank without it starts again, before anything of the notebook ran, with it set.
-    A PYTHONHASHSEED the user set is kept."""
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # a rank of a job, as its launcher started it
-    if not launched or "PYTHONHASHSEED" in os.environ or not getattr(sys, "orig_argv", None):
-        return
-    os.environ["PYTHONHASHSEED"] = "0"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
 def nbddp_quiet_others():

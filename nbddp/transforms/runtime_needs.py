@@ -165,7 +165,9 @@ def sized_loads(facts: _Facts) -> list:
 
 def needs(facts: _Facts) -> dict[str, str]:
     """Runtime module -> why this notebook needs it."""
-    why = {"group": "every script: ranks from torchrun's environment, this rank's device, the process group",
+    why = {"hash_seed": "every script: one string hash on every rank (a rank another launcher started begins again "
+                        "with PYTHONHASHSEED=0, before torch's import)",
+           "group": "every script: ranks from torchrun's environment, this rank's device, the process group",
            "one_writer": "every script: saving and pushing on rank 0 only, also where the converter cannot see it",
            "files": "every script: a file that every rank writes is written by one rank per machine",
            "agree": "every script: rank 0 says whether the ranks trained the same weights",

@@ -17,6 +17,7 @@ Install first (the notebook's install commands, every branch, removed here; {nam
     pip install git+https://github.com/huggingface/optimum-executorch.git@v0.1.0 --no-deps
 """
 # ---- nbddp runtime: the parts of nbddp/runtime/ this notebook needs (no notebook code above this line) ----
+# -- hash_seed: every script: one string hash on every rank (a rank another launcher started begins again with PYTHONHASHSEED=0, before torch's import)
 # -- recipe: needed by launcher
 # -- launcher: needed by group, fit, global_batch
 # -- wait: needed by group, one_writer, files, agree, stdin_fd

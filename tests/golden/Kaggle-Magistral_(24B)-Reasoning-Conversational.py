@@ -15,6 +15,7 @@ Install first (the notebook's install commands, every branch, removed here):
     pip install --no-deps trl==0.22.2
 """
 # ---- nbddp runtime: the parts of nbddp/runtime/ this notebook needs (no notebook code above this line) ----
+# -- hash_seed: every script: one string hash on every rank (a rank another launcher started begins again with PYTHONHASHSEED=0, before torch's import)
 # -- recipe: needed by launcher
 # -- launcher: needed by group, fit, global_batch
 # -- wait: needed by group, one_writer, files, agree, stdin_fd
