@@ -100,18 +100,24 @@ def test_a_burst_of_output_arrives_in_few_messages(kernel):
     assert sum(m["msg_type"] == "stream" for m in messages) < 40
 
 
-def test_a_killed_kernel_takes_its_job_with_it_and_its_log_folder(kernel, tmp_path):
+def sleeping_ranks(kernel, folder):
+    """Start a 2-rank job that sleeps in the kernel; the ranks' process ids once both run."""
     kernel.start("%%torchrun 2\nimport os, time\nopen(f'pid-{os.getpid()}', 'w').close()\ntime.sleep(300)\n")
     deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob("pid-*"))) < 2 and time.monotonic() < deadline:
+    while len(list(folder.glob("pid-*"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    ranks = [int(p.name[4:]) for p in tmp_path.glob("pid-*")]
+    ranks = [int(p.name[4:]) for p in folder.glob("pid-*")]
     assert len(ranks) == 2, "the ranks did not start"
+    return ranks
+
+
+def test_a_killed_kernel_takes_its_job_with_it_and_its_log_folder(kernel, tmp_path):
+    ranks = sleeping_ranks(kernel, tmp_path)
     dead = [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("nbddp-logs-")]
     assert dead
     kernel.km.shutdown_kernel(now=True)  # a forced restart: the kernel is killed, nothing in it runs again
-    deadline = time.monotonic() + 60  # torchrun stops its ranks when its parent dies (it gives them 30 s before a
-    # kill; on 2 busy cores a rank once outlived a 30 s bound)
+    deadline = time.monotonic() + 60  # torchrun stops its ranks when its parent dies, and each rank watches the kernel
+    # (runtime/owner.py)
     while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in ranks if alive(pid)], "a rank outlived the kernel"
@@ -126,12 +132,7 @@ def test_a_killed_kernel_takes_its_job_with_it_and_its_log_folder(kernel, tmp_pa
 
 
 def test_ranks_leave_with_a_killed_kernel_also_when_their_launcher_is_stuck(kernel, tmp_path):
-    kernel.start("%%torchrun 2\nimport os, time\nopen(f'pid-{os.getpid()}', 'w').close()\ntime.sleep(300)\n")
-    deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob("pid-*"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    ranks = [int(p.name[4:]) for p in tmp_path.glob("pid-*")]
-    assert len(ranks) == 2, "the ranks did not start"
+    ranks = sleeping_ranks(kernel, tmp_path)
     launcher = psutil.Process(ranks[0]).ppid()
     os.kill(launcher, signal.SIGSTOP)  # torchrun can no longer stop them: the ranks watch the kernel themselves
     try:

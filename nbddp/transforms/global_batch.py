@@ -115,6 +115,8 @@ class _Spread(TreeTransformer):
         return self.names.literal(key) == ACCUMULATION and WORLD in reads_rank(value, self.names)
 
     def _said(self, updated, value):
+        if _marked(value) is value:  # marked already (the config's own keyword, converted code)
+            return updated
         self.report.change(self.cell, f"{ACCUMULATION} follows the world size already: the notebook's batch is kept as "
                                       "it computes it (nbddp does not divide the accumulation again)")
         return updated.with_changes(value=_marked(value))
@@ -137,7 +139,9 @@ class _Spread(TreeTransformer):
 
 
 class _Report(TreeTransformer):
-    spread: set  # the names of mappings a config is given as `**name`
+    def __init__(self, tree, ctx):
+        super().__init__(tree, ctx)
+        self.spread = set()  # the names of mappings a config is given as `**name`
 
     def leave_Call(self, original, updated):
         if CONFIG in call_kinds(self.names, original):
@@ -165,6 +169,5 @@ class GlobalBatch(TreeStep):
 
     def run(self, tree, ctx) -> cst.Module:
         report = self.rewriter(tree, ctx)
-        report.spread = set()
         tree.module = tree.visit(report, self.wants)
         return tree.visit(_Spread(tree, ctx), mentions=report.spread) if report.spread else tree.module
