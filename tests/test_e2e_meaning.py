@@ -7,7 +7,7 @@ only, and values each process would compute for itself that training reads (a se
 NumPy generator, generators and reseeds without a seed (Python's, NumPy's legacy and new, torch's; through
 aliases, in a function, in a loop), samples a generator of the notebook's own draws from the OS's entropy, a uuid). A function training
 needs makes its folders without exist_ok, on every rank; another sets a global that training reads, and one saves
-features and returns their path, which training reads.
+features and returns their path, which training reads; another moves a file it then reads.
 It writes a training script with `%%writefile` and runs it with `!python`, and starts it again through subprocess
 from its own function, with a copy of its environment, and through os.spawnv: the script would join a process group of WORLD_SIZE processes if it saw this job's.
 """
@@ -53,18 +53,23 @@ CELLS = [
     "synthetic = Sampler().generate(3)\nrun_id = uuid.uuid4().hex\n",
     "import pathlib\ndef workdir(name):\n    os.makedirs(name)\n    (pathlib.Path(name) / 'logs').mkdir()\n    return name\n"
     "out_dir = workdir('out')\n",
+    "%%writefile raw.txt\nhello\n",
+    "import shutil\ndef prepare(src):\n    os.makedirs('moved', exist_ok = True)\n"
+    "    dst = shutil.move(src, os.path.join('moved', 'raw.txt'))\n    with open(dst) as fh:\n        return fh.read()\n"
+    "text = prepare('raw.txt')\n",
     "DATA = None\ndef refresh():\n    global DATA\n    DATA = sorted(tags)[:3]\nrefresh()\n",
     "def cache_feats(name):\n    os.makedirs(name, exist_ok = True)\n    path = pathlib.Path(name) / 'feats.npy'\n"
     "    np.save(path, np.ones(3))\n    return path\nfeats = cache_feats('cache')\n",
     "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr = 0.1)\n"
     "model, opt = acc.prepare(model, opt)\n",
     "for step in range(3):\n    x = torch.full((2, 4), float(acc.process_index + step + len(order[0])))\n"
-    "    loss = model(x).pow(2).mean() + 0 * sum(noise) + 0 * len(synthetic + [run_id, out_dir] + drawn + DATA)"
+    "    loss = model(x).pow(2).mean() + 0 * sum(noise) + 0 * len(synthetic + [run_id, out_dir] + drawn + DATA + [text])"
     " + 0 * float(np.load(feats).sum())\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
     "acc.wait_for_everyone()\nweights = acc.unwrap_model(model).weight.tolist()\n",
     "with open(f'rank{acc.process_index}.json', 'w') as fh:\n"
     "    json.dump({'order': order, 'noise': noise, 'weights': weights, 'synthetic': synthetic, 'run': run_id,\n"
-    "               'drawn': drawn, 'data': DATA, 'feats': str(feats)}, fh)\n",
+    "               'drawn': drawn, 'data': DATA, 'feats': str(feats),\n"
+    "               'text': text}, fh)\n",
     "if acc.process_index == 1:\n    open('rank1-after-training.txt', 'w').write('here')\n",
     "def second():\n    return acc.process_index == 1\nif second():\n    with open('second.txt', 'w') as fh:\n"
     "        fh.write('written by the second process')\n",
@@ -100,6 +105,7 @@ def test_every_rank_computes_the_same_values_and_trains_one_model(job):
     assert first["noise"] == second["noise"], "np.random.default_rng() drew another seed on rank 1"
     assert first["data"] == second["data"] and first["data"], "a global the notebook's function sets is rank 0's only"
     assert first["feats"] == second["feats"] == "cache/feats.npy"
+    assert first["text"] == second["text"] == "hello\n", "a file moved in a function training needs, on every rank"
     assert first["drawn"] == second["drawn"], "a generator or reseed without a seed drew from the OS on rank 1"
     assert first["drawn"][0] != first["drawn"][1], "every draw gave the same seed"
     assert first["synthetic"] == second["synthetic"] and first["run"] == second["run"], "generated or drawn anew"

@@ -126,6 +126,40 @@ def nbddp_folders_once():
 
 
 NBDDP_AT_START.append(nbddp_folders_once)
+NBDDP_MOVED_KEY = "nbddp/moved/{}"  # a path a rank of this job moved away -> where to (its real path)
+
+
+def nbddp_moves_once():
+    """A file the notebook moves or renames in code every rank runs (`shutil.move(raw, "data/train.csv")` inside a
+    function training needs, in the working folder): the rank that comes second finds it moved by another rank of this
+    job to the same place and goes on, as the notebook did alone. A path that was not there still raises
+    FileNotFoundError. Not covered: a move into a folder (`shutil.move(src, "data/")`) fails there before a rename."""
+    if NBDDP_WORLD_SIZE > 1 and not getattr(os.rename, "_nbddp_once", False):
+        os.rename, os.replace = _nbddp_once_move(os.rename), _nbddp_once_move(os.replace)  # shutil.move's too
+
+
+def _nbddp_once_move(move):
+    def once(src, dst, *args, **kwargs):
+        key, where, store = NBDDP_MOVED_KEY.format(os.path.realpath(src)), os.path.realpath(dst), nbddp_store()
+        try:
+            move(src, dst, *args, **kwargs)
+        except FileNotFoundError:
+            if not os.path.realpath(src).startswith(os.path.join(os.path.realpath(os.getcwd()), "")):
+                raise  # the notebook's own files only (a library's cache handles its own races)
+            deadline = time.monotonic() + 2  # the rank that moved it says so right after
+            while store is not None and not store.check([key]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if store is None or not store.check([key]) or store.get(key).decode() != where:
+                raise
+            return
+        if store is not None:
+            store.set(key, where)
+
+    once._nbddp_once = True
+    return once
+
+
+NBDDP_AT_START.append(nbddp_moves_once)
 
 
 def nbddp_shell(command, shell=True, args=None):
