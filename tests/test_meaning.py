@@ -172,6 +172,10 @@ def test_training_through_a_function_a_subclass_or_another_library(cells):
     (["import os\nfrom trl import SFTConfig\nn = int(os.environ['WORLD_SIZE'])\nkw = dict(output_dir='o')\n",
       "args = SFTConfig(**kw, gradient_accumulation_steps=8 // n)\n"],
      "gradient_accumulation_steps=nbddp_batch_as_written(8 // n))"),
+    (["from accelerate import PartialState\nfrom transformers import TrainingArguments\n"
+      "args = TrainingArguments(output_dir='o')\n",  # set on the config after it was made
+      "args.gradient_accumulation_steps = 8 // PartialState().num_processes\n"],
+     "args.gradient_accumulation_steps = nbddp_batch_as_written(8 // PartialState().num_processes)"),
 ])
 def test_a_batch_the_notebook_adapts_to_the_world_size_is_kept_as_written(cells, written):
     out, report = convert(*cells)

@@ -16,6 +16,7 @@ import libcst as cst
 
 from ..cst_helpers import add_keyword, has_star_kwargs, keyword
 from ..rank_conditions import WORLD, reads_rank
+from ..reads_writes import reads_writes
 from ..tree import TreeTransformer
 from ..vocabulary import CONFIG
 from .base import TreeStep, call_kinds
@@ -107,9 +108,10 @@ def _as_written(call: cst.Call) -> cst.Call:
 
 
 class _Spread(TreeTransformer):
-    """In the statements that build a mapping a config is given as `**hp`: an accumulation the notebook computes
-    from the world size (`hp["gradient_accumulation_steps"] = 8 // world`, `dict(gradient_accumulation_steps=...)`,
-    `{"gradient_accumulation_steps": ...}`) is marked as written, as a config's own keyword is."""
+    """In the statements that build a mapping a config is given as `**hp`, or set a config's attributes: an
+    accumulation the notebook computes from the world size (`hp["gradient_accumulation_steps"] = 8 // world`,
+    `dict(gradient_accumulation_steps=...)`, `{"gradient_accumulation_steps": ...}`, `args.gradient_accumulation_steps
+    = ...`) is marked as written, as a config's own keyword is."""
 
     def _follows(self, key, value) -> bool:
         return self.names.literal(key) == ACCUMULATION and WORLD in reads_rank(value, self.names)
@@ -124,7 +126,9 @@ class _Spread(TreeTransformer):
     def leave_Assign(self, original, updated):
         target = original.targets[0].target if len(original.targets) == 1 else None
         key = target.slice[0].slice if isinstance(target, cst.Subscript) and len(target.slice) == 1 else None
-        if isinstance(key, cst.Index) and self._follows(key.value, original.value):
+        if isinstance(key, cst.Index) and self._follows(key.value, original.value) or \
+                isinstance(target, cst.Attribute) and target.attr.value == ACCUMULATION and \
+                WORLD in reads_rank(original.value, self.names):  # `args.gradient_accumulation_steps = ...`
             return self._said(updated, updated.value)
         return updated
 
@@ -169,5 +173,6 @@ class GlobalBatch(TreeStep):
 
     def run(self, tree, ctx) -> cst.Module:
         report = self.rewriter(tree, ctx)
+        configs = set().union(*(reads_writes(s)[1] for s in tree.module.body if tree.facts(s) & self.wants))
         tree.module = tree.visit(report, self.wants)
-        return tree.visit(_Spread(tree, ctx), mentions=report.spread) if report.spread else tree.module
+        return tree.visit(_Spread(tree, ctx), mentions=report.spread | configs)
