@@ -172,6 +172,10 @@ def test_training_through_a_function_a_subclass_or_another_library(cells):
     (["import os\nfrom trl import SFTConfig\nn = int(os.environ['WORLD_SIZE'])\nkw = dict(output_dir='o')\n",
       "args = SFTConfig(**kw, gradient_accumulation_steps=8 // n)\n"],
      "gradient_accumulation_steps=nbddp_batch_as_written(8 // n))"),
+    (["import torch.distributed as D\nfrom trl import SFTConfig\nhp = {'output_dir': 'o'}\n",  # the batch, by key
+      "hp['per_device_train_batch_size'] = 16 // D.get_world_size()\nargs = SFTConfig(**hp)\n"],
+     "hp['per_device_train_batch_size'] = nbddp_batch_as_written(16 // D.get_world_size(), "
+     "\"per_device_train_batch_size\")"),
     (["from accelerate import PartialState\nfrom transformers import TrainingArguments\n"
       "args = TrainingArguments(output_dir='o')\n",  # set on the config after it was made
       "args.gradient_accumulation_steps = 8 // PartialState().num_processes\n"],

@@ -307,6 +307,10 @@ def test_the_notebooks_batch_is_kept_where_the_process_count_divides_the_accumul
     assert global_batch.nbddp_keep_batch(1, batch=2) == (1, 1)  # the accumulation does not divide: the batch does
     assert "2 processes keep the notebook's batch of 2: per_device_train_batch_size 2 -> 1 per rank " \
            "(gradient_accumulation_steps 1 does not divide by 2)" in capsys.readouterr().out
+    hooks._NBDDP_SAID.clear()  # a batch the notebook set from the world size itself: both kept
+    batch = global_batch.nbddp_batch_as_written(4, "per_device_train_batch_size")
+    assert global_batch.nbddp_keep_batch(4, batch=batch) == (4, 4)
+    assert "per_device_train_batch_size 4 kept as it computes it" in capsys.readouterr().out
     hooks._NBDDP_SAID.clear()
     assert global_batch.nbddp_keep_batch(1, batch=3) == (1, 3)  # neither divides
     said = capsys.readouterr().out

@@ -17,14 +17,15 @@ from .launcher import nbddp_usage_error
 
 
 class NbddpAccumulation(int):
-    """A gradient_accumulation_steps value nbddp already decided (never divided twice)."""
+    """A gradient_accumulation_steps (or per-device batch) value already decided (never divided twice)."""
 
 
-def nbddp_batch_as_written(steps):
-    """A gradient_accumulation_steps the notebook computes from the world size itself: kept as it is."""
+def nbddp_batch_as_written(steps, what="gradient_accumulation_steps"):
+    """A gradient_accumulation_steps (or `what`: per_device_train_batch_size) the notebook computes from the world size
+    itself: kept as it is, and the config's batch with it."""
     if isinstance(steps, int) and not isinstance(steps, NbddpAccumulation) and NBDDP_WORLD_SIZE > 1:
         nbddp_say("global-batch", f"{NBDDP_WORLD_SIZE} processes: the notebook sets its batch from the world size "
-                                  f"itself; gradient_accumulation_steps {steps} kept as it computes it")
+                                  f"itself; {what} {steps} kept as it computes it")
         return NbddpAccumulation(steps)
     return steps
 
@@ -45,7 +46,8 @@ def nbddp_accumulation(steps, batch=None):
 def nbddp_keep_batch(steps, batch=None):
     """(accumulation, per-device batch) of each rank for the notebook's `steps` and `batch`, said once on rank 0."""
     world = NBDDP_WORLD_SIZE
-    if isinstance(steps, NbddpAccumulation) or world == 1 or not isinstance(steps, int) or steps < 1:
+    if isinstance(steps, NbddpAccumulation) or isinstance(batch, NbddpAccumulation) or world == 1 or \
+            not isinstance(steps, int) or steps < 1:
         return steps, batch
     size = f"{batch} x " if isinstance(batch, int) else "per_device_train_batch_size x "
     notebook = f" of {batch * steps}" if isinstance(batch, int) else ""

@@ -92,11 +92,13 @@ def _adapted(call: cst.Call, names) -> list:
     return found
 
 
-def _marked(value: cst.BaseExpression) -> cst.BaseExpression:
-    """`nbddp_batch_as_written(value)`: an accumulation the notebook computes itself (marked once)."""
+def _marked(value: cst.BaseExpression, what: str = ACCUMULATION) -> cst.BaseExpression:
+    """`nbddp_batch_as_written(value)`: an accumulation (or per-device batch) the notebook computes itself (marked
+    once)."""
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == AS_WRITTEN:
         return value  # converting converted code
-    return cst.Call(cst.Name(AS_WRITTEN), [cst.Arg(value)])
+    extra = [cst.Arg(cst.SimpleString(f'"{what}"'))] if what != ACCUMULATION else []
+    return cst.Call(cst.Name(AS_WRITTEN), [cst.Arg(value), *extra])
 
 
 def _as_written(call: cst.Call) -> cst.Call:
@@ -113,33 +115,33 @@ class _Spread(TreeTransformer):
     `dict(gradient_accumulation_steps=...)`, `{"gradient_accumulation_steps": ...}`, `args.gradient_accumulation_steps
     = ...`) is marked as written, as a config's own keyword is."""
 
-    def _follows(self, key, value) -> bool:
-        return self.names.literal(key) == ACCUMULATION and WORLD in reads_rank(value, self.names)
+    def _follows(self, key, value) -> str | None:
+        """The setting (accumulation or per-device batch) a key names, where the value follows the world size."""
+        what = key if isinstance(key, str) else self.names.literal(key)
+        return what if what in DEFAULTS and WORLD in reads_rank(value, self.names) else None
 
-    def _said(self, updated, value):
-        if _marked(value) is value:  # marked already (the config's own keyword, converted code)
+    def _said(self, updated, what):
+        if what is None or _marked(updated.value) is updated.value:  # marked already (the config's own, converted)
             return updated
-        self.report.change(self.cell, f"{ACCUMULATION} follows the world size already: the notebook's batch is kept as "
-                                      "it computes it (nbddp does not divide the accumulation again)")
-        return updated.with_changes(value=_marked(value))
+        self.report.change(self.cell, f"{what} follows the world size already: the notebook's batch is kept as it "
+                                      "computes it (nbddp divides neither the accumulation nor the batch again)")
+        return updated.with_changes(value=_marked(updated.value, what))
 
-    def leave_Assign(self, original, updated):
+    def leave_Assign(self, original, updated):  # `hp["gradient_accumulation_steps"] = ...`, `args.<it> = ...`
         target = original.targets[0].target if len(original.targets) == 1 else None
         key = target.slice[0].slice if isinstance(target, cst.Subscript) and len(target.slice) == 1 else None
-        if isinstance(key, cst.Index) and self._follows(key.value, original.value) or \
-                isinstance(target, cst.Attribute) and target.attr.value == ACCUMULATION and \
-                WORLD in reads_rank(original.value, self.names):  # `args.gradient_accumulation_steps = ...`
-            return self._said(updated, updated.value)
-        return updated
+        key = key.value if isinstance(key, cst.Index) else target.attr.value if isinstance(target, cst.Attribute) \
+            else None
+        return self._said(updated, self._follows(key, original.value)) if key is not None else updated
 
     def leave_DictElement(self, original, updated):
-        return self._said(updated, updated.value) if self._follows(original.key, original.value) else updated
+        return self._said(updated, self._follows(original.key, original.value))
 
-    def leave_Arg(self, original, updated):
-        if original.keyword is not None and original.keyword.value == ACCUMULATION and \
-                WORLD in reads_rank(original.value, self.names):
-            return self._said(updated, updated.value)
-        return updated
+    def leave_Call(self, original, updated):  # `dict(gradient_accumulation_steps=...)`, a config beside `**hp`
+        if CONFIG in call_kinds(self.names, original) and not has_star_kwargs(original):
+            return updated  # a config's own keywords: the first pass's
+        return updated.with_changes(args=[self._said(new, self._follows(old.keyword.value, old.value)) if old.keyword
+                                          else new for old, new in zip(original.args, updated.args)])
 
 
 class _Report(TreeTransformer):
