@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from .bindings import params_of
-from .changes import Changes, base_name
-from .cst_helpers import is_if_false, names_in
+from .changes import Changes
+from .cst_helpers import is_if_false
 from .entries import COMPUTES, STANDARD, VALUE_HOMES
+from .flows import aliases, carried, declared_global
 from .inside import nested_effects
 from .rank_conditions import is_rank_test
 from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
@@ -84,7 +85,8 @@ class _Scan:
         self.modules = imported_names(body)
         self.read: dict = {}
         self.defs: dict = {}  # what a function of the notebook's body does (a _Changes set) -> function -> its union
-        self.aliases = _aliases(body)
+        self.aliases = aliases(body)
+        self.body, self._carried = body, None
         self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
         self.packages = imported_packages(body) | {"torch"}
         self.own = OwnModules(body, names, folder)  # the notebook's own modules: the packages their code imports
@@ -121,7 +123,7 @@ class _Scan:
         """The outside names a function of the notebook may change when it runs (`random.shuffle(rows)` in its
         body changes the notebook's `rows`), and those it binds as its `global`s."""
         changed = self._by(definition, "changed")  # empty but for a def
-        definition, declared = self.names.orig(definition), _declared_global(self.names.orig(definition))
+        definition, declared = self.names.orig(definition), declared_global(self.names.orig(definition))
         if changed:  # not its own local names (those of the functions it calls are theirs)
             stars = [p for p in (definition.params.star_arg, definition.params.star_kwarg) if isinstance(p, cst.Param)]
             own = {p.name.value for p in [*params_of(definition), *stars]} | set().union(
@@ -176,7 +178,11 @@ class _Scan:
             bool(changes.rank) or any(COLLECTIVE in self.effects.of_call(c) for c in changes.calls)
         whole = isinstance(stmt, cst.SimpleStatementLine) and all(
             isinstance(s, (cst.Assign, cst.AnnAssign)) for s in stmt.body)
+        if self._carried is None:
+            self._carried = carried(self.body, self)
         changed = changes.changed | set().union(*(self.aliases.get(name, ()) for name in changes.changed))
+        if changes.calls:  # calling what a value it reads holds: `t.start()` of a thread whose target fills `cache`
+            changed |= set().union(*(self._carried.get(name, ()) for name in reads))
         return reads | changes.loads, writes | changed | changes.saves, seed, whole and not changed
 
     def kinds(self, stmt) -> frozenset:
@@ -194,45 +200,6 @@ class _Scan:
                     self.libraries.update({m.split(".", 1)[0] for m in self.names.meanings(call.func)} & self.packages)
         self.libraries |= {home for home, makers in VALUE_HOMES.items() if makers & self.libraries}  # and what
         # those libraries' values are (an Unsloth model is a transformers model)
-
-
-class _Globals(cst.CSTVisitor):
-    def __init__(self, root):
-        self.root, self.found = root, set()
-
-    def visit_Global(self, node):
-        self.found |= {item.name.value for item in node.names}
-
-    def on_visit(self, node):  # a nested def or class has its own
-        return node is self.root or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and \
-            super().on_visit(node)
-
-
-def _declared_global(definition) -> set[str]:
-    """The names a def of the notebook declares `global` (its assignments to them bind the notebook's names)."""
-    if not isinstance(definition, cst.FunctionDef):
-        return set()
-    found = _Globals(definition)
-    walk(definition, found)
-    return found.found
-
-
-def _aliases(body) -> dict:
-    """name -> the names whose value it may share: `r = rows`, `for row in rows:` (a change of `r` or `row` changes
-    what `rows` holds), transitively."""
-    found: dict = {}
-    for stmt in body:
-        pairs = []
-        if isinstance(stmt, cst.For):
-            pairs = [(target, base_name(stmt.iter)) for target in names_in(stmt.target)]
-        elif isinstance(stmt, cst.SimpleStatementLine):
-            pairs = [(t.target.value, base_name(s.value)) for s in stmt.body if isinstance(s, cst.Assign)
-                     for t in s.targets if isinstance(t.target, cst.Name)
-                     and isinstance(s.value, (cst.Name, cst.Attribute, cst.Subscript))]
-        for name, other in pairs:
-            if other is not None and other != name:
-                found.setdefault(name, set()).update({other} | found.get(other, set()))
-    return found
 
 
 def _share(plan, stmt, scan, names):

@@ -437,3 +437,16 @@ def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_pick
 def test_other_tests_and_blocks_that_write_nothing_are_left_as_they_are(cell):
     out, _ = convert(TRAIN, cell)
     assert "nbddp_rank_block" not in out[1], out[1]
+
+
+@pytest.mark.parametrize("cells", [
+    ["import functools, threading\ncache = {}\ndef fill(store, key):\n    store[key] = load_rows(key)\n",
+     "jobs = [functools.partial(fill, cache, k) for k in ('train', 'extra')]\n"
+     "threads = [threading.Thread(target=j) for j in jobs]\nfor t in threads: t.start()\nfor t in threads: t.join()\n"],
+    ["from functools import partial as later\ncache = {}\ndef fill(store, key):\n    store[key] = load_rows(key)\n",
+     "steps = [later(fill, cache, 'train')]\n", "for step in steps:\n    step()\n"],
+])
+def test_what_a_partial_of_the_notebooks_function_fills_is_filled_on_every_rank(cells):
+    train = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=cache['train'])\ntrainer.train()\n"
+    out, _ = convert(*cells, train)
+    assert "NBDDP_IS_MAIN" not in "".join(out) and out[:-1] == cells[:len(out) - 1], out
