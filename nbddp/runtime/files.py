@@ -95,6 +95,15 @@ NBDDP_AT_START.append(nbddp_children_outside_the_job)
 NBDDP_MADE_KEY = "nbddp/made/{}"  # a folder a rank of this job made (its real path)
 
 
+def _nbddp_done_by_another(store, key):
+    """What another rank of this job recorded under `key` for the same file operation (it records right after doing
+    it: waited for up to 2 s), or None."""
+    deadline = time.monotonic() + 2
+    while store is not None and not store.check([key]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return store.get(key).decode() if store is not None and store.check([key]) else None
+
+
 def nbddp_folders_once():
     """A folder the notebook makes without exist_ok in code every rank runs (`os.makedirs(out)`, `Path(p).mkdir()`
     inside a function training needs): the rank that comes second finds it made by another rank of this job and goes
@@ -112,10 +121,7 @@ def nbddp_folders_once():
             caller = sys._getframe(1)  # os.makedirs or Path.mkdir with exist_ok=True: a folder there is no error
             if caller.f_code in exist_ok and caller.f_locals.get("exist_ok"):
                 raise
-            deadline = time.monotonic() + 2  # the rank that made it says so right after
-            while store is not None and not store.check([key]) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if store is None or not store.check([key]):
+            if _nbddp_done_by_another(store, key) is None:
                 raise
             return
         if store is not None:
@@ -146,10 +152,7 @@ def _nbddp_once_move(move):
         except FileNotFoundError:
             if not os.path.realpath(src).startswith(os.path.join(os.path.realpath(os.getcwd()), "")):
                 raise  # the notebook's own files only (a library's cache handles its own races)
-            deadline = time.monotonic() + 2  # the rank that moved it says so right after
-            while store is not None and not store.check([key]) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if store is None or not store.check([key]) or store.get(key).decode() != where:
+            if _nbddp_done_by_another(store, key) != where:
                 raise
             return
         if store is not None:

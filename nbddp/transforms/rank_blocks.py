@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..rank_conditions import is_rank_test
+from ..rank_conditions import RANK_ZERO, is_rank_test
 from ..tree import TreeTransformer
 from ..vocabulary import SAVE
 from .base import TreeStep
 
 BLOCK = "nbddp_rank_block"
-
-
-MAIN = frozenset({"is_main_process", "is_world_process_zero", "is_global_zero", "should_save", "is_local_main_process",
-                  "is_local_process_zero", "NBDDP_IS_MAIN", "NBDDP_IS_LOCAL_MAIN"})
 
 
 def _picks_rank_0(test, names, depth=0) -> bool:
@@ -25,8 +21,8 @@ def _picks_rank_0(test, names, depth=0) -> bool:
         return _picks_rank_0(test.left, names, depth) or _picks_rank_0(test.right, names, depth)
     if isinstance(test, cst.Call):
         test = test.func
-    if isinstance(test, cst.Attribute) or isinstance(test, cst.Name) and test.value in MAIN:
-        return (test.attr if isinstance(test, cst.Attribute) else test).value in MAIN
+    if isinstance(test, cst.Attribute) or isinstance(test, cst.Name) and test.value in RANK_ZERO:
+        return (test.attr if isinstance(test, cst.Attribute) else test).value in RANK_ZERO
     if isinstance(test, cst.Name) and depth < 4:
         value = names.value(test)
         return value is not None and _picks_rank_0(value, names, depth + 1)
