@@ -115,6 +115,9 @@ class Changes(LiveVisitor):
         for definition in definitions:  # and what it changes
             self.changed |= self.scan.changed_by(definition)
             self.mutated |= self.scan.changed_by(definition)
+        handed = given_changes(node, self.scan)
+        self.changed |= handed
+        self.mutated |= handed
         receiver = base_name(func.value) if isinstance(func, cst.Attribute) else None
         if receiver is not None and not self.scan.imported(receiver) and func.attr.value not in EMITS:
             self.changed.add(receiver)
@@ -128,3 +131,33 @@ class Changes(LiveVisitor):
                 if base is not None and not self.scan.immutable(arg.value):
                     self.changed.add(base)
                     self.mutated.add(base)
+
+
+def _given(call) -> list:
+    """The values a call is given, a tuple's or list's items one by one (`args=(cache, key)`)."""
+    values = []
+    for arg in call.args:
+        value = arg.value
+        values += [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+    return values
+
+
+def given_changes(call, scan) -> set[str]:
+    """The outside names a call may change through a function of the notebook's: one it is given to call later or
+    now (`pool.submit(fill, cache, k)`, `Thread(target=fill, args=(cache, k))`, `partial(fill, cache)`, `map(fill,
+    keys)`): what that function changes, and the values given beside it where it changes what it is given; one it
+    calls: the values it gives the parameters that function changes (`x = fill(cache, k)`)."""
+    values, names = _given(call), scan.names
+    handed = [(value, d) for value in values for d in names.definitions(value)
+              if not isinstance(value, cst.Call)]  # a partial's own call hands it
+    changed = set().union(*(scan.changed_by(d) for _, d in handed))
+    reached = [v for v in values if all(v is not value for value, _ in handed)] \
+        if any(scan.changed_parameters(d)[1] for _, d in handed) else []
+    for definition in names.definitions(call.func):
+        params, touched = scan.changed_parameters(definition)
+        for position, arg in enumerate(call.args if touched else ()):
+            name = arg.keyword.value if arg.keyword is not None else \
+                params[position] if position < len(params) and not arg.star else None
+            if name is None or name in touched:  # a starred argument, or one past the named parameters: any
+                reached.append(arg.value)
+    return changed | {base_name(v) for v in reached if base_name(v) is not None and not scan.immutable(v)}

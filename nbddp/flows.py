@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .changes import base_name
+from .changes import base_name, given_changes
 from .cst_helpers import names_in
-from .meanings import PARTIALS
 from .reads_writes import reads_writes
 from .walk import walk
 
@@ -49,9 +48,7 @@ def carried(body, scan) -> dict:
         reads, writes = reads_writes(stmt)
         carried = set().union(*(found.get(name, ()) for name in reads))
         for call in scan.seen(stmt).calls:
-            if scan.names.meanings(call.func) & PARTIALS and call.args and scan.names.definitions(call.args[0].value):
-                carried |= {base_name(a.value) for a in call.args[1:]
-                            if base_name(a.value) is not None and not scan.immutable(a.value)}
+            carried |= given_changes(call, scan)
         for name in writes if carried else ():
             found[name] = found.get(name, set()) | carried
     return found

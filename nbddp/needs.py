@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .bindings import params_of
+from .bindings import params_of, static
 from .changes import Changes
 from .cst_helpers import is_if_false
 from .entries import COMPUTES, STANDARD, VALUE_HOMES
@@ -125,11 +125,28 @@ class _Scan:
         changed = self._by(definition, "changed")  # empty but for a def
         definition, declared = self.names.orig(definition), declared_global(self.names.orig(definition))
         if changed:  # not its own local names (those of the functions it calls are theirs)
-            stars = [p for p in (definition.params.star_arg, definition.params.star_kwarg) if isinstance(p, cst.Param)]
-            own = {p.name.value for p in [*params_of(definition), *stars]} | set().union(
-                *(reads_writes(s)[1] for s in definition.body.body))
+            own = self._parameters(definition) | set().union(*(reads_writes(s)[1] for s in definition.body.body))
             changed = changed - (own - declared)
         return changed | declared
+
+    def changed_parameters(self, definition) -> tuple[list[str], set[str]]:
+        """A function of the notebook's parameters in the order a call gives them (a method's own first one left out),
+        and those whose value it may change (`store[key] = ...`)."""
+        definition = self.names.orig(definition)
+        if not isinstance(definition, cst.FunctionDef):
+            return [], set()
+        given = [p.name.value for p in params_of(definition)]
+        if given and definition in self.names.methods and not static(definition):
+            given = given[1:]
+        stars = self._parameters(definition) - {p.name.value for p in params_of(definition)}
+        return given, self._by(definition, "changed") & (set(given) | stars)
+
+    @staticmethod
+    def _parameters(definition) -> set[str]:
+        if not isinstance(definition, cst.FunctionDef):
+            return set()
+        stars = [p for p in (definition.params.star_arg, definition.params.star_kwarg) if isinstance(p, cst.Param)]
+        return {p.name.value for p in [*params_of(definition), *stars]}
 
     def saved_by(self, definition) -> set[str]:
         """The files a function of the notebook saves at literal paths when it runs."""

@@ -54,8 +54,10 @@ CELLS = [
     "import pathlib\ndef workdir(name):\n    os.makedirs(name)\n    (pathlib.Path(name) / 'logs').mkdir()\n    return name\n"
     "out_dir = workdir('out')\n",
     "%%writefile raw.txt\nhello\n",
+    "%%writefile extra.txt\nworld\n",
     "import shutil\ndef prepare(src):\n    os.makedirs('moved', exist_ok = True)\n"
-    "    dst = shutil.move(src, os.path.join('moved', 'raw.txt'))\n    with open(dst) as fh:\n        return fh.read()\n"
+    "    dst = shutil.move(src, os.path.join('moved', 'raw.txt'))\n    extra = shutil.move('extra.txt', 'moved')\n"
+    "    with open(dst) as fh, open(extra) as more:\n        return fh.read() + more.read()\n"
     "text = prepare('raw.txt')\n",
     "DATA = None\ndef refresh():\n    global DATA\n    DATA = sorted(tags)[:3]\nrefresh()\n",
     "def cache_feats(name):\n    os.makedirs(name, exist_ok = True)\n    path = pathlib.Path(name) / 'feats.npy'\n"
@@ -105,7 +107,7 @@ def test_every_rank_computes_the_same_values_and_trains_one_model(job):
     assert first["noise"] == second["noise"], "np.random.default_rng() drew another seed on rank 1"
     assert first["data"] == second["data"] and first["data"], "a global the notebook's function sets is rank 0's only"
     assert first["feats"] == second["feats"] == "cache/feats.npy"
-    assert first["text"] == second["text"] == "hello\n", "a file moved in a function training needs, on every rank"
+    assert first["text"] == second["text"] == "hello\nworld\n", "a file moved in a function training needs, on every rank"
     assert first["drawn"] == second["drawn"], "a generator or reseed without a seed drew from the OS on rank 1"
     assert first["drawn"][0] != first["drawn"][1], "every draw gave the same seed"
     assert first["synthetic"] == second["synthetic"] and first["run"] == second["run"], "generated or drawn anew"

@@ -2,17 +2,21 @@
 2-process torchrun job (gloo), every rank's output shown.
 
 The notebook is one of ours, split over cells. Outside training it calls `sidefx`, a module beside the script that
-nbddp has never heard of (it logs each call with the calling rank to effects.log, below Python's open, as a web call would act: no file net of the runtime's hides a second rank's call), and the standard library: a folder
-made without exist_ok, a CSV appended to at a path computed from the notebook's own variables and read back for
-training, a text file written by the notebook's own function, prints in a loop and an `if`, an upload, an archive, a
-server started after training, a submission built from a list filled after training, a print inside the
-notebook's function after training; a print and a `tqdm.notebook` bar inside the training function every rank runs. Training itself (a Trainer on a tiny Llama) runs on both ranks and records what
-data each rank trained on (rank<R>.json). A log file the notebook configures gets each line once, and a callback
-the notebook gives the Trainer writes its file once.
+nbddp has never heard of (it logs each call with the calling rank to effects.log, below Python's open, as a web call
+would act: no file net of the runtime's hides a second rank's call), and the standard library: a folder made without
+exist_ok, a CSV appended to at a path computed from the notebook's own variables and read back for training, a text
+file written by the notebook's own function, prints in a loop and an `if`, an upload, an archive, a server started
+after training, a submission built from a list filled after training, a print inside the notebook's function after
+training, a sqlite database the training function writes; a print and a `tqdm.notebook` bar inside the training
+function every rank runs. Training itself (a Trainer on a tiny Llama) runs on both ranks and records what data each
+rank trained on (rank<R>.json). A log file the notebook configures gets each line once, and a callback the notebook
+gives the Trainer writes its file once.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 
 import pytest
 
@@ -55,7 +59,7 @@ class Pager:  # a client: its methods send
 
 CELLS = [
     "import os, csv, json, random, logging, pathlib\nimport sidefx\nfrom datasets import Dataset\n"
-    "from tqdm.notebook import tqdm\n"
+    "from tqdm.notebook import tqdm\nfrom sqlite3 import connect as open_db\n"
     "from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, TrainerCallback\n"
     "from transformers import DataCollatorForLanguageModeling\n"
     "logging.basicConfig(filename = 'run.log', level = logging.INFO, format = '%(message)s', force = True)\n"
@@ -90,6 +94,9 @@ CELLS = [
     "    print('FITTING', flush = True)\n    sidefx.announce('fit')\n    pager.send('fit')\n"
     "    with open(work / 'head.json', 'w') as fh:\n        json.dump(texts[:2], fh)\n"
     "    with open(work / 'head.json') as fh:\n        assert json.load(fh) == texts[:2]\n"
+    "    db = open_db(work / 'metrics.db')\n    db.execute('CREATE TABLE IF NOT EXISTS m (step INT)')\n"
+    "    for i in range(3):\n        db.execute('INSERT INTO m VALUES (?)', (i,))\n    db.commit()\n"
+    "    assert db.execute('SELECT COUNT(*) FROM m').fetchone()[0] >= 3\n    db.close()\n"
     "    for _ in tqdm(range(3), desc = 'warm-up'):\n        pass\n    return trainer.train()\n",
     "stats = fit()\n",
     "answers = []\nfor i in range(3):\n    answers.append(f'{i},{stats.training_loss > 0}')\n",
@@ -130,6 +137,8 @@ def test_every_file_is_written_by_one_rank_and_whole(job):
     assert json.loads((work / "head.json").read_text()) == head, done.explain()  # written, read back on every rank
     assert "rank 1 skipped" in done.stdout + done.stderr and "head.json (its own copy)" in done.stdout + done.stderr, \
         done.explain()
+    with contextlib.closing(sqlite3.connect(work / "metrics.db")) as db:  # one rank's rows (the other's: its copy)
+        assert db.execute("SELECT COUNT(*) FROM m").fetchone()[0] == 3, done.explain()
 
 
 def test_calls_of_an_unknown_library_run_once_on_rank_0(job):

@@ -445,8 +445,20 @@ def test_other_tests_and_blocks_that_write_nothing_are_left_as_they_are(cell):
      "threads = [threading.Thread(target=j) for j in jobs]\nfor t in threads: t.start()\nfor t in threads: t.join()\n"],
     ["from functools import partial as later\ncache = {}\ndef fill(store, key):\n    store[key] = load_rows(key)\n",
      "steps = [later(fill, cache, 'train')]\n", "for step in steps:\n    step()\n"],
+    ["from concurrent.futures import ThreadPoolExecutor\ncache = {}\ndef fill(store, key):\n    store[key] = load_rows(key)\n",
+     "with ThreadPoolExecutor(2) as pool:\n    futures = [pool.submit(fill, cache, k) for k in ('train', 'extra')]\n"],
+    ["import threading\ncache = {}\ndef fill(store, key):\n    store[key] = load_rows(key)\n",
+     "threads = [threading.Thread(target=fill, args=(cache, k)) for k in ('train', 'extra')]\n",
+     "for t in threads: t.start()\nfor t in threads: t.join()\n"],
+    ["from concurrent.futures import ThreadPoolExecutor as TPE\ncache = {}\ndef fill(key):\n    cache[key] = load_rows(key)\n",
+     "ex = TPE(2)\nresults = list(ex.map(fill, ['train', 'extra']))\n"],
+    ["from functools import partial\nfrom multiprocessing.pool import ThreadPool\ncache = {}\n"
+     "def fill(store, key):\n    store[key] = load_rows(key)\n", "done = ThreadPool(2).map(partial(fill, cache), ['train'])\n"],
+    ["cache = {}\ndef fill(key):\n    cache[key] = load_rows(key)\n", "for _ in map(fill, ['train']): pass\n"],
+    ["cache = {}\ndef fill(store, key):\n    store[key] = load_rows(key)\n    return len(store)\n",
+     "sizes = [fill(cache, k) for k in ('train', 'extra')]\n"],
 ])
-def test_what_a_partial_of_the_notebooks_function_fills_is_filled_on_every_rank(cells):
+def test_what_a_function_of_the_notebooks_fills_is_filled_on_every_rank_also_when_handed_to_a_pool_or_thread(cells):
     train = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=cache['train'])\ntrainer.train()\n"
     out, _ = convert(*cells, train)
     assert "NBDDP_IS_MAIN" not in "".join(out) and out[:-1] == cells[:len(out) - 1], out

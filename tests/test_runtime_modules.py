@@ -1,5 +1,6 @@
 """Each module of nbddp/runtime/ imported and called directly, one process (the multi-process runs of the whole
 runtime, as scripts carry it, are in test_runtime_ddp.py)."""
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -9,7 +10,7 @@ import types
 import pytest
 import torch
 
-from nbddp.runtime import (agree, ask, balance, checkpoint, files, global_batch, group, hooks, lean_sync, loop,
+from nbddp.runtime import (agree, ask, balance, checkpoint, file_races, files, global_batch, group, hooks, lean_sync, loop,
                            one_writer, peft_shim, strategy, tiled_mlp, wait, xformers_shim)
 
 CASES = os.path.join(os.path.dirname(__file__), "runtime_cases")
@@ -122,6 +123,33 @@ def test_own_copies_keep_the_notebooks_files_to_one_writer(monkeypatch, tmp_path
         fh.write("x = 1\n")
     assert (work / "compiled_cache" / "mod.py").read_text() == "x = 1\n"  # code the import system reads: as it is
     assert files.NbddpOwnCopies(open, ranks=(0, 0)).is_notebooks(str(work / "rank0.json"))  # rank 0 names nothing
+
+
+def test_own_copies_hold_sqlite_databases_too(monkeypatch, tmp_path):
+    """On rank 1, a database file of the notebook's is connected to as the rank's own copy, through the module's
+    connect and dbapi2's; memory databases and paths that name the rank are as they are."""
+    import sqlite3
+    monkeypatch.chdir(tmp_path)
+    with contextlib.closing(sqlite3.connect("metrics.db")) as db:
+        db.execute("CREATE TABLE m (step INT)")
+        db.execute("INSERT INTO m VALUES (0)")
+        db.commit()
+    module = types.SimpleNamespace(connect=sqlite3.connect, dbapi2=types.SimpleNamespace(connect=sqlite3.connect))
+    files._nbddp_own_databases(module)
+    monkeypatch.setattr("builtins.open", files.NbddpOwnCopies(open, ranks=(1, 1)))
+    for connect in (module.connect, module.dbapi2.connect):
+        with contextlib.closing(connect(tmp_path / "metrics.db")) as db:
+            db.execute("INSERT INTO m VALUES (1)")
+            db.commit()
+    with contextlib.closing(module.connect("metrics.db")) as db:
+        assert db.execute("SELECT COUNT(*) FROM m").fetchone()[0] == 3  # its own rows, read back
+    with contextlib.closing(module.connect("rank1.db")) as db, contextlib.closing(module.connect(":memory:")) as mem:
+        db.execute("CREATE TABLE r (x INT)")
+        mem.execute("CREATE TABLE r (x INT)")
+    monkeypatch.undo()
+    with contextlib.closing(sqlite3.connect(tmp_path / "metrics.db")) as db:
+        assert db.execute("SELECT COUNT(*) FROM m").fetchone()[0] == 1  # the notebook's file: rank 0's alone
+    assert (tmp_path / "rank1.db").is_file()
 
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("on", True), ("0", False), ("off", False),
@@ -950,12 +978,12 @@ def test_a_folder_made_with_exist_ok_costs_no_wait_and_one_made_without_still_fa
         def check(self, keys):
             return False
 
-    world(monkeypatch, 2, files)
-    monkeypatch.setattr(files, "nbddp_store", lambda: Store())
+    world(monkeypatch, 2, file_races)
+    monkeypatch.setattr(file_races, "nbddp_store", lambda: Store())
     monkeypatch.setattr(os, "mkdir", os.mkdir)  # restored after the test: the net patches it
     there = tmp_path / "there"
     there.mkdir()
-    files.nbddp_folders_once()
+    file_races.nbddp_folders_once()
     start = time.monotonic()
     os.makedirs(there, exist_ok=True)
     pathlib.Path(there).mkdir(exist_ok=True)
@@ -963,3 +991,37 @@ def test_a_folder_made_with_exist_ok_costs_no_wait_and_one_made_without_still_fa
     with pytest.raises(FileExistsError):
         os.makedirs(there)  # made before the job, by no rank of it: the notebook's own error, after the wait
     assert time.monotonic() - start > 1.5
+
+
+def test_a_file_moved_into_a_folder_by_another_rank_is_found_there(monkeypatch, tmp_path):
+    """The rank that comes second to `shutil.move(src, folder)` finds src moved there by another rank of the job
+    (shutil raises before any rename); a file that another rank did not move still raises."""
+    import shutil
+
+    class Store(dict):  # what the other rank recorded
+        def check(self, keys):
+            return all(key in self for key in keys)
+
+        def get(self, key):
+            return self[key].encode()
+
+        def set(self, key, value):
+            self[key] = value
+
+    store = Store()
+    world(monkeypatch, 2, file_races)
+    monkeypatch.setattr(file_races, "nbddp_store", lambda: store)
+    for name in ("rename", "replace"):
+        monkeypatch.setattr(os, name, getattr(os, name))  # restored after the test: the net patches them
+    monkeypatch.setattr(shutil, "move", shutil.move)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "raw.txt").write_text("rows")
+    file_races.nbddp_moves_once()
+    assert shutil.move("raw.txt", "data") == os.path.join("data", "raw.txt")  # the first rank
+    assert store == {f"nbddp/moved/{tmp_path / 'raw.txt'}": str(tmp_path / "data" / "raw.txt")}
+    assert shutil.move(tmp_path / "raw.txt", "data/") == os.path.join("data/", "raw.txt")  # the second: no error
+    (tmp_path / "other.txt").write_text("x")
+    (tmp_path / "data" / "other.txt").write_text("there before")
+    with pytest.raises(shutil.Error):
+        shutil.move("other.txt", "data")

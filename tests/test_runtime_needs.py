@@ -35,7 +35,8 @@ UNSLOTH_SFT = (
     # plain torch, no Trainer: the rank facts, the process group, the self-launch, one writer (saves and files),
     # the agreement check
     (("import torch\nx = torch.ones(1)\nprint(x)\n",), {},
-     {"hash_seed", "group", "same_random", "launcher", "wait", "one_writer", "files", "agree", "stdin_fd", "owner"},
+     {"hash_seed", "group", "same_random", "launcher", "wait", "one_writer", "files", "file_races", "agree", "stdin_fd",
+      "owner"},
      {"balance", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "fit", "ask"}),
     # input() is asked on rank 0 only; a variable named input is not a call
     (("answer = input('Go on? ')\n",), {}, {"ask"}, set()),
@@ -126,7 +127,7 @@ def test_each_carried_module_says_why_in_one_line():
     lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
     assert [line.split(":")[0][5:] for line in lines] == ["hash_seed", "recipe", "launcher", "wait", "group",
                                                           "same_random", "hooks", "fit",
-                                                          "one_writer", "files", "agree", "stdin_fd",
+                                                          "one_writer", "files", "file_races", "agree", "stdin_fd",
                                                           "owner", "ipython_forms", "unsloth_group", "lean_sync", "peft_shim",
                                                           "global_batch", "balance"]
     assert lines[6] == "# -- hooks: needed by fit, one_writer, files, agree, stdin_fd, unsloth_group, lean_sync, " \
@@ -135,8 +136,8 @@ def test_each_carried_module_says_why_in_one_line():
 
 
 @pytest.mark.parametrize("notebook, most", [
-    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 1300),
-    ("Kaggle-Llama3.1_(8B)-Alpaca", 1440),
+    (Path(__file__).resolve().parents[1] / "notebooks" / "tiny_llama_sft.ipynb", 1340),
+    ("Kaggle-Llama3.1_(8B)-Alpaca", 1475),
 ])
 def test_lines_before_the_first_notebook_cell(notebook, most):
     """The default script starts with the notebook (its runtime is a file beside it); the single file (a Kaggle
@@ -209,7 +210,7 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
     assert documented == []
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
         ["hash_seed", "recipe", "launcher", "wait", "group", "same_random", "hooks", "fit", "one_writer", "files",
-         "share", "agree",
+         "file_races", "share", "agree",
          "stdin_fd", "owner", "ask", "ipython_forms", "unsloth_group", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim",
          "global_batch", "balance", "loop", "shard_host", "shard", "shard_load", "shard_mode"]
 

@@ -7,28 +7,28 @@ reads back what it wrote while the notebook's file gets one writer, whole. The n
 working folder, and anywhere else but the temporary folder, caches (~/.cache, Hugging Face's, torch's), Python's
 installation, /dev, /proc and /sys. A path with this rank's number after a separator or a word for a process
 (Trainer's rng_state_1.pth, log_rank1.txt, gpu1/, but not run1/ or model_v1.json), or this process's id, is this
-rank's own; so is code the import system reads (.py, .pyc, .so). Writes that do not go through Python's `open`
-(torch.save's zip writer, memory maps, os.open) are not covered, and a library that looks a rank's file up by its
-path (os.path.exists, a glob) finds the machine's file once its rank 0 has written it, not the rank's copy.
+rank's own; so is code the import system reads (.py, .pyc, .so). A sqlite3 database connects to the copy too. A copy
+starts from what the file holds when this rank first writes it, rank 0's writes up to then included. Other
+writes that do not go through Python's `open` (torch.save's zip writer, memory maps, os.open) are not covered, and a
+library that looks a rank's file up by its path (os.path.exists, a glob) finds the machine's file once its rank 0 has
+written it, not the rank's copy.
 `NBDDP_ONE_WRITER=0` leaves every rank writing."""
 import atexit
 import builtins
 import contextlib
+import functools
 import io
 import os
-import pathlib
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 from .group import (NBDDP_AT_START, NBDDP_IS_LOCAL_MAIN, NBDDP_LOCAL_RANK, NBDDP_RANK, NBDDP_RANK_BLOCK,
                     NBDDP_WORLD_SIZE, nbddp_barrier, nbddp_skipped)
-from .hooks import _nbddp_choice
-from .wait import nbddp_store
+from .hooks import NBDDP_IMPORTS, _nbddp_choice
 
 
 @contextlib.contextmanager
@@ -92,77 +92,6 @@ def nbddp_children_outside_the_job():
 
 
 NBDDP_AT_START.append(nbddp_children_outside_the_job)
-NBDDP_MADE_KEY = "nbddp/made/{}"  # a folder a rank of this job made (its real path)
-
-
-def _nbddp_done_by_another(store, key):
-    """What another rank of this job recorded under `key` for the same file operation (it records right after doing
-    it: waited for up to 2 s), or None."""
-    deadline = time.monotonic() + 2
-    while store is not None and not store.check([key]) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return store.get(key).decode() if store is not None and store.check([key]) else None
-
-
-def nbddp_folders_once():
-    """A folder the notebook makes without exist_ok in code every rank runs (`os.makedirs(out)`, `Path(p).mkdir()`
-    inside a function training needs): the rank that comes second finds it made by another rank of this job and goes
-    on, as the notebook did alone. A folder that was there before the job still raises FileExistsError."""
-    if NBDDP_WORLD_SIZE == 1 or getattr(os.mkdir, "_nbddp_once", False):
-        return
-    mkdir, exist_ok = os.mkdir, (os.makedirs.__code__, pathlib.Path.mkdir.__code__)
-
-    def once_mkdir(path, *args, **kwargs):
-        key = NBDDP_MADE_KEY.format(os.path.realpath(os.fsdecode(path)))
-        store = nbddp_store()
-        try:
-            mkdir(path, *args, **kwargs)
-        except FileExistsError:
-            caller = sys._getframe(1)  # os.makedirs or Path.mkdir with exist_ok=True: a folder there is no error
-            if caller.f_code in exist_ok and caller.f_locals.get("exist_ok"):
-                raise
-            if _nbddp_done_by_another(store, key) is None:
-                raise
-            return
-        if store is not None:
-            store.set(key, str(NBDDP_RANK))
-
-    once_mkdir._nbddp_once = True
-    os.mkdir = once_mkdir  # os.makedirs and pathlib make their folders through it
-
-
-NBDDP_AT_START.append(nbddp_folders_once)
-NBDDP_MOVED_KEY = "nbddp/moved/{}"  # a path a rank of this job moved away -> where to (its real path)
-
-
-def nbddp_moves_once():
-    """A file the notebook moves or renames in code every rank runs (`shutil.move(raw, "data/train.csv")` inside a
-    function training needs, in the working folder): the rank that comes second finds it moved by another rank of this
-    job to the same place and goes on, as the notebook did alone. A path that was not there still raises
-    FileNotFoundError. Not covered: a move into a folder (`shutil.move(src, "data/")`) fails there before a rename."""
-    if NBDDP_WORLD_SIZE > 1 and not getattr(os.rename, "_nbddp_once", False):
-        os.rename, os.replace = _nbddp_once_move(os.rename), _nbddp_once_move(os.replace)  # shutil.move's too
-
-
-def _nbddp_once_move(move):
-    def once(src, dst, *args, **kwargs):
-        key, where, store = NBDDP_MOVED_KEY.format(os.path.realpath(src)), os.path.realpath(dst), nbddp_store()
-        try:
-            move(src, dst, *args, **kwargs)
-        except FileNotFoundError:
-            if not os.path.realpath(src).startswith(os.path.join(os.path.realpath(os.getcwd()), "")):
-                raise  # the notebook's own files only (a library's cache handles its own races)
-            if _nbddp_done_by_another(store, key) != where:
-                raise
-            return
-        if store is not None:
-            store.set(key, where)
-
-    once._nbddp_once = True
-    return once
-
-
-NBDDP_AT_START.append(nbddp_moves_once)
 
 
 def nbddp_shell(command, shell=True, args=None):
@@ -247,16 +176,39 @@ class NbddpOwnCopies:
             return self.real_open(self.copies[path], mode, *args, **kwargs)
         if not writes or not self.is_notebooks(path):
             return self.real_open(file, mode, *args, **kwargs)
+        return self.real_open(self.copy_of(path, fresh=any(c in mode for c in "wx")), mode, *args, **kwargs)
+
+    def copy_of(self, path, fresh=False):
+        """This rank's copy of a file of the notebook's, made from what is there unless the file is written anew."""
         if self.folder is None:
             self.folder = tempfile.mkdtemp(prefix=f"nbddp-rank{NBDDP_RANK}-copies-")
             atexit.register(shutil.rmtree, self.folder, True)
         copy = os.path.join(self.folder, f"{len(self.copies)}-{os.path.basename(path)}")
-        if not any(c in mode for c in "wx") and os.path.isfile(path):  # appended to or changed: from what is there
+        if not fresh and os.path.isfile(path):  # appended to or changed: from what is there
             with self.real_open(path, "rb") as source, self.real_open(copy, "wb") as target:
                 shutil.copyfileobj(source, target)
         self.copies[path] = copy
         nbddp_skipped(f"{os.path.basename(path)} (its own copy)")
-        return self.real_open(copy, mode, *args, **kwargs)
+        return copy
+
+
+def _nbddp_own_databases(module):
+    """sqlite3 opens its file for reading and writing outside `open`: on a rank with copies, a database file of the
+    notebook's is this rank's copy too (`sqlite3.connect('metrics.db')`, also through a library that connects)."""
+    connect = module.connect
+
+    @functools.wraps(connect)
+    def own_connect(database, *args, **kwargs):
+        opener = builtins.open
+        if isinstance(opener, NbddpOwnCopies) and isinstance(database, (str, bytes, os.PathLike)) and \
+                not kwargs.get("uri") and os.fsdecode(database) not in ("", ":memory:") and not NBDDP_RANK_BLOCK[0]:
+            path = os.path.realpath(os.fsdecode(database))
+            database = opener.copies.get(path) or (opener.copy_of(path) if opener.is_notebooks(path) else database)
+        return connect(database, *args, **kwargs)
+
+    module.connect = own_connect
+    if getattr(module, "dbapi2", module) is not module:
+        module.dbapi2.connect = own_connect
 
 
 def nbddp_own_copies():
@@ -265,6 +217,7 @@ def nbddp_own_copies():
     if NBDDP_WORLD_SIZE > 1 and not NBDDP_IS_LOCAL_MAIN and _nbddp_choice("NBDDP_ONE_WRITER") is not False and \
             not isinstance(builtins.open, NbddpOwnCopies):
         builtins.open = io.open = NbddpOwnCopies(builtins.open)
+        NBDDP_IMPORTS.watch("sqlite3", _nbddp_own_databases)
 
 
 NBDDP_AT_START.append(nbddp_own_copies)

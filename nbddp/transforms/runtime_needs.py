@@ -170,6 +170,8 @@ def needs(facts: _Facts) -> dict[str, str]:
            "group": "every script: ranks from torchrun's environment, this rank's device, the process group",
            "one_writer": "every script: saving and pushing on rank 0 only, also where the converter cannot see it",
            "files": "every script: a file that every rank writes is written by one rank per machine",
+           "file_races": "every script: a folder that every rank makes or a file that every rank moves, made or "
+                         "moved once",
            "agree": "every script: rank 0 says whether the ranks trained the same weights",
            "stdin_fd": "every script: rank 0 alone reads stdin, every rank reads the same, a stdin that gives "
                        "nothing ends, never a hang",

@@ -21,13 +21,14 @@ Install first (the notebook's install commands, every branch, removed here):
 # -- hash_seed: every script: one string hash on every rank (a rank another launcher started begins again with PYTHONHASHSEED=0, before torch's import)
 # -- recipe: needed by launcher
 # -- launcher: needed by group, fit, global_batch
-# -- wait: needed by group, one_writer, files, agree, stdin_fd
+# -- wait: needed by group, one_writer, file_races, agree, stdin_fd
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group
 # -- same_random: every script: one random state on every rank, also for generators made without a seed
 # -- hooks: needed by fit, one_writer, files, agree, stdin_fd, unsloth_group, lean_sync, peft_shim, global_batch, balance
 # -- fit: the notebook loads a model: DDP if it fits one GPU, else one process split over all of them
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- files: every script: a file that every rank writes is written by one rank per machine; the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
+# -- file_races: every script: a folder that every rank makes or a file that every rank moves, made or moved once
 # -- agree: every script: rank 0 says whether the ranks trained the same weights
 # -- stdin_fd: every script: rank 0 alone reads stdin, every rank reads the same, a stdin that gives nothing ends, never a hang
 # -- owner: every script: a rank leaves when the kernel or shell that started its job is gone
