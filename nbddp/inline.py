@@ -7,8 +7,13 @@ Dependencies come from the relative imports, so a module never arrives without w
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 
 import libcst as cst
@@ -108,10 +113,45 @@ def _part(stmt) -> Part:
     return Part(code, frozenset(_binds(stmt)), frozenset(reads), isinstance(stmt, cst.SimpleStatementLine))
 
 
+def _cache_file(name: str, docs: bool, source: str) -> Path:
+    """Where a module's parts are kept between conversions: under the user's cache folder, named by a hash of the
+    module's source, of this file's and of libcst's version (parsing every module costs about a second)."""
+    key = hashlib.sha256("\0".join([source, Path(__file__).read_text(encoding="utf-8"), metadata.version("libcst"),
+                                     str(docs)]).encode()).hexdigest()[:32]
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "nbddp" / "runtime" / f"{name}-{key}.json"
+
+
+def _part_of(data) -> Part:
+    return Part(data[0], frozenset(data[1]), frozenset(data[2]), data[3])
+
+
 @lru_cache(maxsize=None)
 def load(name: str, docs: bool = False) -> Module:
     """A runtime module as parts; with `docs`, its docstrings kept (the module's own becomes a comment block)."""
-    tree = cst.parse_module((RUNTIME / f"{name}.py").read_text(encoding="utf-8"))
+    source = (RUNTIME / f"{name}.py").read_text(encoding="utf-8")
+    cache = _cache_file(name, docs, source)
+    try:
+        data = json.loads(cache.read_text(encoding="utf-8"))
+        return Module(name, tuple(data["requires"]), tuple(map(_part_of, data["imports"])),
+                      tuple(map(_part_of, data["parts"])))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):  # not there yet, or not whole
+        module = _parse(name, source, docs)
+    try:  # written whole or not at all; a folder the user cannot write to only costs the time
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"requires": module.requires, **{key: [[p.code, sorted(p.defines), sorted(p.reads), p.simple]
+                                                                 for p in getattr(module, key)]
+                                                           for key in ("imports", "parts")}})
+        with tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False, encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(fh.name, cache)
+    except OSError:
+        pass
+    return module
+
+
+def _parse(name: str, source: str, docs: bool) -> Module:
+    tree = cst.parse_module(source)
     tree = tree if docs else tree.visit(_DropDocstrings())
     requires, imports, parts = [], [], []
     for i, stmt in enumerate(tree.body):

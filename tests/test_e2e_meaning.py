@@ -33,7 +33,8 @@ CHILD = (
 
 CELLS = [
     "import json, os, subprocess, sys\nimport numpy as np\nimport torch\nfrom accelerate import Accelerator\n"
-    "acc = Accelerator(cpu = True)\n",
+    "import torch.distributed as dist\ndef setup(backend):\n    dist.init_process_group(backend = backend)\n"
+    "setup('gloo')\nacc = Accelerator(cpu = True)\n",
     CHILD,
     "!python child.py shell\n",
     "def run_child(how):\n    subprocess.run([sys.executable, 'child.py', how], check = True, timeout = 60)\n"
@@ -75,7 +76,7 @@ CELLS = [
     "if acc.process_index == 1:\n    open('rank1-after-training.txt', 'w').write('here')\n",
     "def second():\n    return acc.process_index == 1\nif second():\n    with open('second.txt', 'w') as fh:\n"
     "        fh.write('written by the second process')\n",
-    "print('DONE', flush = True)\n",
+    "from torch.distributed import destroy_process_group as close_group\nclose_group()\nprint('DONE', flush = True)\n",
 ]
 
 
@@ -89,6 +90,8 @@ def test_the_job_ends_without_a_hang(job):
     done, conversion = job
     assert_clean_exit(done)
     assert done.count("DONE") == 1, done.explain()
+    assert done.count("the notebook's init_process_group: the job's process group (gloo) is up, kept") == 1, \
+        done.explain()  # the notebook's own start of the group: the job's, kept (and its end at the script's end)
     script = conversion.script[conversion.script.index("# %% cell 1"):]
     assert script.index("acc.wait_for_everyone()") < script.index("if acc.process_index == 1:") < \
         script.index("nbddp_rest_on_rank0()"), "the rank test after the loop is before training's end"

@@ -37,6 +37,7 @@ NBDDP_AT_START = []  # set-up every rank runs as the script starts (nbddp_start)
 NBDDP_SKIPPED = set()  # what this rank left to rank 0 (saves, files written as its own copy), said once at the end
 NBDDP_AT_TEARDOWN = []  # checks every rank runs at the end of a script that did not fail, in this order
 NBDDP_RANK_BLOCK = [0]  # > 0 in the body of the notebook's own test of the rank: its writes as written (one_writer)
+NBDDP_DESTROY = [torch.distributed.destroy_process_group]  # torch's, not the notebook's (nbddp_keep_the_group)
 NBDDP_REST_KEY = "nbddp/rest"  # how rank 0 ended the rest of the notebook: "ok" or "stopped"
 nbddp_no_context = contextlib.nullcontext  # on the other ranks, for a rank-0-only context (a tracker's run)
 
@@ -136,6 +137,39 @@ def nbddp_dist():
     return True
 
 
+def nbddp_keep_the_group():
+    """The notebook's own `init_process_group(...)` (code written for several processes) finds the job's group up
+    and keeps it, saying so once; its `destroy_process_group()` of that group waits for the script's end, where the
+    job's last barriers still need it."""
+    c10d = torch.distributed.distributed_c10d
+    init, destroy = c10d.init_process_group, c10d.destroy_process_group
+    if NBDDP_WORLD_SIZE == 1 or getattr(init, "_nbddp_kept", False):
+        return
+
+    @functools.wraps(init)
+    def init_process_group(backend=None, *args, **kwargs):
+        if not torch.distributed.is_initialized():
+            return init(backend, *args, **kwargs)
+        if NBDDP_IS_MAIN:
+            ours = torch.distributed.get_backend()
+            asked = "" if backend in (None, "", ours) else f"; it asks for {backend}, which this job's group does not use"
+            print(f"nbddp: the notebook's init_process_group: the job's process group ({ours}) is up, kept{asked}",
+                  flush=True)
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group=None):
+        if group is not None and group is not c10d.GroupMember.WORLD:
+            destroy(group)
+
+    init_process_group._nbddp_kept = True
+    NBDDP_DESTROY[0] = destroy
+    c10d.init_process_group = torch.distributed.init_process_group = init_process_group
+    c10d.destroy_process_group = torch.distributed.destroy_process_group = destroy_process_group
+
+
+NBDDP_AT_START.append(nbddp_keep_the_group)
+
+
 def _nbddp_check_shared_folder():
     """Several machines: rank 0 leaves a marker in its working folder, and each other machine's first rank looks
     for it in its own; where it is missing (no shared storage), that rank says what runs where. Every rank then
@@ -230,6 +264,6 @@ def nbddp_teardown():
                 check()
             nbddp_barrier("the end of the script")
             nbddp_collective_barrier()
-        torch.distributed.destroy_process_group()
+        NBDDP_DESTROY[0]()
         if os.environ.get("GROUP_RANK") == "0" and NBDDP_WORLD_SIZE > int(os.environ.get("LOCAL_WORLD_SIZE", 1)):
             time.sleep(1)  # the launcher that hosts torchrun's store comes last to its exit barrier (see the top)
