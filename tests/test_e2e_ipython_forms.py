@@ -36,6 +36,12 @@ CELLS = [
     # what a cell shows: its last value, unless `;`
     "{'shown': 'value-once'}\n",
     "hidden = ['not-shown']\nhidden;\n",
+    # %run: the file runs in this process, as __main__, its words its sys.argv; then its names are the notebook's
+    "%%writefile prep.py\nimport sys\nROWS = int(sys.argv[sys.argv.index('--rows') + 1])\n"
+    "AS_MAIN = __name__ == '__main__'\ndef twice(x):\n    return 2 * x\n",
+    "%run prep.py --rows $n\nrecord['run'] = [ROWS, AS_MAIN, twice(ROWS)]\n",
+    "def rerun(rows):\n    %run -n prep --rows 1\n    first = AS_MAIN\n    %run -i prep --rows {rows}\n    return first\n"
+    "record['rerun'] = [rerun(5), ROWS, AS_MAIN]\n",
     "with open(f\"rank{os.environ.get('RANK', '0')}.json\", 'w') as fh:\n    json.dump(record, fh)\n",
 ]
 
@@ -67,6 +73,13 @@ def test_magics_bind_their_values_and_expand(job):
     assert record["total"] == 45 and done.count("Wall time: ") == 1  # run, bound, timed on rank 0
     assert record["pwd"] == done.cwd.name
     assert record["cd"] == "out dir"
+
+
+def test_run_runs_the_file_here_and_gives_the_notebook_its_names(job):
+    _, (record, _), conversion = job
+    assert record["run"] == [3, True, 6]  # its argv from the line ($n expanded), as __main__, its function
+    assert record["rerun"] == [False, 5, True]  # -n: not as __main__ (`prep` is prep.py); -i: among its names
+    assert "nbddp_run_file(" in conversion.script and "unknown magic" not in conversion.report.format()
 
 
 def test_capture_binds_the_output_instead_of_showing_it(job):

@@ -7,15 +7,17 @@ would act: no file net of the runtime's hides a second rank's call), and the sta
 exist_ok, a CSV appended to at a path computed from the notebook's own variables and read back for training, a text
 file written by the notebook's own function, prints in a loop and an `if`, an upload, an archive, a server started
 after training, a submission built from a list filled after training, a print inside the notebook's function after
-training, a sqlite database the training function writes; a print and a `tqdm.notebook` bar inside the training
-function every rank runs. Training itself (a Trainer on a tiny Llama) runs on both ranks and records what data each
-rank trained on (rank<R>.json). A log file the notebook configures gets each line once, and a callback the notebook
-gives the Trainer writes its file once.
+training, a sqlite database the training function writes, a logging handler that sends records as datagrams; a print
+and a `tqdm.notebook` bar inside the training function every rank runs. Training itself (a Trainer on a tiny Llama)
+runs on both ranks and records what data each rank trained on (rank<R>.json). A log file the notebook configures gets
+each line once, and a callback the notebook gives the Trainer writes its file once.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import pickle
+import socket
 import sqlite3
 
 import pytest
@@ -108,10 +110,21 @@ CELLS = [
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
+    """The job, with a logger whose handler sends each record as a datagram to a socket of this test's."""
     cwd = tmp_path_factory.mktemp("once")
     save_tiny_llama(cwd / "tiny-llama")
     (cwd / "sidefx.py").write_text(SIDEFX, encoding="utf-8")
-    done, conversion = run_notebook(CELLS, cwd, timeout=240)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as inbox:
+        inbox.bind(("127.0.0.1", 0))
+        sender = ("from logging.handlers import DatagramHandler\nudp = logging.getLogger('udp')\n"
+                  f"udp.addHandler(DatagramHandler('127.0.0.1', {inbox.getsockname()[1]}))\nudp.propagate = False\n")
+        cells = [c.replace("    pager.send('fit')\n", "    pager.send('fit')\n    udp.warning('fitting')\n") for c in CELLS]
+        done, conversion = run_notebook(cells[:1] + [sender] + cells[1:], cwd, timeout=240)
+        inbox.setblocking(False)
+        done.datagrams = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                done.datagrams.append(pickle.loads(inbox.recv(65536)[4:])["msg"])
     return done, conversion
 
 
@@ -139,6 +152,11 @@ def test_every_file_is_written_by_one_rank_and_whole(job):
         done.explain()
     with contextlib.closing(sqlite3.connect(work / "metrics.db")) as db:  # one rank's rows (the other's: its copy)
         assert db.execute("SELECT COUNT(*) FROM m").fetchone()[0] == 3, done.explain()
+
+
+def test_a_logging_handler_that_sends_records_away_sends_each_once(job):
+    done, _ = job
+    assert done.datagrams == ["fitting"], done.explain()
 
 
 def test_calls_of_an_unknown_library_run_once_on_rank_0(job):

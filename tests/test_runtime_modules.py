@@ -1025,3 +1025,23 @@ def test_a_file_moved_into_a_folder_by_another_rank_is_found_there(monkeypatch, 
     (tmp_path / "data" / "other.txt").write_text("there before")
     with pytest.raises(shutil.Error):
         shutil.move("other.txt", "data")
+
+
+def test_handlers_that_send_records_away_send_them_from_rank_0_only():
+    """On a rank other than 0, logging's HTTP, socket (and datagram), mail and syslog handlers drop each record;
+    in the body of the notebook's own test of the rank, they send it as written."""
+    import logging
+    import logging.handlers as lh
+
+    sent = []
+    kinds = {name: type(name, (getattr(lh, name),), {"emit": lambda self, record: sent.append(type(self).__name__)})
+             for name in ("HTTPHandler", "SocketHandler", "SMTPHandler", "SysLogHandler")}
+    one_writer._nbddp_patch_senders(types.SimpleNamespace(**kinds))
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "step", (), None)
+    for kind in kinds.values():
+        kind.emit(object.__new__(kind), record)
+    assert sent == []
+    with one_writer.nbddp_rank_block():
+        for kind in kinds.values():
+            kind.emit(object.__new__(kind), record)
+    assert sent == list(kinds)

@@ -50,6 +50,9 @@ MAGICS = [
     case("%env K = 1 # why\n", "os.environ['K'] = '1 # why'\n"),  # what IPython sets too (and a warning)
     case("%cd /tmp/work\nx = 1\n", "os.chdir(os.path.expanduser('/tmp/work'))\nx = 1\n"),
     case("files = !ls\n", "files = nbddp_getoutput('ls')\n"),
+    case("%run prep.py --rows 3\nx = ROWS\n", "nbddp_run_file('prep.py --rows 3', globals())\nx = ROWS\n"),
+    case("def go(n):\n    %run -i prep --rows {n}\n",
+         "def go(n):\n    nbddp_run_file(nbddp_expand('-i prep --rows {n}'), globals())\n"),
     case("%%writefile -a out.txt\nhello\n",
          "# nbddp: %%writefile -a out.txt\nnbddp_write_file('out.txt', 'hello\\n', append=True)\n"),
     case('%%writefile "my file.txt"\nhi\n', '# nbddp: %%writefile "my file.txt"\nnbddp_write_file(\'my file.txt\', \'hi\\n\')\n'),
@@ -231,10 +234,11 @@ def test_splitting_device_map_is_replaced_and_warned():
 @pytest.mark.parametrize("source, warning", [
     ("%frobnicate now\nx = 1\n", "unknown magic `%frobnicate now`"),
     ("%%frobnicate\nx = 1\n", "unknown cell magic `%%frobnicate`"),
+    ("%run other.ipynb\nx = 1\n", "unknown magic `%run other.ipynb`"),  # a notebook: convert that one
 ])
 def test_unknown_magics_are_removed_and_warned(source, warning):
     converted, report = convert_cell(source)
-    assert converted.startswith("# nbddp: removed") and "frobnicate" in converted.splitlines()[0]
+    assert converted.startswith("# nbddp: removed") and source.split()[0].lstrip("%") in converted.splitlines()[0]
     assert [n.text for n in report.warnings if warning in n.text]
 
 

@@ -9,6 +9,10 @@
   long it took.
 - `nbddp_capture(...)`: `%%capture [name]`: the cell's output is kept out of the console; `name` holds it
   (`.stdout`, `.stderr`, `.outputs`, `.show()`).
+- `nbddp_run_file(line, namespace)`: `%run [-i] [-n] [-e] file args` or `%run -m module args`: the file runs in
+  this process as `__main__` (sys.argv the line's words), then its names are the notebook's; `-i` runs it among the
+  notebook's names, `-n` not as `__main__`, `-e` ignores its `sys.exit`. On every rank: a script of several processes
+  runs as this job's ranks.
 - `nbddp_show(value)`: a cell's last expression, shown on rank 0 as Jupyter shows it (its text form), unless None.
 - `display` and `get_ipython`, which IPython provides as builtins: `display(...)` shows text on rank 0;
   `get_ipython()` is None, as in any process without IPython (a notebook's `'google.colab' in str(get_ipython())`
@@ -17,6 +21,8 @@
 import contextlib
 import io
 import os
+import runpy
+import shlex
 import string
 import sys
 import time
@@ -117,6 +123,37 @@ class NbddpCaptured:
 
 
 _NBDDP_CAPTURES = []  # the %%capture blocks running now, innermost last (displays go to the innermost)
+
+
+def nbddp_run_file(line, namespace):
+    words, flags, module = shlex.split(line), "", None
+    while words and words[0].startswith("-") and module is None:
+        flag = words.pop(0)
+        module = words.pop(0) if flag == "-m" and words else None
+        flags += "" if module else flag[1:]
+    if module is None and not words:
+        raise ValueError(f"%run {line}: no file to run")
+    path = module or words[0]
+    if module is None and not os.path.exists(path) and os.path.exists(path + ".py"):  # `%run prep` runs prep.py
+        path += ".py"
+    argv, sys.argv = sys.argv, [path, *(words if module else words[1:])]
+    name = "__main__" if "n" not in flags else os.path.splitext(os.path.basename(path))[0]
+    try:
+        if module is not None:
+            ran = runpy.run_module(module, run_name=name, alter_sys=True)
+        elif "i" in flags:
+            with open(path, encoding="utf-8") as fh:
+                exec(compile(fh.read(), path, "exec"), namespace)
+            ran = {}
+        else:
+            ran = runpy.run_path(path, run_name=name)
+    except SystemExit as done:
+        if done.code not in (None, 0) and "e" not in flags:
+            raise
+        ran = {}
+    finally:
+        sys.argv = argv
+    namespace.update({key: value for key, value in ran.items() if not (key.startswith("__") and key.endswith("__"))})
 
 
 @contextlib.contextmanager

@@ -8,7 +8,8 @@ finished the same call (the same line, the same time), so a later load of the fo
 waiting if rank 0 reaches the next barrier without making it. The Trainer's checkpoints call save_pretrained on its
 main process only, so they are unchanged (with `save_on_each_node`, other machines skip theirs); its save_model
 itself is not wrapped, as it must run on every rank under FSDP or DeepSpeed. The notebook's own Trainer callbacks
-write files and print on rank 0 only (their hooks still run everywhere)."""
+write files and print on rank 0 only (their hooks still run everywhere). Logging's handlers that send records to
+another machine (HTTP, sockets, mail, syslog) send them from rank 0 only."""
 import builtins
 import contextlib
 import functools
@@ -220,9 +221,25 @@ def nbddp_end_line(saved, seconds, error_file=None):
     return f"{line}; the other ranks' warnings and errors: on this console"
 
 
+def _nbddp_patch_senders(module):
+    """On ranks other than 0, logging's handlers that send each record to another machine or program (HTTP, a socket
+    or datagram, mail, syslog) drop it: rank 0 sends it, once for the job (the body of the notebook's own test of the
+    rank sends its records as written)."""
+    for cls in (module.HTTPHandler, module.SocketHandler, module.SMTPHandler, module.SysLogHandler):
+        if "emit" in vars(cls) and not getattr(cls.emit, "_nbddp_once", False):
+            def emit(self, record, emit=cls.emit):
+                if NBDDP_RANK_BLOCK[0]:
+                    emit(self, record)
+
+            emit._nbddp_once = True
+            cls.emit = emit
+
+
 def _nbddp_watch_writers():
     for module in _NBDDP_WRITERS:
         NBDDP_IMPORTS.watch(module, _nbddp_patch_writers)
+    if not NBDDP_IS_MAIN and NBDDP_ONE_WRITER:
+        NBDDP_IMPORTS.watch("logging.handlers", _nbddp_patch_senders)
     NBDDP_IMPORTS.watch("unsloth.save", _nbddp_patch_unsloth_save)
     NBDDP_IMPORTS.watch("wandb", _nbddp_patch_wandb)
     NBDDP_IMPORTS.watch("transformers.trainer_callback", _nbddp_patch_callbacks)

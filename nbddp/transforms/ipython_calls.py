@@ -4,7 +4,8 @@ script's Python: each line means in the script what IPython made of it in the no
 - `!cmd` runs once per machine (`nbddp_shell`), `x = !cmd` binds the output's lines (`nbddp_getoutput`); shell and
   magic lines keep IPython's expansion (`$name`, `{expr}`, `$$`: expansion.py).
 - Installs (`!pip`, `%pip`, `%conda`, ...) are listed in the script's header and removed.
-- `%env`/`%set_env`/`%cd` become os calls; `%time stmt`, `%timeit stmt` run the statement once.
+- `%env`/`%set_env`/`%cd` become os calls; `%time stmt`, `%timeit stmt` run the statement once; `%run file args`
+  runs the file in the script's process (`nbddp_run_file`), its names then the notebook's.
 - A magic used as a value binds what IPython gives: `x = %time f()` runs `f()` (timed) and binds its value,
   `x = %sx cmd` the output's lines, `x = %pwd` the folder, `x = %env NAME` the variable; a magic whose value is None
   (`x = %pip install ...`) runs and binds None. A value the script cannot give stops the conversion at its line.
@@ -256,6 +257,10 @@ class IPythonCalls(cst.CSTTransformer):
                 return [marker(f"removed `%{name} {line}`")]
         if name in {"sx", "system"}:
             return self._shell(line)
+        if name == "run" and not line.split(" #")[0].strip().endswith((".ipynb", ".ipy")):
+            report.change(self.cell, f"`%run {one_line(line, 50)}` runs the file in this process on every rank, its "
+                                     "names then the notebook's, as IPython runs it")
+            return [call_stmt("nbddp_run_file", text(line), _call("globals"))]
         if name in DROP_QUIETLY:
             report.change(self.cell, f"removed `%{name}` (notebook-only)")
             return [marker(f"removed `%{name} {line}`".strip() + " (notebook-only)")]

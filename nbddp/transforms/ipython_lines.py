@@ -90,8 +90,8 @@ def _used_names(module) -> set[str]:
 
 class Magics(Transform):
     name = "magics"
-    inserts = ("nbddp_shell", "nbddp_write_file", "nbddp_getoutput", "nbddp_time", "nbddp_capture", "nbddp_expand",
-               "nbddp_env")
+    inserts = ("nbddp_shell", "nbddp_write_file", "nbddp_getoutput", "nbddp_time", "nbddp_run_file", "nbddp_capture",
+               "nbddp_expand", "nbddp_env")
     installs = 0  # install commands removed so far
 
     def __init__(self):
