@@ -56,43 +56,6 @@ def make_notebook(*cells) -> nbformat.NotebookNode:
     return nb
 
 
-# The modules that keep one core busy (conversions in this process, one program at a time): they run first, while
-# the jobs of the modules in EARLY run beside them on the other core.
-FIRST = ("test_cli_convert", "test_corpus", "test_hostile_input", "test_install", "test_runtime_modules")
-EARLY = []  # (module, starter) of the collected modules whose independent jobs start before the first test
-
-
-def starts_early(starter):
-    """Marks a module's starter of jobs that share nothing and read no time but a bound against a hang
-    (tmp_path_factory -> what it started, e2e.AtOnce each): the session starts them before the first test, and the
-    module's fixtures take them from `early_jobs`."""
-    EARLY.append((starter.__module__, starter))
-    return starter
-
-
-def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: item.module.__name__ not in FIRST)  # stable: the rest keeps its order
-
-
-@pytest.fixture(scope="session", autouse=True)
-def early_jobs(request, tmp_path_factory):
-    """Module -> what its early starter started, for the modules with tests to run."""
-    wanted = {item.module.__name__ for item in request.session.items}
-    started = {}
-    try:
-        for module, starter in EARLY:
-            if module in wanted:
-                started[module] = starter(tmp_path_factory)
-        yield started
-    finally:
-        from e2e import AtOnce
-
-        for jobs in started.values():
-            for job in jobs.values():
-                if isinstance(job, AtOnce):  # what is left of it killed
-                    job.close()
-
-
 @pytest.fixture(scope="session")
 def ip():
     """The one global IPython test shell (IPython's own helper), with `%load_ext nbddp` done."""

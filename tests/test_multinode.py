@@ -21,7 +21,6 @@ import textwrap
 import nbformat
 import pytest
 
-from conftest import make_notebook, starts_early
 from e2e import (MAX_STEPS, PER_DEVICE, ROWS, SCRIPT, AtOnce, Job, assert_clean_exit, assert_trained, child_env,
                  torchrun_launch)
 from tinymodels import EXAMPLE_NOTEBOOK
@@ -69,33 +68,17 @@ def start_two_nodes(cwd, script: str = SCRIPT, timeout: int = 300) -> AtOnce:
                    for argv, env in [node_launch(node, port, cwds[node], script)]], timeout)
 
 
-@starts_early
-def start_jobs(tmp_path_factory) -> dict:
-    """Both jobs at once: two_nodes' (the example notebook with PROBE_CELL, 2 nodes x 2 processes in one folder) and
-    own_disks' (2 machines' folders, each with its tiny Llama); no check of either reads time."""
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory, own_disks):
+    """(node 0, node 1, both combined): the example notebook with PROBE_CELL, one job of 2 nodes x 2 processes."""
     import nbddp
-
-    from tinymodels import save_tiny_llama
 
     nb = nbformat.read(str(EXAMPLE_NOTEBOOK), as_version=4)
     train = next(i for i, cell in enumerate(nb.cells) if "trainer.train()" in cell.source)
     nb.cells.insert(train, nbformat.v4.new_code_cell(PROBE_CELL))  # before training's end: every rank runs it
     cwd = tmp_path_factory.mktemp("two-nodes")
     (cwd / SCRIPT).write_text(nbddp.convert(nb), encoding="utf-8")
-    folders = [tmp_path_factory.mktemp(f"machine{node}") for node in range(NODES)]
-    script = nbddp.convert(make_notebook(*OWN_DISKS))
-    for folder in folders:
-        save_tiny_llama(folder / "tiny-llama")
-        (folder / SCRIPT).write_text(script, encoding="utf-8")
-    return {"two_nodes": start_two_nodes(cwd, timeout=600), "own_disks": start_two_nodes(folders, timeout=600)}
-
-
-@pytest.fixture(scope="module")
-def two_nodes(early_jobs):
-    """(node 0, node 1, both combined): the example notebook with PROBE_CELL, one job of 2 nodes x 2 processes."""
-    started = early_jobs[__name__]["two_nodes"]
-    cwd = started.runs[0][1]
-    node0, node1 = started.jobs()
+    node0, node1 = start_two_nodes(cwd).jobs()
     both = Job(node0.argv + ["+"] + node1.argv, cwd, node0.returncode or node1.returncode,
                node0.stdout + node1.stdout, node0.stderr + node1.stderr, max(node0.seconds, node1.seconds))
     return node0, node1, both
@@ -163,10 +146,22 @@ OWN_DISKS = [
 
 
 @pytest.fixture(scope="module")
-def own_disks(early_jobs):
-    """test_machines_without_shared_storage's job: (the 2 machines' folders, the started job)."""
-    started = early_jobs[__name__]["own_disks"]
-    return [cwd for _, cwd, _ in started.runs], started
+def own_disks(tmp_path_factory):
+    """test_machines_without_shared_storage's job (2 machines' folders, each with its tiny Llama), started in the
+    background before two_nodes' job: the two run at once (no check of either reads time)."""
+    import nbddp
+
+    from conftest import make_notebook
+    from tinymodels import save_tiny_llama
+
+    folders = [tmp_path_factory.mktemp(f"machine{node}") for node in range(NODES)]
+    script = nbddp.convert(make_notebook(*OWN_DISKS))
+    for folder in folders:
+        save_tiny_llama(folder / "tiny-llama")
+        (folder / SCRIPT).write_text(script, encoding="utf-8")
+    started = start_two_nodes(folders)
+    yield folders, started
+    started.close()
 
 
 def test_machines_without_shared_storage(own_disks):

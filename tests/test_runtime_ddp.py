@@ -10,8 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import starts_early
-from e2e import AtOnce, torchrun_launch
+from e2e import run_at_once, torchrun_launch
 
 pytestmark = pytest.mark.ddp
 CASES = os.path.join(os.path.dirname(__file__), "runtime_cases")
@@ -22,34 +21,11 @@ def _env(env=None, drop=()):
     return {k: v for k, v in {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}.items() if k not in drop}
 
 
-def _results(started):
-    """[(the finished process, its RESULT lines)] of independent cases started at once (none reads time)."""
+def _run_at_once(launches, timeout=240):
+    """Independent cases, (argv, env) each, all at once in CASES (e2e.run_at_once: none reads time): [(the finished
+    process, its RESULT lines)], in that order."""
     return [(done, [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")])
-            for done in started.done()]
-
-
-@starts_early
-def start_jobs(tmp_path_factory) -> dict:
-    """Every job of this module at once, each case in CASES: the DDP cases without and with the layer and the
-    start-up sync without and with it; the Trainer's cases; the length-balanced and drawn runs."""
-    tmp = tmp_path_factory.mktemp("trainer")
-    launches = {
-        "matrix": torchrun_argv("ddp_cases.py", "matrix"), "layer": torchrun_argv("ddp_cases.py", "layer"),
-        "sync plain": torchrun_argv("sync_case.py", "plain"), "sync layer": torchrun_argv("sync_case.py", "layer"),
-        "nolayer": torchrun_argv("trainer_case.py", "nolayer", str(tmp / "nolayer.pt")),
-        "trainer layer": torchrun_argv("trainer_case.py", "layer", str(tmp / "layer.pt")),  # the notebook's batch kept
-        # each rank accumulates the case's 2 micro-batches (NBDDP_BATCH=scale: DDP's own semantics)
-        "accumulate": torchrun_argv("trainer_case.py", "accumulate", str(tmp / "accumulate.pt"),
-                                    env={"NBDDP_BATCH": "scale"}),
-        "single": ([sys.executable, os.path.join(CASES, "trainer_case.py"), "single", str(tmp / "single.pt")],
-                   _env(drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))),
-        # balancing on by default; 2 micro-batches a rank
-        "balanced": torchrun_argv("balance_case.py", str(tmp / "balanced.pt"), env={"NBDDP_BATCH": "scale"}),
-        "drawn": torchrun_argv("balance_case.py", str(tmp / "drawn.pt"),
-                               env={"NBDDP_BALANCE_LENGTHS": "0", "NBDDP_BATCH": "scale"}),
-    }
-    started = AtOnce([(argv, CASES, env) for argv, env in launches.values()], 600)
-    return {"all": started, "names": list(launches), "tmp": tmp}
+            for done in run_at_once([(argv, CASES, env) for argv, env in launches], timeout)]
 
 
 def torchrun_argv(script, *args, env=None):
@@ -61,16 +37,11 @@ def _key(r):
 
 
 @pytest.fixture(scope="module")
-def ran(early_jobs):
-    """(case name -> (the finished process, its RESULT lines), the cases' folder)."""
-    jobs = early_jobs[__name__]
-    return dict(zip(jobs["names"], _results(jobs["all"]))), jobs["tmp"]
-
-
-@pytest.fixture(scope="module")
-def cases(ran):
-    """The DDP cases without and with the layer, and the start-up sync without and with it."""
-    return ran[0]
+def cases():
+    """The DDP cases without and with the layer, and the start-up sync without and with it: four jobs at once."""
+    launches = {"matrix": torchrun_argv("ddp_cases.py", "matrix"), "layer": torchrun_argv("ddp_cases.py", "layer"),
+                "sync plain": torchrun_argv("sync_case.py", "plain"), "sync layer": torchrun_argv("sync_case.py", "layer")}
+    return dict(zip(launches, _run_at_once(launches.values())))
 
 
 @pytest.fixture(scope="module")
@@ -153,10 +124,18 @@ def test_offload_checkpointing_trains_where_reentrant_fails(matrix, layered):
 
 
 @pytest.fixture(scope="module")
-def trainer_runs(ran):
-    runs, tmp = ran
-    return tmp, {"layer" if name == "trainer layer" else name: runs[name]
-                 for name in ("nolayer", "trainer layer", "accumulate", "single")}
+def trainer_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("trainer")
+    launches = {
+        "nolayer": torchrun_argv("trainer_case.py", "nolayer", str(tmp / "nolayer.pt")),
+        "layer": torchrun_argv("trainer_case.py", "layer", str(tmp / "layer.pt")),  # the notebook's batch kept
+        # each rank accumulates the case's 2 micro-batches (NBDDP_BATCH=scale: DDP's own semantics)
+        "accumulate": torchrun_argv("trainer_case.py", "accumulate", str(tmp / "accumulate.pt"),
+                                    env={"NBDDP_BATCH": "scale"}),
+        "single": ([sys.executable, os.path.join(CASES, "trainer_case.py"), "single", str(tmp / "single.pt")],
+                   _env(drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))),
+    }
+    return tmp, dict(zip(launches, _run_at_once(launches.values())))
 
 
 def test_trainer_reentrant_lora_fails_without_layer(trainer_runs):
@@ -206,10 +185,13 @@ def test_start_up_sync_gives_every_rank_rank0_state(cases, mode):
 
 
 @pytest.fixture(scope="module")
-def balance_runs(ran):
-    runs, tmp = {}, ran[1]
-    for mode in ("balanced", "drawn"):
-        done = ran[0][mode][0]
+def balance_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("balance")
+    modes = {"balanced": {"NBDDP_BATCH": "scale"},  # balancing on by default; 2 micro-batches a rank
+             "drawn": {"NBDDP_BALANCE_LENGTHS": "0", "NBDDP_BATCH": "scale"}}
+    runs = {}
+    ran = _run_at_once([torchrun_argv("balance_case.py", str(tmp / f"{mode}.pt"), env=env) for mode, env in modes.items()])
+    for mode, (done, _) in zip(modes, ran):
         seen = [json.loads((tmp / f"{mode}.pt.rank{r}.json").read_text()) if (tmp / f"{mode}.pt.rank{r}.json").exists()
                 else None for r in (0, 1)]
         runs[mode] = (done, seen, tmp / f"{mode}.pt")
