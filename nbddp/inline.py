@@ -113,11 +113,16 @@ def _part(stmt) -> Part:
     return Part(code, frozenset(_binds(stmt)), frozenset(reads), isinstance(stmt, cst.SimpleStatementLine))
 
 
+@lru_cache(maxsize=None)
+def _made_by() -> str:
+    """What makes the parts besides a module's source: this file and libcst's version."""
+    return Path(__file__).read_text(encoding="utf-8") + "\0" + metadata.version("libcst")
+
+
 def _cache_file(name: str, docs: bool, source: str) -> Path:
     """Where a module's parts are kept between conversions: under the user's cache folder, named by a hash of the
-    module's source, of this file's and of libcst's version (parsing every module costs about a second)."""
-    key = hashlib.sha256("\0".join([source, Path(__file__).read_text(encoding="utf-8"), metadata.version("libcst"),
-                                     str(docs)]).encode()).hexdigest()[:32]
+    module's source and of what makes its parts (parsing every module costs about a second)."""
+    key = hashlib.sha256("\0".join([source, _made_by(), str(docs)]).encode()).hexdigest()[:32]
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "nbddp" / "runtime" / f"{name}-{key}.json"
 
