@@ -123,8 +123,8 @@ class Changes(LiveVisitor):
             self.changed.add(receiver)
             if node in self.drops:
                 self.mutated.add(receiver)
-        changes = bool(definitions) or any(not known(m, self.names.packages) or CHANGERS.match(m, True)
-                                           for m in meanings)  # the notebook's own function: it may
+        changes = not definitions and any(not known(m, self.names.packages) or CHANGERS.match(m, True)
+                                          for m in meanings)  # (the notebook's own function: given_changes)
         if node in self.drops and changes:
             for arg in node.args:
                 base = base_name(arg.value)

@@ -117,15 +117,18 @@ class _Scan:
             if isinstance(definition, cst.FunctionDef):
                 cache[definition] = set().union(*(getattr(self.seen(s), what) for s in definition.body.body
                                                   if not isinstance(s, (cst.FunctionDef, cst.ClassDef))))
+            elif isinstance(definition, cst.Lambda):
+                cache[definition] = set(getattr(self.seen(definition.body), what))
         return cache[definition]
 
     def changed_by(self, definition) -> set[str]:
         """The outside names a function of the notebook may change when it runs (`random.shuffle(rows)` in its
         body changes the notebook's `rows`), and those it binds as its `global`s."""
-        changed = self._by(definition, "changed")  # empty but for a def
+        changed = self._by(definition, "changed")  # empty but for a def or lambda
         definition, declared = self.names.orig(definition), declared_global(self.names.orig(definition))
         if changed:  # not its own local names (those of the functions it calls are theirs)
-            own = self._parameters(definition) | set().union(*(reads_writes(s)[1] for s in definition.body.body))
+            own = {p.name.value for p in params_of(definition)} | self._stars(definition) | set().union(
+                *(reads_writes(s)[1] for s in getattr(definition.body, "body", ())))  # (a lambda binds none)
             changed = changed - (own - declared)
         return changed | declared
 
@@ -133,20 +136,17 @@ class _Scan:
         """A function of the notebook's parameters in the order a call gives them (a method's own first one left out),
         and those whose value it may change (`store[key] = ...`)."""
         definition = self.names.orig(definition)
-        if not isinstance(definition, cst.FunctionDef):
+        if not isinstance(definition, (cst.FunctionDef, cst.Lambda)):
             return [], set()
         given = [p.name.value for p in params_of(definition)]
         if given and definition in self.names.methods and not static(definition):
             given = given[1:]
-        stars = self._parameters(definition) - {p.name.value for p in params_of(definition)}
-        return given, self._by(definition, "changed") & (set(given) | stars)
+        return given, self._by(definition, "changed") & (set(given) | self._stars(definition))
 
     @staticmethod
-    def _parameters(definition) -> set[str]:
-        if not isinstance(definition, cst.FunctionDef):
-            return set()
-        stars = [p for p in (definition.params.star_arg, definition.params.star_kwarg) if isinstance(p, cst.Param)]
-        return {p.name.value for p in [*params_of(definition), *stars]}
+    def _stars(definition) -> set[str]:
+        return {p.name.value for p in (definition.params.star_arg, definition.params.star_kwarg)
+                if isinstance(p, cst.Param)}
 
     def saved_by(self, definition) -> set[str]:
         """The files a function of the notebook saves at literal paths when it runs."""

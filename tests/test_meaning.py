@@ -457,8 +457,21 @@ def test_other_tests_and_blocks_that_write_nothing_are_left_as_they_are(cell):
     ["cache = {}\ndef fill(key):\n    cache[key] = load_rows(key)\n", "for _ in map(fill, ['train']): pass\n"],
     ["cache = {}\ndef fill(store, key):\n    store[key] = load_rows(key)\n    return len(store)\n",
      "sizes = [fill(cache, k) for k in ('train', 'extra')]\n"],
+    ["from concurrent.futures import ThreadPoolExecutor\ncache = {}\nfill = lambda store, key: store.update({key: 1})\n",
+     "with ThreadPoolExecutor(2) as pool:\n    pool.submit(fill, cache, 'train').result()\n"],
+    ["cache = {}\nput = lambda store, key: store.setdefault(key, load_rows(key))\n", "rows = put(cache, 'train')\n"],
+    ["cache = {}\n", "done = list(map(lambda k: cache.update({k: load_rows(k)}), ['train']))\n"],
 ])
 def test_what_a_function_of_the_notebooks_fills_is_filled_on_every_rank_also_when_handed_to_a_pool_or_thread(cells):
+    """(also a lambda's: what its body changes)"""
     train = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=cache['train'])\ntrainer.train()\n"
     out, _ = convert(*cells, train)
     assert "NBDDP_IS_MAIN" not in "".join(out) and out[:-1] == cells[:len(out) - 1], out
+
+
+def test_a_lambda_that_only_reads_what_it_is_given_changes_nothing():
+    """`sorted(rows, key=lambda r: ...)` reads rows: the print that shows it stays rank-0 work."""
+    out, _ = convert("rows = load_rows('train')\n", "print(sorted(rows, key=lambda r: len(r))[:2])\n",
+                     "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows)\n"
+                     "trainer.train()\n")
+    assert "if NBDDP_IS_MAIN:\n    print(sorted(rows" in out[1], out
