@@ -84,9 +84,10 @@ PER_PROCESS = frozenset({
     "secrets.token_hex", "secrets.token_bytes", "secrets.token_urlsafe", "secrets.randbits", "secrets.randbelow",
     "secrets.choice", "random.SystemRandom", "tempfile.mkdtemp", "tempfile.mktemp",
 })
-# The classes whose subclasses' methods a trainer calls on every rank while it trains: callbacks, Lightning's module.
+# The classes whose subclasses' methods a trainer (or logging) calls on every rank while it trains: callbacks,
+# Lightning's module, a logging handler.
 TRAINING_HOOKS = frozenset({"transformers.TrainerCallback", "lightning.Callback", "pytorch_lightning.Callback",
-                            "lightning.LightningModule", "pytorch_lightning.LightningModule"})
+                            "lightning.LightningModule", "pytorch_lightning.LightningModule", "logging.Handler"})
 # Library functions that change the values they are given, in place (a notebook's own function is followed
 # instead). A call of any other library is taken to read its arguments: what it is given stays as it was.
 CHANGES_ARGUMENTS = frozenset({

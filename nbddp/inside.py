@@ -31,7 +31,7 @@ def _effect_only(stmt, scan, handles) -> bool:
         return False
     reads, changes, seed, _ = scan.facts(stmt)
     seen = scan.seen(stmt)
-    changes = changes - _sent(seen.calls, scan)
+    changes = changes - (seen.changed - seen.mutated) - _sent(seen.calls, scan)  # (a method whose value it uses)
     packages = seen.packages - {"builtins", "__main__"}  # the notebook's own functions: by what they call
     reach = {m.split(".", 1)[0] for c in seen.calls for m in scan.names.meanings(c.func) if m.startswith(REACHES_OUT)}
     return bool(packages) and not (seed or changes or seen.rank or seen.together or reads & handles) and not \

@@ -475,3 +475,18 @@ def test_a_lambda_that_only_reads_what_it_is_given_changes_nothing():
                      "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows)\n"
                      "trainer.train()\n")
     assert "if NBDDP_IS_MAIN:\n    print(sorted(rows" in out[1], out
+
+
+@pytest.mark.parametrize("head", ["import logging as lg\nclass Hook(lg.Handler):\n",
+                                  "from logging import Handler\nclass Hook(Handler):\n"])
+def test_a_logging_handler_of_the_notebooks_sends_from_rank_0_while_every_rank_logs(head):
+    """logging calls the handler's emit on every rank that logs: its request goes out once (also when it formats the
+    record through its own method)."""
+    out, _ = convert("import requests, torch\n" + head + "    def emit(self, record):\n"
+                     "        requests.post('http://h/log', data=self.format(record))\n",
+                     "import logging\nlog = logging.getLogger('x')\nlog.addHandler(Hook())\n",
+                     "model = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                     "for step in range(3):\n    model(torch.ones(1, 2)).sum().backward()\n    opt.step()\n"
+                     "    log.warning('step %d', step)\n")
+    assert "    def emit(self, record):\n        if NBDDP_IS_MAIN:\n            requests.post(" in out[0], out[0]
+    assert "NBDDP_IS_MAIN" not in out[2], out[2]  # the loop and its logging: every rank
