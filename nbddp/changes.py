@@ -146,14 +146,16 @@ def given_changes(call, scan) -> set[str]:
     """The outside names a call may change through a function of the notebook's: one it is given to call later or
     now (`pool.submit(fill, cache, k)`, `Thread(target=fill, args=(cache, k))`, `partial(fill, cache)`, `map(fill,
     keys)`): what that function changes, and the values given beside it where it changes what it is given; one it
-    calls: the values it gives the parameters that function changes (`x = fill(cache, k)`)."""
+    calls, also through what a call made of it (`x = fill(cache, k)`, `delayed(fill)(cache, k)`): the values it gives
+    the parameters that function changes."""
     values, names = _given(call), scan.names
     handed = [(value, d) for value in values for d in names.definitions(value)
               if not isinstance(value, cst.Call)]  # a partial's own call hands it
     changed = set().union(*(scan.changed_by(d) for _, d in handed))
     reached = [v for v in values if all(v is not value for value, _ in handed)] \
         if any(scan.changed_parameters(d)[1] for _, d in handed) else []
-    for definition in names.definitions(call.func):
+    wrapped = [d for v in _given(call.func) for d in names.definitions(v)] if isinstance(call.func, cst.Call) else []
+    for definition in names.definitions(call.func) or wrapped:  # `delayed(fill)(cache, k)`: what it wraps, called
         params, touched = scan.changed_parameters(definition)
         for position, arg in enumerate(call.args if touched else ()):
             name = arg.keyword.value if arg.keyword is not None else \

@@ -461,6 +461,8 @@ def test_other_tests_and_blocks_that_write_nothing_are_left_as_they_are(cell):
      "with ThreadPoolExecutor(2) as pool:\n    pool.submit(fill, cache, 'train').result()\n"],
     ["cache = {}\nput = lambda store, key: store.setdefault(key, load_rows(key))\n", "rows = put(cache, 'train')\n"],
     ["cache = {}\n", "done = list(map(lambda k: cache.update({k: load_rows(k)}), ['train']))\n"],
+    ["from joblib import Parallel, delayed\ncache = {}\ndef fill(store, k):\n    store[k] = load_rows(k)\n",
+     "done = Parallel(n_jobs=2, prefer='threads')(delayed(fill)(cache, k) for k in ['train'])\n"],
 ])
 def test_what_a_function_of_the_notebooks_fills_is_filled_on_every_rank_also_when_handed_to_a_pool_or_thread(cells):
     """(also a lambda's: what its body changes)"""
@@ -490,3 +492,12 @@ def test_a_logging_handler_of_the_notebooks_sends_from_rank_0_while_every_rank_l
                      "    log.warning('step %d', step)\n")
     assert "    def emit(self, record):\n        if NBDDP_IS_MAIN:\n            requests.post(" in out[0], out[0]
     assert "NBDDP_IS_MAIN" not in out[2], out[2]  # the loop and its logging: every rank
+
+
+def test_a_barrier_named_by_code_with_quotes_is_a_string_python_reads():
+    """The barrier after rank-0 work is named by the call's code, quotes and all (`Parallel(prefer='threads')(...)`)."""
+    out, _ = convert("from joblib import Parallel, delayed\nimport requests\n",
+                     "Parallel(n_jobs=2, prefer='threads')(delayed(requests.get)(u) for u in ['http://h/a'])\n",
+                     "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=ds)\ntrainer.train()\n")
+    compile("".join(out), "train_ddp.py", "exec")
+    assert 'nbddp_barrier("Parallel(n_jobs=2, prefer=\'threads\')")' in out[1], out[1]

@@ -64,8 +64,15 @@ def _bound_by_header(stmt) -> set[str]:
     return names_in(stmt.target) if isinstance(stmt, cst.For) else set()
 
 
+def _quoted(text: str) -> cst.SimpleString:
+    """A string literal in double quotes where the text allows (`"save_pretrained"`), else Python's own spelling
+    (`'Parallel(prefer="threads")'`)."""
+    plain = text.isprintable() and not {'"', "\\"} & set(text)
+    return cst.SimpleString(f'"{text}"' if plain else repr(text))
+
+
 def _barrier(what: str) -> cst.SimpleStatementLine:
-    call = cst.Call(cst.Name("nbddp_barrier"), args=[cst.Arg(cst.SimpleString(repr(what).replace("'", '"')))])
+    call = cst.Call(cst.Name("nbddp_barrier"), args=[cst.Arg(_quoted(what))])
     return cst.SimpleStatementLine([cst.Expr(call)])
 
 
@@ -262,7 +269,7 @@ class _Guards:
             return [guard, _barrier(what)]
         self.machine_cells.add(self.cell)
         share = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(SHARE), args=[
-            cst.Arg(cst.SimpleString(repr(p).replace("'", '"'))) for p in paths]))])
+            cst.Arg(_quoted(p)) for p in paths]))])
         return [guard, _barrier(what), share]
 
     def say(self):
