@@ -164,3 +164,38 @@ def test_a_notebook_whose_file_name_is_not_utf8_converts(tmp_path):
     script = (tmp_path / "t.py").read_text(encoding="utf-8")  # UTF-8 text, the name's odd byte shown as �
     assert "caf\ufffd.ipynb" in script
     compile(script, "t.py", "exec")
+
+
+ODD_CELLS = [  # quotes, backslashes and non-ASCII text where the converter writes names and paths back as code
+    "model.save_pretrained(\"it's here\")\nm2 = AutoModel.from_pretrained(\"it's here\")\n",
+    "model.save_pretrained('a\"b')\nx = AutoModel.from_pretrained('a\"b')\n",
+    "(lambda: requests.post('http://h'))()\n",
+    "{'a': requests.post}['a']('http://h')\n",
+    "Parallel(n_jobs=2, prefer='threads')(delayed(requests.get)(u) for u in ['http://h'])\n",
+    "open('q\"x.txt', 'w').write('hi')\n",
+    "with open('it\\'s.txt', 'w') as fh:\n    fh.write('x')\n",
+    "wandb.init(project=\"a'b\")\n",
+    "os.makedirs('out\\\\dir', exist_ok=True)\n",
+    "model.save_pretrained('\u00e9t\u00e9')\n",
+    "!echo \"it's\" > 'a b.txt'\n",
+    "%env X=\"a'b\"\n",
+    "%run \"my file.py\" --x 'a b'\n",
+    "%cd 'dir with space'\n",
+    "%%writefile q.py\ns = '''triple'''\nt = \"\"\"dq\"\"\"\n",
+    "x = !echo \"{name}\"\n",
+    "%%capture out\nprint('x\"y')\n",
+    "%%writefile -a 'it s.txt'\nline with \\ backslash\n",
+    "def f():\n    %run -i prep\n",
+]
+
+
+@pytest.mark.parametrize("cell", ODD_CELLS)
+def test_odd_text_in_a_cell_gives_a_script_python_compiles(cell):
+    """Before training and after its end (rank 0 alone), through the whole pipeline."""
+    from conftest import make_notebook
+    from nbddp.pipeline import convert_notebook
+
+    head = "import os, requests, wandb\nfrom joblib import Parallel, delayed\nfrom transformers import AutoModel\nname = 'm'\n"
+    train = "from transformers import Trainer\ntrainer = Trainer(model=model, train_dataset=ds)\ntrainer.train()\n"
+    for cells in ([head, cell, train], [head, train, cell]):
+        compile(convert_notebook(make_notebook(*cells)).script, "train_ddp.py", "exec")
