@@ -51,7 +51,12 @@ def test_group_one_process_on_the_cpu(monkeypatch):
 
 
 def test_group_start_says_how_the_job_runs(monkeypatch, capsys):
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # what the start sets stays in this test
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    c10d = torch.distributed.distributed_c10d
+    for module, name in ((c10d, "init_process_group"), (c10d, "destroy_process_group"),
+                         (torch.distributed, "init_process_group"), (torch.distributed, "destroy_process_group")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test: the start wraps them
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     group.nbddp_start()
     assert capsys.readouterr().out.startswith("nbddp: no GPU visible: one process on the CPU")
