@@ -422,6 +422,11 @@ def test_a_global_the_notebooks_function_sets_that_training_reads_is_set_on_ever
     "import os\ndef rank():\n    return int(os.environ['RANK'])\nfor r in range(2):\n    if rank() == r:\n"
     "        model.save_pretrained(f'out-{r}')\n",
     "import json\nif trainer.args.process_index != 0: json.dump({}, open('other.json', 'w'))\n",
+    # a name or attribute spelled like a main-process flag that holds another rank's test: read by its value
+    "import torch.distributed as dist\nis_main_process = dist.get_rank() == 1\nif is_main_process:\n"
+    "    open('two.txt', 'w').write('x')\n",
+    "import torch.distributed as dist\nclass Cfg:\n    should_save = True\ncfg = Cfg()\n"
+    "if cfg.should_save and dist.get_rank() == 1:\n    open('two.txt', 'w').write('x')\n",
 ])
 def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_picks(cell):
     out, report = convert(TRAIN, cell)

@@ -1,12 +1,13 @@
 """Step: the body of the notebook's own test of the rank (`if dist.get_rank() == 1:`, by what it reads:
-nbddp.rank_conditions; not one only rank 0 passes) that saves or writes files runs under `with nbddp_rank_block():`, so what it writes there, the
-ranks the notebook picked write as it says: the runtime's nets (one writer for saves, a rank's own copy of the
-notebook's files: runtime/one_writer.py, runtime/files.py) are for code written for one process."""
+nbddp.rank_conditions; not one only rank 0 passes) that saves or writes files runs under
+`with nbddp_rank_block():`, so what it writes there, the ranks the notebook picked write as it says: the runtime's
+nets (one writer for saves, a rank's own copy of the notebook's files: runtime/one_writer.py, runtime/files.py) are
+for code written for one process."""
 from __future__ import annotations
 
 import libcst as cst
 
-from ..rank_conditions import RANK_ZERO, is_rank_test
+from ..rank_conditions import OWN, RANK_ZERO, is_rank_test, node_reads
 from ..tree import TreeTransformer
 from ..vocabulary import SAVE
 from .base import TreeStep
@@ -16,14 +17,17 @@ BLOCK = "nbddp_rank_block"
 
 def _picks_rank_0(test, names, depth=0) -> bool:
     """A test that only rank 0 (of the job, or of each machine) passes, where the nets write anyway: a main-process
-    flag (`acc.is_main_process`, `trainer.is_world_process_zero()`, a name bound to one) or `<rank> == 0`."""
+    flag of a value that tells the rank (`acc.is_main_process`, `trainer.is_world_process_zero()`), the runtime's
+    own, a name bound to one, or `<rank> == 0`."""
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
         return _picks_rank_0(test.left, names, depth) or _picks_rank_0(test.right, names, depth)
     if isinstance(test, cst.Call):
         test = test.func
-    if isinstance(test, cst.Attribute) or isinstance(test, cst.Name) and test.value in RANK_ZERO:
-        return (test.attr if isinstance(test, cst.Attribute) else test).value in RANK_ZERO
-    if isinstance(test, cst.Name) and depth < 4:
+    if isinstance(test, cst.Attribute):  # a flag of a value accelerate or a trainer made (by meaning)
+        return test.attr.value in RANK_ZERO and bool(node_reads(test, names))
+    if isinstance(test, cst.Name) and test.value in OWN:  # the runtime's own names
+        return test.value in RANK_ZERO
+    if isinstance(test, cst.Name) and depth < 4:  # any other name: by the value it holds
         value = names.value(test)
         return value is not None and _picks_rank_0(value, names, depth + 1)
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
