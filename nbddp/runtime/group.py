@@ -152,7 +152,8 @@ def nbddp_keep_the_group():
             return init(backend, *args, **kwargs)
         if NBDDP_IS_MAIN:
             ours = torch.distributed.get_backend()
-            asked = "" if backend in (None, "", ours) else f"; it asks for {backend}, which this job's group does not use"
+            asked = "" if backend in (None, "", ours) else \
+                f"; it asks for {backend}, which this job's group does not use"
             print(f"nbddp: the notebook's init_process_group: the job's process group ({ours}) is up, kept{asked}",
                   flush=True)
 

@@ -218,7 +218,8 @@ class IPythonCalls(cst.CSTTransformer):
             self.ctx.report.install(command)
             self.installs += 1
             return [marker(f"removed `!{command}` (install; see the header)")]
-        self.ctx.report.change(self.cell, f"`!{one_line(command, 60)}` runs once per node (local rank 0), the others wait")
+        self.ctx.report.change(self.cell, f"`!{one_line(command, 60)}` runs once per node (local rank 0), the others "
+                                          "wait")
         if runs_python(command):
             self.ctx.report.change(self.cell, f"`!{one_line(command, 60)}` {OWN_PROCESS}")
         return [call_stmt("nbddp_shell", line_expression(command))]
@@ -264,5 +265,6 @@ class IPythonCalls(cst.CSTTransformer):
         if name in DROP_QUIETLY:
             report.change(self.cell, f"removed `%{name}` (notebook-only)")
             return [marker(f"removed `%{name} {line}`".strip() + " (notebook-only)")]
-        report.warn(self.cell, f"unknown magic `%{name} {one_line(line, 50)}` removed; if the script needs it, write it as Python in the notebook")
+        report.warn(self.cell, f"unknown magic `%{name} {one_line(line, 50)}` removed; if the script needs it, "
+                               "write it as Python in the notebook")
         return [marker(f"removed unknown magic `%{name} {line}`")]

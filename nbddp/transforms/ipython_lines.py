@@ -196,7 +196,8 @@ class Magics(Transform):
             if installs:
                 for command in installs:
                     report.install(command)
-                report.change(cell, f"removed the `%%{name}` install cell ({len(installs)} install commands; see the header)")
+                report.change(cell, f"removed the `%%{name}` install cell ({len(installs)} install commands; see the "
+                                    "header)")
                 others = len(script_lines(body)) - len(installs)
                 if others:
                     report.warn(cell, f"the `%%{name}` install cell also runs {others} other shell line(s) the installs "
@@ -216,7 +217,8 @@ class Magics(Transform):
         if name in DISPLAY_CELL_MAGICS:
             report.change(cell, f"removed the `%%{name}` display cell")
             return f"# nbddp: removed a %%{name} cell (display only)\n"
-        report.warn(cell, f"unknown cell magic `%%{name}`: cell removed; if the script needs it, write it as Python in the notebook", line=1)
+        report.warn(cell, f"unknown cell magic `%%{name}`: cell removed; if the script needs it, write it as Python in "
+                          "the notebook", line=1)
         return f"# nbddp: removed a cell with the unknown magic %%{name}\n"
 
 
