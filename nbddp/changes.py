@@ -16,10 +16,12 @@ from .cst_helpers import LiveVisitor
 from .entries import CHANGES_ARGUMENTS, EMITS, is_process_config, library_of
 from .entry_match import Table
 from .rank_conditions import node_reads
+from .ran_files import ran_file
 from .reads_writes import file_of, files_named
 from .runtime import HELPERS
 from .vocabulary import CONFIG, MAIN_ONLY, SAVE, known
 
+RUN_FILE = "nbddp_run_file"  # `%run file.py` (nbddp.ran_files)
 SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
 CHANGERS = Table(CHANGES_ARGUMENTS)
 
@@ -47,6 +49,8 @@ class Changes(LiveVisitor):
         self.configures: set = set()  # CONFIG, and the libraries of the module functions it calls for their effect
         self.rank: set = set()  # what it reads of the job's shape (nbddp.rank_conditions: RANK, WORLD)
         self.packages: set = set()  # the packages its calls come from, also through the notebook's functions
+        self.reads: set = set()  # names it reads beyond its own code's (a `%run -i` file's)
+        self.ran_kinds: frozenset = frozenset()  # what a file it runs does (`%run`: nbddp.ran_files)
 
     def on_visit(self, node):
         self.rank |= node_reads(node, self.names)
@@ -87,11 +91,28 @@ class Changes(LiveVisitor):
             if isinstance(shown, cst.Call):  # `nbddp_show(random.shuffle(rows))`: the cell's last line, its value
                 self.drops.add(shown)         # dropped in the notebook (None) and shown in the script
 
+    def _ran(self, node):
+        """`%run file.py`: what the file's code does, where the converter can read it; else every rank runs it."""
+        line = self.names.literal(node.args[0].value) if node.args else None
+        ran = ran_file(line, self.scan) if isinstance(line, str) else None
+        if ran is None:
+            self.together = True
+            return
+        self.together = self.together or ran.together
+        self.changed |= ran.binds
+        self.mutated |= ran.binds
+        self.reads |= ran.reads
+        self.ran_kinds |= ran.kinds
+        self.configures |= ran.configures
+        self.packages |= ran.packages
+
     def visit_Call(self, node):
         func = node.func
         if isinstance(func, cst.Name) and func.value in SHOWS:  # the notebook's own line is what it shows
             return
         self.calls.append(node)
+        if isinstance(func, cst.Name) and func.value == RUN_FILE:
+            return self._ran(node)
         if isinstance(func, cst.Name) and func.value.startswith("nbddp_") and (
                 func.value not in HELPERS or HELPERS[func.value].together):  # nbddp's helpers every rank calls
             self.together = True

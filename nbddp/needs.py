@@ -54,6 +54,7 @@ from .reads_writes import free_reads, imported_names, imported_packages, reads_w
 from .training_end import is_own_guard, training_end
 from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT, PUSH, SAVE
 from .walk import walk
+from .ran_files import imports
 from .written import OwnModules
 
 MAKES = frozenset({CONFIG, LOAD, PEFT})  # training's own objects: made by every rank (they hold the process's state)
@@ -90,6 +91,7 @@ class _Scan:
         self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
         self.packages = imported_packages(body) | {"torch"}
         self.own = OwnModules(body, names, folder)  # the notebook's own modules: the packages their code imports
+        self.imports = imports(body)  # what its imports bind (nbddp.ran_files)
 
     def homes(self, meanings) -> set[str]:
         """The packages the meanings come from; a module of the notebook's own counts as what its code imports."""
@@ -200,13 +202,14 @@ class _Scan:
         changed = changes.changed | set().union(*(self.aliases.get(name, ()) for name in changes.changed))
         if changes.calls:  # calling what a value it reads holds: `t.start()` of a thread whose target fills `cache`
             changed |= set().union(*(self._carried.get(name, ()) for name in reads))
-        return reads | changes.loads, writes | changed | changes.saves, seed, whole and not changed
+        return reads | changes.loads | changes.reads, writes | changed | changes.saves, seed, whole and not changed
 
     def kinds(self, stmt) -> frozenset:
         """What a statement's calls do (nothing for a def or class: it runs when called)."""
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             return frozenset()
-        return frozenset().union(*(self.effects.of_call(c) for c in self.seen(stmt).calls))
+        seen = self.seen(stmt)
+        return frozenset().union(seen.ran_kinds, *(self.effects.of_call(c) for c in seen.calls))
 
     def learn_libraries(self, body):
         """The libraries training's own objects come from: those of the calls every rank makes together (the model's

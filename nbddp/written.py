@@ -15,6 +15,7 @@ its own. The files are read, never run.
 from __future__ import annotations
 
 import os
+import shlex
 
 import libcst as cst
 
@@ -91,8 +92,11 @@ class OwnModules:
     def __init__(self, body, names, folder=None):
         self.folder, self.found = folder, {}  # module name -> the packages its code imports (None: not its own)
         self.functions: dict = {}  # module name -> its top-level def -> the packages that def calls into
+        self.texts: dict = {}  # path of a .py file the notebook writes with a literal text -> that text
         for stmt in body:
             written = _written(stmt, names)
+            if written:
+                self.texts[os.path.normpath(written[0])] = written[1]
             read = written and _imports(written[1])
             if read:
                 name = os.path.basename(written[0])[:-3]
@@ -125,3 +129,28 @@ class OwnModules:
                 else:
                     todo.append(package)
         return found
+
+    def ran(self, line: str) -> tuple[cst.Module, str] | None:
+        """The code `%run line` runs and its flags: the file the notebook wrote with a literal text, else the file in
+        its folder (`%run prep` reads prep.py, `-m name` name.py); None where the converter cannot read it."""
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            return None
+        flags = ""
+        while words and words[0].startswith("-") and words[0] != "-m":
+            flags += words.pop(0)[1:]
+        module = words[1] if words[:1] == ["-m"] and len(words) > 1 else None
+        path = module.replace(".", os.sep) + ".py" if module else words[0] if words else None
+        candidates = [path, path + ".py"] if path and not module and not path.endswith(".py") else [path]
+        for candidate in filter(None, candidates):
+            text = self.texts.get(os.path.normpath(candidate))
+            if text is None and self.folder and not os.path.isabs(candidate):
+                found = _beside(self.folder, candidate[:-3]) if candidate.endswith(".py") else None
+                text = found[0] if found and len(found) == 1 else None
+            if text is not None:
+                try:
+                    return cst.parse_module(text), flags
+                except cst.ParserSyntaxError:
+                    return None
+        return None

@@ -4,7 +4,7 @@
 The notebook is one of ours, split over cells. Outside training it calls `sidefx`, a module beside the script that
 nbddp has never heard of (it logs each call with the calling rank to effects.log, below Python's open, as a web call
 would act: no file net of the runtime's hides a second rank's call), and the standard library: a folder made without
-exist_ok, a CSV appended to at a path computed from the notebook's own variables and read back for training, a text
+exist_ok, a file it writes and runs (`%run`) that only announces, one beside it that sets the step count and exits, a CSV appended to at a path computed from the notebook's own variables and read back for training, a text
 file written by the notebook's own function, prints in a loop and an `if`, an upload, an archive, a server started
 after training, a submission built from a list filled after training, a print inside the notebook's function after
 training, a sqlite database the training function writes, a logging handler that sends records as datagrams; a print
@@ -71,6 +71,9 @@ CELLS = [
     "    os.write(fd, os.environ.get('RANK', '0').encode() + b'\\n')\n    os.close(fd)\n",
     "import seeding\nseeding.seed_all(5)\n",
     "work = pathlib.Path('work') / 'run1'\nos.makedirs(work)\n",
+    "%%writefile notify.py\nimport sidefx\nsidefx.announce('notify')\nNOTIFIED = True\n",
+    "%run notify.py\n",
+    "%run -e limits\n",
     "rows = [f'sample {i} says hello to the world' for i in range(24)]\nrandom.shuffle(rows)\n"
     "for r in rows[:2]:\n    print('ROW', r)\nif len(rows) > 3:\n    print('MANY ROWS')\n",
     "with open(work / 'train.csv', 'a', newline = '') as fh:\n    writer = csv.writer(fh)\n"
@@ -87,7 +90,7 @@ CELLS = [
     "tokenizer = AutoTokenizer.from_pretrained('tiny-llama')\n"
     "ds = Dataset.from_dict({'text': texts}).map(lambda b: tokenizer(b['text']), batched = True,\n"
     "                                            remove_columns = ['text'])\n"
-    "args = TrainingArguments(output_dir = 'out', per_device_train_batch_size = 2, max_steps = 2, logging_steps = 1,\n"
+    "args = TrainingArguments(output_dir = 'out', per_device_train_batch_size = 2, max_steps = STEPS, logging_steps = 1,\n"
     "                         save_strategy = 'no', report_to = 'none', use_cpu = True)\n"
     "trainer = Trainer(model = model, args = args, train_dataset = ds, callbacks = [Notes()],\n"
     "                  data_collator = DataCollatorForLanguageModeling(tokenizer, mlm = False))\n",
@@ -114,6 +117,7 @@ def job(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("once")
     save_tiny_llama(cwd / "tiny-llama")
     (cwd / "sidefx.py").write_text(SIDEFX, encoding="utf-8")
+    (cwd / "limits.py").write_text("import sys\nSTEPS = 2\nsys.exit(0)\n", encoding="utf-8")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as inbox:
         inbox.bind(("127.0.0.1", 0))
         port = inbox.getsockname()[1]
@@ -168,7 +172,8 @@ def test_a_logging_handler_that_sends_records_away_sends_each_once(job):
 def test_calls_of_an_unknown_library_run_once_on_rank_0(job):
     done, _ = job
     assert sorted(_lines(done.cwd / "effects.log")) == [
-        "0 announce fit", "0 announce step 0", "0 announce step 1", "0 announce step 2", "0 pack bundle", "0 page fit",
+        "0 announce fit", "0 announce notify", "0 announce step 0", "0 announce step 1", "0 announce step 2",
+        "0 pack bundle", "0 page fit",
         "0 page step 1", "0 page step 2", "0 page step 2", "0 publish work/run1/preview.txt", "0 serve"], done.explain()
 
 

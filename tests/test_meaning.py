@@ -506,3 +506,48 @@ def test_a_barrier_named_by_code_with_quotes_is_a_string_python_reads():
                      "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=ds)\ntrainer.train()\n")
     compile("".join(out), "train_ddp.py", "exec")
     assert 'nbddp_barrier("Parallel(n_jobs=2, prefer=\'threads\')")' in out[1], out[1]
+
+
+PING = "import requests\nrequests.post('https://x/hook', json={'start': 1})\n"
+
+
+@pytest.mark.parametrize("cells, every_rank", [
+    (["%%writefile ping.py\n" + PING + "SENT = True\n", "%run ping.py\n"], False),   # an effect, a name nobody reads
+    (["%%writefile ping.py\n" + PING, "%run -m ping\n"], False),                     # as a module
+    (["%%writefile ping.py\n" + PING, "def prep():\n    %run ping\n    return 1\nprep()\n"], False),  # in a function
+    (["%%writefile data.py\nrows = [1, 2]\n", "%run data.py\n", "ds = rows\n"], True),  # training reads its name
+    (["%%writefile seed.py\nimport torch\ntorch.manual_seed(0)\n", "%run -e seed\n"], True),  # set-up of torch
+    (["%run $script\n"], True),                                                          # a file the converter cannot tell
+])
+def test_a_file_the_notebook_runs_is_read_for_what_it_does(cells, every_rank):
+    """`%run file.py` runs where what the file's code does says: its names training reads, or its set-up of the
+    process, on every rank; an effect alone (a web call) once."""
+    kept, out, report = _kept(cells + [TRAIN])
+    ran = next(i for i, cell in enumerate(kept) if "nbddp_run_file(" in cell)
+    assert ("NBDDP_IS_MAIN" not in kept[ran]) == every_rank, kept[ran]
+    assert "NBDDP_IS_MAIN" not in kept[-1], kept[-1]
+
+
+def test_a_file_run_among_the_notebooks_names_that_trains_ends_training_there():
+    """`%run -i train.py` trains on the notebook's data: that data stays on every rank, and what follows the line is
+    rank 0's alone."""
+    kept, out, _ = _kept(["from datasets import load_dataset\nds = load_dataset('x')\n",
+                          "%%writefile train.py\n" + TRAIN, "%run -i train.py\n", SAVE])
+    assert "NBDDP_IS_MAIN" not in "".join(kept[:3]) and "ds = load_dataset('x')" in kept[0], kept
+    assert REST in out[2] or REST in out[3], out
+
+
+def test_a_file_beside_the_notebook_that_it_runs_is_read_for_what_it_does(tmp_path):
+    """`%run report` (report.py beside the notebook, which only sends) runs once; `%run settings.py`, whose names
+    training reads, on every rank. Read from the folder, never run."""
+    from conftest import make_notebook
+    import nbformat
+    from nbddp.pipeline import convert_notebook
+
+    (tmp_path / "report.py").write_text(PING)
+    (tmp_path / "settings.py").write_text("BATCH = 4\nraise SystemExit('never run by the converter')\n")
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(make_notebook("%run report\n", "%run -e settings.py\n", "ds = rows[:BATCH]\n" + TRAIN), path)
+    cells = [cell.source for cell in convert_notebook(str(path)).cells]
+    assert "if NBDDP_IS_MAIN:\n    nbddp_run_file('report', globals())" in cells[0], cells[0]
+    assert "NBDDP_IS_MAIN" not in cells[1], cells[1]

@@ -53,8 +53,8 @@ HELPERS = {
     "nbddp_env": Helper("ipython_forms", _FORMS + ": %env of a computed line; every rank sets its own environment",
                         True),
     "nbddp_time": Helper("ipython_forms", _FORMS + ": %time of a value"),
-    "nbddp_run_file": Helper("ipython_forms", _FORMS + ": %run of a file, its names then the notebook's; every rank "
-                             "runs it, as this job's ranks", True),
+    "nbddp_run_file": Helper("ipython_forms", _FORMS + ": %run of a file, its names then the notebook's; a file "
+                             "that trains runs as this job's ranks", True),
     "nbddp_capture": Helper("ipython_forms", _FORMS + ": %%capture bound to a name"),
     "nbddp_show": Helper("ipython_forms", _FORMS + ": a cell's last value shown"),
     "nbddp_history": Helper("ipython_forms", _FORMS + ": the output and input history (Out, _, _N, In, _iN)"),

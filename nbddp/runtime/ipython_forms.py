@@ -11,8 +11,10 @@
   (`.stdout`, `.stderr`, `.outputs`, `.show()`).
 - `nbddp_run_file(line, namespace)`: `%run [-i] [-n] [-e] file args` or `%run -m module args`: the file runs in
   this process as `__main__` (sys.argv the line's words), then its names are the notebook's; `-i` runs it among the
-  notebook's names, `-n` not as `__main__`, `-e` ignores its `sys.exit`. On every rank: a script of several processes
-  runs as this job's ranks.
+  notebook's names, `-n` not as `__main__`; a `sys.exit` ends the file, not the notebook, and keeps what it bound
+  (an exit code other than 0 is said, unless `-e`). Where nbddp.ran_files says: on every rank where the notebook
+  needs its names or it sets up the process or trains (a script of several processes runs as this job's ranks),
+  else on rank 0.
 - `nbddp_show(value)`: a cell's last expression, shown on rank 0 as Jupyter shows it (its text form), unless None.
 - `display` and `get_ipython`, which IPython provides as builtins: `display(...)` shows text on rank 0;
   `get_ipython()` is None, as in any process without IPython (a notebook's `'google.colab' in str(get_ipython())`
@@ -125,6 +127,21 @@ class NbddpCaptured:
 _NBDDP_CAPTURES = []  # the %%capture blocks running now, innermost last (displays go to the innermost)
 
 
+def _nbddp_exec_file(path, namespace):
+    """The file's code in `namespace`, its folder first on sys.path (as IPython runs it); `sys.exit` keeps what the
+    file bound so far: the exit, its code."""
+    with open(path, encoding="utf-8") as fh:
+        code = compile(fh.read(), path, "exec")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        exec(code, namespace)
+    except SystemExit as done:
+        return done.code
+    finally:
+        sys.path.remove(os.path.dirname(os.path.abspath(path)))
+    return None
+
+
 def nbddp_run_file(line, namespace):
     words, flags, module = shlex.split(line), "", None
     while words and words[0].startswith("-") and module is None:
@@ -138,21 +155,25 @@ def nbddp_run_file(line, namespace):
         path += ".py"
     argv, sys.argv = sys.argv, [path, *(words if module else words[1:])]
     name = "__main__" if "n" not in flags else os.path.splitext(os.path.basename(path))[0]
+    main, code = types.ModuleType(name), None
+    main.__file__, ran = path, vars(main) if "i" not in flags else {}
+    kept, sys.modules[name] = sys.modules.get(name), main  # classes the file defines pickle as runpy's would
     try:
         if module is not None:
-            ran = runpy.run_module(module, run_name=name, alter_sys=True)
-        elif "i" in flags:
-            with open(path, encoding="utf-8") as fh:
-                exec(compile(fh.read(), path, "exec"), namespace)
-            ran = {}
+            try:
+                ran = runpy.run_module(module, run_name=name, alter_sys=True)
+            except SystemExit as done:
+                code = done.code
         else:
-            ran = runpy.run_path(path, run_name=name)
-    except SystemExit as done:
-        if done.code not in (None, 0) and "e" not in flags:
-            raise
-        ran = {}
+            code = _nbddp_exec_file(path, namespace if "i" in flags else ran)
     finally:
         sys.argv = argv
+        if kept is not None:
+            sys.modules[name] = kept
+        else:
+            sys.modules.pop(name, None)
+    if code not in (None, 0) and "e" not in flags:  # IPython shows it, in short, and the notebook goes on
+        print(f"%run {line}: SystemExit: {code}", file=sys.stderr)
     namespace.update({key: value for key, value in ran.items() if not (key.startswith("__") and key.endswith("__"))})
 
 

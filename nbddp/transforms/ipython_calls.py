@@ -259,8 +259,8 @@ class IPythonCalls(cst.CSTTransformer):
         if name in {"sx", "system"}:
             return self._shell(line)
         if name == "run" and not line.split(" #")[0].strip().endswith((".ipynb", ".ipy")):
-            report.change(self.cell, f"`%run {one_line(line, 50)}` runs the file in this process on every rank, its "
-                                     "names then the notebook's, as IPython runs it")
+            report.change(self.cell, f"`%run {one_line(line, 50)}` runs the file in this process, its names then "
+                                     "the notebook's, as IPython runs it")
             return [call_stmt("nbddp_run_file", text(line), _call("globals"))]
         if name in DROP_QUIETLY:
             report.change(self.cell, f"removed `%{name}` (notebook-only)")
