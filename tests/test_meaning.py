@@ -427,6 +427,10 @@ def test_a_global_the_notebooks_function_sets_that_training_reads_is_set_on_ever
     "    open('two.txt', 'w').write('x')\n",
     "import torch.distributed as dist\nclass Cfg:\n    should_save = True\ncfg = Cfg()\n"
     "if cfg.should_save and dist.get_rank() == 1:\n    open('two.txt', 'w').write('x')\n",
+    # a log record (a handler may send it away: rank 1's record, as written)
+    "import logging, os\nlog = logging.getLogger('x')\nif int(os.environ['RANK']) == 1:\n    log.warning('one')\n",
+    "from logging import warning as say\nimport torch.distributed as dist\ndef report():\n"
+    "    if dist.get_rank() > 0:\n        say('other rank')\nreport()\n",
 ])
 def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_picks(cell):
     out, report = convert(TRAIN, cell)
@@ -437,6 +441,7 @@ def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_pick
 @pytest.mark.parametrize("cell", [
     "import torch.distributed as dist\nif dist.get_rank() == 1:\n    print('one')\n",  # writes nothing
     "if NBDDP_IS_MAIN:\n    model.save_pretrained('out')\n",  # nbddp's own guard
+    "import logging, torch.distributed as dist\nif dist.get_rank() == 0:\n    logging.warning('zero')\n",  # rank 0's
     "rank = 16\nif rank > 8:\n    open('x.txt', 'w').write('x')\n",  # a LoRA rank is a number
 ])
 def test_other_tests_and_blocks_that_write_nothing_are_left_as_they_are(cell):

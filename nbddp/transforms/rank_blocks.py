@@ -1,18 +1,20 @@
 """Step: the body of the notebook's own test of the rank (`if dist.get_rank() == 1:`, by what it reads:
-nbddp.rank_conditions; not one only rank 0 passes) that saves or writes files runs under
+nbddp.rank_conditions; not one only rank 0 passes) that saves, writes files or logs runs under
 `with nbddp_rank_block():`, so what it writes there, the ranks the notebook picked write as it says: the runtime's
-nets (one writer for saves, a rank's own copy of the notebook's files: runtime/one_writer.py, runtime/files.py) are
-for code written for one process."""
+nets (one writer for saves, a rank's own copy of the notebook's files, logging's senders on rank 0 only:
+runtime/one_writer.py, runtime/files.py) are for code written for one process."""
 from __future__ import annotations
 
 import libcst as cst
 
+from ..cst_helpers import live_calls
 from ..rank_conditions import OWN, RANK_ZERO, is_rank_test, node_reads
 from ..tree import TreeTransformer
 from ..vocabulary import SAVE
 from .base import TreeStep
 
 BLOCK = "nbddp_rank_block"
+NETTED = frozenset({"logging"})  # libraries whose calls the runtime's nets change on ranks other than 0 (one_writer)
 
 
 def _picks_rank_0(test, names, depth=0) -> bool:
@@ -48,8 +50,13 @@ class _Blocks(TreeTransformer):
     def __init__(self, tree, ctx):
         super().__init__(tree, ctx)
         self.top = {id(stmt) for stmt in tree.module.body}
-        self.saving = {id(stmt) for stmt in tree.module.body
-                       if any(SAVE in tree.effects.of_call(call) for call in tree.calls_in(stmt))}
+        self.saving = {id(stmt) for stmt in tree.module.body if any(map(self._netted, tree.calls_in(stmt)))}
+
+    def _netted(self, call) -> bool:
+        """A call the runtime's nets act on off rank 0: a save or file write, a log record (logging's handlers that
+        send records away send rank 0's only)."""
+        return SAVE in self.tree.effects.of_call(call) or any(
+            m.split(".")[0] in NETTED for m in self.names.meanings(call.func))
 
     def on_visit(self, node):
         if id(node) in self.top and id(node) not in self.saving:
@@ -59,13 +66,13 @@ class _Blocks(TreeTransformer):
 
     def leave_If(self, original, updated):
         if not is_rank_test(original, self.names) or _picks_rank_0(original.test, self.names) or \
-                _blocked(updated.body) or SAVE not in self.tree.effects.of_node(original.body):
+                _blocked(updated.body) or not any(map(self._netted, live_calls(original.body))):
             return updated
         block = updated.body if isinstance(updated.body, cst.IndentedBlock) else \
             cst.IndentedBlock([cst.SimpleStatementLine(list(updated.body.body))])
         item = cst.WithItem(cst.Call(cst.Name(BLOCK)))
-        self.report.change(self.cell, "a test of the rank of the notebook's own: what its block saves and writes, the "
-                                      "ranks it picks write as written (nbddp_rank_block)")
+        self.report.change(self.cell, "a test of the rank of the notebook's own: what its block saves, writes and "
+                                      "logs, the ranks it picks do as written (nbddp_rank_block)")
         return updated.with_changes(body=cst.IndentedBlock([cst.With(items=[item], body=block)]))
 
 
