@@ -105,6 +105,8 @@ class Changes(LiveVisitor):
         self.ran_kinds |= ran.kinds
         self.configures |= ran.configures
         self.packages |= ran.packages
+        self.saves |= ran.saves
+        self.loads |= ran.loads
 
     def visit_Call(self, node):
         func = node.func
