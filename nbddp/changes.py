@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst_helpers import LiveVisitor
+from .cst_helpers import LiveVisitor, code_of
 from .entries import CHANGES_ARGUMENTS, EMITS, is_process_config, library_of
 from .entry_match import Table
 from .rank_conditions import node_reads
@@ -51,6 +51,7 @@ class Changes(LiveVisitor):
         self.packages: set = set()  # the packages its calls come from, also through the notebook's functions
         self.reads: set = set()  # names it reads beyond its own code's (a `%run -i` file's)
         self.ran_kinds: frozenset = frozenset()  # what a file it runs does (`%run`: nbddp.ran_files)
+        self.unread: list = []  # the lines of the `%run`s whose file the converter cannot read
 
     def on_visit(self, node):
         self.rank |= node_reads(node, self.names)
@@ -97,6 +98,9 @@ class Changes(LiveVisitor):
         ran = ran_file(line, self.scan) if isinstance(line, str) else None
         if ran is None:
             self.together = True
+            said = node.args[0].value if node.args else cst.SimpleString('""')
+            said = said.args[0].value if isinstance(said, cst.Call) and said.args else said  # nbddp_expand('$f')
+            self.unread.append(line if isinstance(line, str) else self.names.literal(said) or code_of(said))
             return
         self.together = self.together or ran.together
         self.changed |= ran.binds

@@ -78,6 +78,7 @@ class Plan:
     # the statements holding them
     libraries: set = field(default_factory=set)  # the libraries training's own objects come from, and torch
     packages: set = field(default_factory=set)  # the packages the notebook imports
+    unread: dict = field(default_factory=dict)  # id of a `%run` line whose file cannot be read -> the line
 
 
 class _Scan:
@@ -250,6 +251,7 @@ def training_needs(body, names, effects, folder=None) -> Plan:
     plan = Plan()
     plan.end, plan.marked = training_end(body, scan.kinds, lambda stmt: scan.seen(stmt).rank)
     plan.calls = {key: seen.calls for key, seen in scan.read.items()}
+    plan.unread = {key: seen.unread for key, seen in scan.read.items() if seen.unread}
     if plan.end is None:
         return plan
     scan.learn_libraries(body[:plan.end + 1])

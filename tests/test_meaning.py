@@ -531,6 +531,7 @@ def test_a_file_the_notebook_runs_is_read_for_what_it_does(cells, every_rank):
     ran = next(i for i, cell in enumerate(kept) if "nbddp_run_file(" in cell)
     assert ("NBDDP_IS_MAIN" not in kept[ran]) == every_rank, kept[ran]
     assert "NBDDP_IS_MAIN" not in kept[-1], kept[-1]
+    assert ("nbddp cannot read the file" in report.format()) == ("$" in cells[-1]), report.format()
 
 
 def test_a_file_run_among_the_notebooks_names_that_trains_ends_training_there():

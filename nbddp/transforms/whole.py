@@ -21,6 +21,7 @@ def apply_plan(body, guards, tree, ctx) -> list:
     on alone (`nbddp_rest_on_rank0()`, unless the notebook has that line already)."""
     plan = on_body(tree.plan, tree.first.body, body, tree.names, guards.hoisted)
     guards.calls = plan.calls
+    _unread(body, plan, ctx)
     if plan.end is None:
         return body
     guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
@@ -64,6 +65,15 @@ def apply_plan(body, guards, tree, ctx) -> list:
     return body[:plan.end + 1] + [line] + rest
 
 
+def _unread(body, plan, ctx):
+    cell = None
+    for stmt in body:
+        cell = starts_cell(stmt) or cell
+        for line in plan.unread.get(id(stmt), ()):
+            ctx.report.change(cell, f"`%run {line}`: nbddp cannot read the file it runs (a computed line, or no such "
+                                    "file written by the notebook or beside it), so every rank runs it")
+
+
 def on_body(plan, read, body, names, hoisted) -> Plan:
     """The plan, read on the statements `read` (the first tree's), for the statements of `body` (the steps' rewrites:
     a statement is the one the plan read where `names.orig` leads to it; several may: what the plan says of one
@@ -73,13 +83,14 @@ def on_body(plan, read, body, names, hoisted) -> Plan:
     where = [at.get(id(names.orig(stmt))) for stmt in body]
     new = Plan(marked=plan.marked, libraries=plan.libraries, packages=plan.packages,
                calls={id(stmt): live_calls(stmt) for stmt in body})
-    if plan.end is None:
-        return new
     first: dict = {}
     for stmt in body:
-        key = id(names.orig(stmt))
-        first.setdefault(key, id(stmt))
-        if key in plan.once:
+        first.setdefault(id(names.orig(stmt)), id(stmt))
+    new.unread = {first[key]: value for key, value in plan.unread.items() if key in first}
+    if plan.end is None:
+        return new
+    for stmt in body:
+        if id(names.orig(stmt)) in plan.once:
             new.once.add(id(stmt))
     for name in ("files", "shares", "differs", "setup", "outside"):
         setattr(new, name, {first[key]: value for key, value in getattr(plan, name).items() if key in first})
