@@ -103,9 +103,14 @@ CHANGES_ARGUMENTS = frozenset({
 CONFIG_HOMES = ("os.environ", "os.putenv", "os.unsetenv", "os.chdir", "sys.path", "warnings.", "logging.",
                 "torch.backends.", "torch._dynamo.config", "torch._inductor.config",
                 "gc.", "torch.cuda.empty_cache", "torch.cuda.reset_peak_memory_stats")  # and each rank's memory
-# Seeds of the random generators training draws from, whatever library it uses (torch's and the training libraries'
-# own are theirs: a module function of a library training uses, called for its effect, is set-up of every rank).
-SEEDS = frozenset({"random.seed", "numpy.random.seed", "numpy.random.set_state", "random.setstate"})
+# Seeds of the random generators training draws from, whatever library it uses, also where the notebook keeps what
+# the call returns (`s = torch.seed()` reseeds torch's generator: every rank must, the runtime gives each the same
+# seed). The training libraries' own (`transformers.set_seed`) are theirs: a module function of a library training
+# uses, called for its effect, is set-up of every rank.
+SEEDS = frozenset({"random.seed", "numpy.random.seed", "numpy.random.set_state", "random.setstate", "torch.seed",
+                   "torch.random.seed", "torch.manual_seed", "torch.random.manual_seed", "torch.set_rng_state",
+                   "torch.random.set_rng_state", "torch.cuda.seed", "torch.cuda.seed_all", "torch.cuda.manual_seed",
+                   "torch.cuda.manual_seed_all", "torch.cuda.set_rng_state", "torch.cuda.set_rng_state_all"})
 EMITS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log", "showwarning"})
 NOT_LIBRARIES = frozenset({"builtins", "__main__"})  # Python's own, the notebook's own
 

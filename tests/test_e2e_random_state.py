@@ -1,6 +1,7 @@
 """End to end on CPU: randomness that decides the data, unseeded and outside `datasets` (Python's `random`, NumPy,
-torch; at the top level, inside the notebook's own function, over split cells), is the same on every rank: each
-rank starts from the same random state, so the ranks train and validate on the same split."""
+torch; at the top level, inside the notebook's own function, over split cells; torch reseeded from the OS's entropy),
+is the same on every rank: each rank starts from the same random state, so the ranks train and validate on the same
+split."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,7 @@ pytestmark = pytest.mark.ddp
 CELLS = [
     "import os, json, random\nimport numpy as np\nimport torch\nrows = list(range(40))\n",
     "random.shuffle(rows)\ntrain_rows, val_rows = rows[:30], rows[30:]\n",
+    "reseeded = torch.seed()  # from the OS's entropy, in a notebook; its value is never read\n",
     "def holdout(data, k):\n    order = np.random.permutation(len(data))\n    return [int(data[i]) for i in order[:k]]\n",
     "picked = holdout(train_rows, 5)\nnoise = torch.rand(3).tolist()\nsample = random.sample(val_rows, 3)\n",
     "with open(f\"rank{os.environ.get('RANK', '0')}.json\", 'w') as fh:\n"

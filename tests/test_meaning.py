@@ -557,3 +557,16 @@ def test_a_file_beside_the_notebook_that_it_runs_is_read_for_what_it_does(tmp_pa
     cells = [cell.source for cell in convert_notebook(str(path)).cells]
     assert "if NBDDP_IS_MAIN:\n    nbddp_run_file('report', globals())" in cells[0], cells[0]
     assert "NBDDP_IS_MAIN" not in cells[1], cells[1]
+
+
+@pytest.mark.parametrize("cell", [
+    "import torch\ns = torch.seed()\n",                                   # its value kept, never read by training
+    "from torch import seed as reseed\nbase = reseed()\n",                # through an alias
+    "import torch\ndef fresh():\n    return torch.random.seed()\nstart = fresh()\n",  # in a function
+    "import torch\nstates = [torch.manual_seed(s) for s in range(2)]\n",  # in a comprehension
+])
+def test_a_reseed_whose_value_the_notebook_keeps_still_runs_on_every_rank(cell):
+    """`s = torch.seed()` reseeds torch's generator, which training draws from: every rank runs it (the runtime gives
+    each rank the same seed), though training never reads `s`."""
+    kept, _, _ = _kept([cell, "import torch\nnoise = torch.rand(3)\nds = [noise]\n" + TRAIN])
+    assert "NBDDP_IS_MAIN" not in kept[0], kept[0]
