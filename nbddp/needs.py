@@ -50,11 +50,10 @@ from .entries import COMPUTES, STANDARD, VALUE_HOMES
 from .flows import aliases, carried, declared_global
 from .inside import nested_effects
 from .rank_conditions import is_rank_test
-from .reads_writes import free_reads, imported_names, imported_packages, reads_writes
+from .reads_writes import free_reads, imported_names, imported_packages, imported_values, reads_writes
 from .training_end import is_own_guard, training_end
 from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT, PUSH, SAVE
 from .walk import walk
-from .ran_files import imports
 from .written import OwnModules
 
 MAKES = frozenset({CONFIG, LOAD, PEFT})  # training's own objects: made by every rank (they hold the process's state)
@@ -92,7 +91,7 @@ class _Scan:
         self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
         self.packages = imported_packages(body) | {"torch"}
         self.own = OwnModules(body, names, folder)  # the notebook's own modules: the packages their code imports
-        self.imports = imports(body)  # what its imports bind (nbddp.ran_files)
+        self.imports = imported_values(body)  # what its imports bind (nbddp.ran_files)
 
     def homes(self, meanings) -> set[str]:
         """The packages the meanings come from; a module of the notebook's own counts as what its code imports."""

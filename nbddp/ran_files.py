@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .cst_helpers import code_of
 from .effects import Effects
 from .meanings import Names
-from .reads_writes import reads_writes
+from .reads_writes import imported_values, reads_writes
 
 
 @dataclass
@@ -32,22 +31,6 @@ class Ran:
     packages: set = field(default_factory=set)  # the packages its calls come from
     saves: set = field(default_factory=set)  # `file:<path>` of what it saves by path (nbddp.changes)
     loads: set = field(default_factory=set)  # `file:<path>` of the paths its calls are given
-
-
-def imports(body) -> dict[str, str]:
-    """What the top-level imports of `body` bind: name -> the module or the module's name it holds."""
-    found = {}
-    for small in (s for stmt in body if isinstance(stmt, cst.SimpleStatementLine) for s in stmt.body):
-        if isinstance(small, cst.Import):
-            for alias in small.names:
-                dotted = code_of(alias.name)
-                found[code_of(alias.asname.name) if alias.asname else dotted.split(".")[0]] = \
-                    dotted if alias.asname else dotted.split(".")[0]
-        elif isinstance(small, cst.ImportFrom) and not small.relative and not isinstance(small.names, cst.ImportStar):
-            for alias in small.names:
-                name = code_of(alias.name)
-                found[code_of(alias.asname.name) if alias.asname else name] = f"{code_of(small.module)}.{name}"
-    return found
 
 
 def _imports_only(stmt) -> bool:
@@ -64,7 +47,7 @@ def ran_file(line: str, scan) -> Ran | None:
     sub = type(scan)(names, Effects(names), module.body, scan.own.folder)  # nbddp.needs' scan, of the file
     sub.learn_libraries(module.body)
     ran, kinds = Ran(), set()
-    same = {name for name, what in imports(module.body).items() if scan.imports.get(name) == what}
+    same = {name for name, what in imported_values(module.body).items() if scan.imports.get(name) == what}
     for stmt in module.body:
         reads, changes, seed, _ = sub.facts(stmt)
         if "i" in flags:

@@ -194,6 +194,23 @@ def _imports(body):
             yield from (small for small in stmt.body if isinstance(small, (cst.Import, cst.ImportFrom)))
 
 
+def imported_values(body) -> dict[str, str]:
+    """What the top-level imports of `body` bind: name -> the module (`numpy.linalg` of `import numpy.linalg as la`,
+    `numpy` of `import numpy.linalg`) or the module's name (`a.b.c` of `from a.b import c`); not relative imports."""
+    found = {}
+    for small in _imports(body):
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                dotted = cst.Module([]).code_for_node(alias.name)
+                found[alias.asname.name.value if alias.asname else dotted.split(".")[0]] = \
+                    dotted if alias.asname else dotted.split(".")[0]
+        elif small.module is not None and not small.relative and not isinstance(small.names, cst.ImportStar):
+            module = cst.Module([]).code_for_node(small.module)
+            found.update((alias.evaluated_alias or alias.evaluated_name, f"{module}.{alias.evaluated_name}")
+                         for alias in small.names)
+    return found
+
+
 def imported_names(body) -> set[str]:
     """The names the top-level imports of `body` bind."""
     return set().union(*(reads_writes(small)[1] for small in _imports(body)))

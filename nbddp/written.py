@@ -20,7 +20,7 @@ import shlex
 import libcst as cst
 
 from .bindings import Bindings
-from .reads_writes import free_reads, reads_writes
+from .reads_writes import free_reads, imported_values
 from .walk import walk
 
 WRITE = "nbddp_write_file"
@@ -47,15 +47,7 @@ def _imports(text) -> tuple[set[str], dict] | None:
         return None
     seen = Bindings(set(module.body))
     walk(module, seen)
-    roots = {}  # a name the module's top-level imports bind -> its package
-    for small in (s for line in module.body if isinstance(line, cst.SimpleStatementLine) for s in line.body):
-        if isinstance(small, cst.Import):
-            for alias in small.names:
-                dotted = cst.Module([]).code_for_node(alias.name)
-                roots[alias.asname.name.value if alias.asname else dotted.split(".")[0]] = dotted.split(".")[0]
-        elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
-            roots.update((bound, cst.Module([]).code_for_node(small.module).split(".")[0])
-                         for bound in reads_writes(small)[1])
+    roots = {name: what.split(".")[0] for name, what in imported_values(module.body).items()}  # -> its package
     defs = {stmt.name.value: free_reads(stmt) for stmt in module.body if isinstance(stmt, cst.FunctionDef)}
     functions = {}
     for name in defs:
