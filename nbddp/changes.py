@@ -109,7 +109,6 @@ class Changes(LiveVisitor):
         self.ran_kinds |= ran.kinds
         self.configures |= ran.configures
         self.packages |= ran.packages
-        self.saves |= ran.saves
         self.loads |= ran.loads
 
     def visit_Call(self, node):

@@ -29,7 +29,6 @@ class Ran:
     kinds: frozenset = frozenset()  # what its calls do (nbddp.vocabulary's kinds)
     configures: set = field(default_factory=set)  # the libraries whose module functions it calls for their effect
     packages: set = field(default_factory=set)  # the packages its calls come from
-    saves: set = field(default_factory=set)  # `file:<path>` of what it saves by path (nbddp.changes)
     loads: set = field(default_factory=set)  # `file:<path>` of the paths its calls are given
 
 
@@ -52,14 +51,13 @@ def ran_file(line: str, scan) -> Ran | None:
         reads, changes, seed, _ = sub.facts(stmt)
         if "i" in flags:
             ran.reads |= reads - ran.binds
-        ran.binds |= reads_writes(stmt)[1] | {c for c in changes if not c.startswith("file:")}  # (saves: below)
+        ran.binds |= reads_writes(stmt)[1] | {c for c in changes if not c.startswith("file:")}
         if _imports_only(stmt) or isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             continue
         ran.together = ran.together or seed
         kinds |= sub.kinds(stmt)
         ran.configures |= sub.seen(stmt).configures
         ran.packages |= sub.seen(stmt).packages
-        ran.saves |= sub.seen(stmt).saves
         ran.loads |= sub.seen(stmt).loads
     ran.binds -= same  # a module the notebook imports under the same name: the same value on every rank
     ran.kinds = frozenset(kinds)

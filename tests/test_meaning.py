@@ -521,6 +521,9 @@ PING = "import requests\nrequests.post('https://x/hook', json={'start': 1})\n"
     (["%%writefile ping.py\n" + PING, "%run -m ping\n"], False),                     # as a module
     (["%%writefile ping.py\n" + PING, "def prep():\n    %run ping\n    return 1\nprep()\n"], False),  # in a function
     (["%%writefile data.py\nrows = [1, 2]\n", "%run data.py\n", "ds = rows\n"], True),  # training reads its name
+    (["%%writefile fetch.py\nimport json, urllib.request as u\njson.dump(u.urlopen('http://h/d').read().decode(), "
+      "open('d.json', 'w'))\n", "%run fetch.py\n", "import json\nds = json.load(open('d.json'))\n"], False),  # a file
+    # training reads: rank 0 downloads it once, the others wait for it
     (["%%writefile seed.py\nimport torch\ntorch.manual_seed(0)\n", "%run -e seed\n"], True),  # set-up of torch
     (["%run $script\n"], True),                                                          # a file the converter cannot tell
 ])
