@@ -16,12 +16,11 @@ from .cst_helpers import LiveVisitor, code_of
 from .entries import CHANGES_ARGUMENTS, EMITS, is_process_config, library_of
 from .entry_match import Table
 from .rank_conditions import node_reads
-from .ran_files import ran_file
+from .ran_files import RUN_FILE, ran_file
 from .reads_writes import file_of, files_named
 from .runtime import HELPERS
 from .vocabulary import CONFIG, MAIN_ONLY, SAVE, known
 
-RUN_FILE = "nbddp_run_file"  # `%run file.py` (nbddp.ran_files)
 SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
 CHANGERS = Table(CHANGES_ARGUMENTS)
 

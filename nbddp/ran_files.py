@@ -21,6 +21,18 @@ from .meanings import Names
 from .reads_writes import imported_values, reads_writes
 
 
+RUN_FILE = "nbddp_run_file"  # the script's line for `%run` (nbddp.transforms.ipython_calls)
+
+
+def said(call, names) -> str | None:
+    """`%run prep.py` for the script's `nbddp_run_file("prep.py", globals())`, as the report and the waits name it;
+    None for any other call."""
+    if not (isinstance(call.func, cst.Name) and call.func.value == RUN_FILE):
+        return None
+    line = names.literal(call.args[0].value) if call.args else None
+    return f"%run {line}" if isinstance(line, str) else "%run"
+
+
 @dataclass
 class Ran:
     binds: set = field(default_factory=set)  # the names the file gives the notebook

@@ -559,6 +559,7 @@ def test_a_file_beside_the_notebook_that_it_runs_is_read_for_what_it_does(tmp_pa
     nbformat.write(make_notebook("%run report\n", "%run -e settings.py\n", "ds = rows[:BATCH]\n" + TRAIN), path)
     cells = [cell.source for cell in convert_notebook(str(path)).cells]
     assert "if NBDDP_IS_MAIN:\n    nbddp_run_file('report', globals())" in cells[0], cells[0]
+    assert 'nbddp_barrier("%run report")' in cells[0], cells[0]  # what rank 1 says it waits for
     assert "NBDDP_IS_MAIN" not in cells[1], cells[1]
 
 

@@ -10,8 +10,7 @@ one that also does work every rank must do (train, evaluate, load, a collective)
 rank-0 statements are guarded where they stand, as are those in loops. A collective inside what prints or logs
 (`print(trainer.evaluate())`) is first bound to a temporary on every rank (nbddp.transforms.hoist). Values made
 under a guard exist on rank 0 only, so later statements that read them are guarded too. `if False:` blocks are left
-alone, and code already under a rank test gets no second guard.
-"""
+alone, and code already under a rank test gets no second guard."""
 from __future__ import annotations
 
 import libcst as cst
@@ -20,6 +19,7 @@ from ..cells import starts_cell
 from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, names_in,
                            regroup, statement_blocks)
 from ..inside import is_hooks
+from ..ran_files import said
 from ..runtime import HELPERS
 from ..training_end import REST
 from ..rank_conditions import RANK, is_rank_test, reads_rank
@@ -28,11 +28,10 @@ from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_
 from .base import TreeStep
 from .callbacks import callback
 from .hoist import hoist
-from .whole import GIVE, GIVEN, apply_plan, given_names, take_given
+from .whole import GIVE, GIVEN, SHARE, after_guard, apply_plan, given_names, take_given
 
 USES = "uses"
 ONCE = "once"  # training does not need it (nbddp.needs)
-SHARE = "nbddp_share_files"  # what rank 0 saved, to the machines that do not see its storage
 VERBS = {SAVE: "saves", PUSH: "pushes", GENERATE: "generates", DISPLAY: "displays", MEMORY: "reads GPU memory",
          TRACK: "logs"}
 
@@ -62,18 +61,6 @@ def _bound_by_header(stmt) -> set[str]:
     if isinstance(stmt, cst.With):
         return set().union(*(names_in(item.asname.name) for item in stmt.items if item.asname is not None))
     return names_in(stmt.target) if isinstance(stmt, cst.For) else set()
-
-
-def _quoted(text: str) -> cst.SimpleString:
-    """A string literal in double quotes where the text allows (`"save_pretrained"`), else Python's own spelling
-    (`'Parallel(prefer="threads")'`)."""
-    plain = text.isprintable() and not {'"', "\\"} & set(text)
-    return cst.SimpleString(f'"{text}"' if plain else repr(text))
-
-
-def _barrier(what: str) -> cst.SimpleStatementLine:
-    call = cst.Call(cst.Name("nbddp_barrier"), args=[cst.Arg(_quoted(what))])
-    return cst.SimpleStatementLine([cst.Expr(call)])
 
 
 class _Guards:
@@ -211,13 +198,20 @@ class _Guards:
         """A statement training does not need: rank 0 runs it, whatever it calls."""
         why = [r for r in map(self.reason, calls) if r]
         kinds = frozenset().union(*(k for k, _, _ in why)) | {ONCE}
-        named = [text for _, text, _ in why] or [parts(code_of(c.func))[-1] for c in calls if not any(
-            m.startswith(("builtins.", "nbddp_")) and m != "builtins.print" for m in self.names.meanings(c.func))][:1]
+        named = [text for _, text, _ in why] or list(filter(None, map(self._named, calls)))[:1]
         self.taken[id(stmt.body)] = (kinds, why[0][2] if why else named[0] if named else "rank 0")
         self.reasons.setdefault(self.cell, []).extend(named)
         self.unneeded.add(self.cell)
         self.tainted |= reads_writes(stmt)[1]
         return TAKE
+
+    def _named(self, call):
+        """What the report calls a call rank 0 runs: `%run prep.py`, else its name; None for Python's (but print) and
+        nbddp's own."""
+        if said(call, self.names) or not any(m.startswith(("builtins.", "nbddp_")) and m != "builtins.print"
+                                             for m in self.names.meanings(call.func)):
+            return said(call, self.names) or parts(code_of(call.func))[-1]
+        return None
 
     def tracked(self, stmt: cst.With):
         """`with mlflow.start_run():` around training: the tracker's context on rank 0 (`nbddp_no_context()` on the
@@ -262,15 +256,9 @@ class _Guards:
                  if not (isinstance(c.func, cst.Name) and c.func.value in HELPERS)]
         what = what or (parts(code_of(calls[0].func))[-1] if calls else "rank 0")
         given = [name for s in group for name in self.sharing.get(id(s.body), ())]
-        if given:
-            return [guard, _barrier(what), cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(GIVE), args=[
-                cst.Arg(cst.Call(cst.Name("globals"))), *(cst.Arg(cst.SimpleString(f'"{n}"')) for n in given)]))])]
-        if not paths:
-            return [guard, _barrier(what)]
-        self.machine_cells.add(self.cell)
-        share = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(SHARE), args=[
-            cst.Arg(_quoted(p)) for p in paths]))])
-        return [guard, _barrier(what), share]
+        if paths and not given:
+            self.machine_cells.add(self.cell)
+        return [guard, *after_guard(what, given, paths)]
 
     def say(self):
         for cell in sorted(set(self.reasons) | set(self.used), key=lambda c: c or 0):

@@ -14,6 +14,29 @@ from ..training_end import REST
 from ..vocabulary import OWN_VALUE, parts
 
 GIVE, GIVEN = "nbddp_share_values", "given"  # rank 0's values, to every rank (nbddp.needs' shares)
+SHARE = "nbddp_share_files"  # what rank 0 saved, to the machines that do not see its storage
+
+
+def quoted(text: str) -> cst.SimpleString:
+    """A string literal in double quotes where the text allows (`"save_pretrained"`), else Python's own spelling
+    (`'Parallel(prefer="threads")'`)."""
+    plain = text.isprintable() and not {'"', "\\"} & set(text)
+    return cst.SimpleString(f'"{text}"' if plain else repr(text))
+
+
+def _line(name, *args) -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(name), args=[cst.Arg(a) for a in args]))])
+
+
+def after_guard(what: str, given=(), paths=()) -> list:
+    """The lines after a guard of rank-0 work: the other ranks wait (`nbddp_barrier("<what>")`), then get rank 0's
+    values of `given` (nbddp.needs' shares) or, on machines that do not see rank 0's storage, a copy of `paths`."""
+    lines = [_line("nbddp_barrier", quoted(what))]
+    if given:
+        lines.append(_line(GIVE, cst.Call(cst.Name("globals")), *(cst.SimpleString(f'"{n}"') for n in given)))
+    elif paths:
+        lines.append(_line(SHARE, *map(quoted, paths)))
+    return lines
 
 
 def apply_plan(body, guards, tree, ctx) -> list:
