@@ -111,6 +111,14 @@ SEEDS = frozenset({"random.seed", "numpy.random.seed", "numpy.random.set_state",
                    "torch.random.seed", "torch.manual_seed", "torch.random.manual_seed", "torch.set_rng_state",
                    "torch.random.set_rng_state", "torch.cuda.seed", "torch.cuda.seed_all", "torch.cuda.manual_seed",
                    "torch.cuda.manual_seed_all", "torch.cuda.set_rng_state", "torch.cuda.set_rng_state_all"})
+# What a process sets of its own state through Python's standard library (and matplotlib's backend): limits, signals,
+# the start method of its workers, its locale, its time zone. Every rank is a process of its own and sets it too.
+PROCESS_STATE = frozenset({
+    "sys.setrecursionlimit", "sys.setswitchinterval", "sys.set_int_max_str_digits", "resource.setrlimit", "os.nice",
+    "os.umask", "socket.setdefaulttimeout", "signal.signal", "signal.alarm", "signal.setitimer", "signal.siginterrupt",
+    "faulthandler.enable", "faulthandler.register", "faulthandler.dump_traceback_later",
+    "multiprocessing.set_start_method", "multiprocessing.set_forkserver_preload", "multiprocessing.set_executable",
+    "locale.setlocale", "time.tzset", "matplotlib.use"})
 EMITS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log", "showwarning"})
 NOT_LIBRARIES = frozenset({"builtins", "__main__"})  # Python's own, the notebook's own
 
@@ -118,13 +126,13 @@ NOT_LIBRARIES = frozenset({"builtins", "__main__"})  # Python's own, the noteboo
 def is_process_config(meaning: str) -> bool:
     """A call that sets up the process rather than computing or writing something, by qualified name: the
     environment, the working folder, warning and logging set-up, torch's flags, the process's memory (gc, the CUDA
-    cache), the seeds of Python's and NumPy's generators. Every rank does it. (A module function of a library that
-    training's objects come from, called for its effect alone, is set-up too: nbddp.needs decides that, knowing
-    the libraries.)"""
+    cache), the seeds of the generators, the process's own state (PROCESS_STATE). Every rank does it. (A module
+    function of a library that training's objects come from, called for its effect alone, is set-up too:
+    nbddp.needs decides that, knowing the libraries.)"""
     names = parts(meaning)
     if meaning.startswith(CONFIG_HOMES) or meaning in ("os.environ", "sys.path"):
         return names[-1] not in EMITS
-    return meaning in SEEDS
+    return meaning in SEEDS or meaning in PROCESS_STATE
 
 
 def library_of(meaning: str) -> str | None:

@@ -14,10 +14,12 @@ CELLS = [
     "import os, json, random\nimport numpy as np\nimport torch\nrows = list(range(40))\n",
     "random.shuffle(rows)\ntrain_rows, val_rows = rows[:30], rows[30:]\n",
     "reseeded = torch.seed()  # from the OS's entropy, in a notebook; its value is never read\n",
+    "import sys\nsys.setrecursionlimit(4321)  # the process's own state: every rank's\n",
     "def holdout(data, k):\n    order = np.random.permutation(len(data))\n    return [int(data[i]) for i in order[:k]]\n",
     "picked = holdout(train_rows, 5)\nnoise = torch.rand(3).tolist()\nsample = random.sample(val_rows, 3)\n",
     "with open(f\"rank{os.environ.get('RANK', '0')}.json\", 'w') as fh:\n"
-    "    json.dump({'val': val_rows, 'picked': picked, 'noise': noise, 'sample': sample}, fh)\n",
+    "    json.dump({'val': val_rows, 'picked': picked, 'noise': noise, 'sample': sample,\n"
+    "               'limit': sys.getrecursionlimit()}, fh)\n",
 ]
 
 
@@ -32,4 +34,5 @@ def _run(tmp_path, name):
 def test_unseeded_randomness_is_the_same_on_every_rank_and_differs_between_jobs(tmp_path):
     first, second = _run(tmp_path, "a"), _run(tmp_path, "b")
     assert first[0] == first[1] and second[0] == second[1]
+    assert first[0]["limit"] == 4321  # set on every rank
     assert first[0] != second[0]  # the same within a job, not a fixed seed of nbddp's

@@ -12,7 +12,8 @@ from nbddp.vocabulary import DATA, GENERATE, LOAD, SAVE, STEP, TRAINS, kinds
 
 TABLES = {
     "TRAINERS": entries.TRAINERS, "COLLECTIVES": entries.COLLECTIVES, "OWN_DISTRIBUTION": entries.OWN_DISTRIBUTION,
-    "PASS_THROUGH": entries.PASS_THROUGH, "SEEDS": entries.SEEDS, "STATE_CLASSES": rank_conditions.STATE_CLASSES,
+    "PASS_THROUGH": entries.PASS_THROUGH, "SEEDS": entries.SEEDS, "PROCESS_STATE": entries.PROCESS_STATE,
+    "STATE_CLASSES": rank_conditions.STATE_CLASSES,
     "DISTRIBUTED": frozenset(rank_conditions.DISTRIBUTED), "TORCH_COLLECTIVES": entries.TORCH_COLLECTIVES,
     "ADAPTERS": entries.ADAPTERS, "INFERENCE": entries.INFERENCE,
     "PER_PROCESS": entries.PER_PROCESS, "DEMOS": entries.DEMOS, "TRACKER_CLASSES": entries.TRACKER_CLASSES,

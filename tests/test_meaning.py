@@ -574,3 +574,20 @@ def test_a_reseed_whose_value_the_notebook_keeps_still_runs_on_every_rank(cell):
     each rank the same seed), though training never reads `s`."""
     kept, _, _ = _kept([cell, "import torch\nnoise = torch.rand(3)\nds = [noise]\n" + TRAIN])
     assert "NBDDP_IS_MAIN" not in kept[0], kept[0]
+
+
+@pytest.mark.parametrize("cells", [
+    ["import sys\nsys.setrecursionlimit(10_000)\n"],
+    ["from multiprocessing import set_start_method as start_with\n", "start_with('spawn', force=True)\n"],  # alias
+    ["import resource as rs\ndef more_files():\n    soft, hard = rs.getrlimit(rs.RLIMIT_NOFILE)\n"
+     "    rs.setrlimit(rs.RLIMIT_NOFILE, (hard, hard))\nmore_files()\n"],                  # in a function
+    ["import signal, faulthandler\nfor sig in (signal.SIGTERM, signal.SIGUSR1):\n"
+     "    signal.signal(sig, lambda s, f: print('stopping'))\nfaulthandler.enable()\n"],     # in a loop
+    ["import socket, locale\nsocket.setdefaulttimeout(30)\nlocale.setlocale(locale.LC_ALL, 'C')\n"],
+])
+def test_what_a_process_sets_of_its_own_state_every_rank_sets(cells):
+    """A recursion limit, a file limit, a signal handler, the workers' start method, a default socket timeout: each
+    rank is a process of its own, and training there runs under them too (a second rank without the notebook's limit
+    fails where the first does not)."""
+    kept, _, _ = _kept(cells + [TRAIN])
+    assert not any("NBDDP_IS_MAIN" in cell for cell in kept[:-1]), kept
