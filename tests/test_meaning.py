@@ -218,6 +218,8 @@ GIVE_TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, trai
     ("import uuid\nrows = [f'run-{uuid.uuid4().hex}']\n", ["rows"]),
     ("from datetime import datetime as dt\nstamp = dt.now().strftime('%H%M%S')\nrows = [stamp]\n", ["stamp"]),
     ("import tempfile as tf\nwork = tf.mkdtemp()\nrows = [work]\n", ["work"]),  # a folder of a random name
+    ("import time\ndef stamp():\n    return int(time.monotonic_ns())\nrows = [stamp() % 100]\n", ["rows"]),  # a clock
+    ("from threading import get_native_id as me\nrows = [me() % 7 for _ in range(2)]\n", ["rows"]),  # the thread
     # rank-0 work (a save) that gives back what training reads: rank 0 saves, every rank gets the value
     ("import numpy as np, pathlib as pl\ndef cache(name):\n    p = pl.Path(name) / 'f.npy'\n    np.save(p, [1])\n"
      "    return p\nrows = cache('c')\n", ["rows"]),
