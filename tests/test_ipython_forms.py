@@ -3,6 +3,7 @@ and magic lines (nbddp/transforms/expansion.py): IPython's own expansion is the 
 from __future__ import annotations
 
 import os
+import sys
 
 import libcst as cst
 import pytest
@@ -115,3 +116,21 @@ def test_env_of_a_computed_line_is_ipythons(line, ip, monkeypatch, capsys):
     fresh()
     assert ipython_forms.nbddp_env(line) == wanted
     assert dict(os.environ) == after and capsys.readouterr().out == shown
+
+
+def test_run_file_keeps_what_the_file_bound_before_its_exit_as_ipython_does(tmp_path, monkeypatch, capsys):
+    """`%run`: a `sys.exit` ends the file, not the notebook, and the names it bound are the notebook's; a code other
+    than 0 is said unless `-e`; a file that takes its own folder off sys.path does not break the line; `-i` reads the
+    notebook's names."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "limits.py").write_text("import sys\nSTEPS = 2\nsys.path.remove(sys.path[0])\nsys.exit(3)\n")
+    (tmp_path / "twice.py").write_text("DOUBLE = BASE * 2\n")
+    path, main = list(sys.path), sys.modules["__main__"]
+    namespace = {"BASE": 21}
+    ipython_forms.nbddp_run_file("limits.py", namespace)
+    assert namespace["STEPS"] == 2 and "%run limits.py: SystemExit: 3" in capsys.readouterr().err
+    ipython_forms.nbddp_run_file("-e limits", namespace)
+    assert capsys.readouterr().err == ""
+    ipython_forms.nbddp_run_file("-i twice.py", namespace)
+    assert namespace["DOUBLE"] == 42 and sys.modules["__main__"] is main  # the script's own again
+    sys.path[:] = path

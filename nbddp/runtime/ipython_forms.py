@@ -132,13 +132,18 @@ def _nbddp_exec_file(path, namespace):
     file bound so far: the exit, its code."""
     with open(path, encoding="utf-8") as fh:
         code = compile(fh.read(), path, "exec")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    folder = os.path.dirname(os.path.abspath(path))
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
     try:
         exec(code, namespace)
     except SystemExit as done:
         return done.code
     finally:
-        sys.path.remove(os.path.dirname(os.path.abspath(path)))
+        if added:
+            with contextlib.suppress(ValueError):  # the file may have taken it out itself
+                sys.path.remove(folder)
     return None
 
 
