@@ -134,6 +134,11 @@ class Bindings(Assignments):
         for method in methods:
             fields.own = params_of(method)[0].name.value
             walk(method.body, fields)
+        for small in (s for line in node.body.body if isinstance(line, cst.SimpleStatementLine) for s in line.body):
+            if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None:  # a field of the class
+                for target in [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]:
+                    if isinstance(target, cst.Name):  # `rank: int = ...`: `self.rank` unless a method sets it
+                        fields.values.setdefault(target.value, []).append(small.value)
         self.fields.update((params_of(m)[0], fields) for m in methods)
         self.class_fields[node] = fields
 

@@ -93,7 +93,7 @@ class Names:
 
     def _meanings(self, expr, depth) -> set:
         if isinstance(expr, cst.Attribute):
-            held = self._field(expr, depth)  # `self.bot` in a method, `h.bot` of `h = Helper()`: what the
+            held = self.field_values(expr, depth)  # `self.bot` in a method, `h.bot` of `h = Helper()`: what the
             if held:  # class's methods assign it
                 return {m for value in held for m in self.meanings(value, depth + 1)}
             return {f"{m}.{expr.attr.value}" for m in self.meanings(expr.value, depth + 1)}
@@ -153,7 +153,7 @@ class Names:
                     return self.fields[assignment.node]
         return None
 
-    def _field(self, expr: cst.Attribute, depth: int = 0) -> list:
+    def field_values(self, expr: cst.Attribute, depth: int = 0) -> list:
         """The values the methods of a class of the notebook assign to `self.<attr>`, where `expr` is read through a
         method's own `self`, or through an instance the class made (`h.bot` after `h = Helper()`)."""
         fields = self._fields(expr)

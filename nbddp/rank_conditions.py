@@ -71,8 +71,8 @@ def node_reads(node, names, depth=0) -> set:
     if isinstance(node, cst.Name):
         return _name_reads(node, names, depth)
     if isinstance(node, cst.Attribute):  # (only the attributes that tell the shape can: the meanings only then)
-        if node.attr.value not in ATTRIBUTES:  # or a property of the notebook's own class
-            return _returns_read(node, names, depth, properties=True)
+        if node.attr.value not in ATTRIBUTES:  # or a property of the notebook's own class, or what it assigns it
+            return _returns_read(node, names, depth, properties=True) | _held(node, names, depth)
         return {w for w in (_of_value(m, names) for m in names.meanings(node)) if w}
     if isinstance(node, cst.Call):
         return _call_reads(node, names, depth)
@@ -93,6 +93,17 @@ def _name_reads(node, names, depth) -> set:
         cache[node] = frozenset()  # a value that reads itself: what is known so far
         value = names.value(node)
         cache[node] = frozenset(_reads(value, names, depth + 1)) if value is not None else frozenset()
+    return set(cache[node])
+
+
+def _held(node, names, depth) -> set:
+    """What the values the notebook's own class gives an attribute read of the job's shape: `env.rank` where its
+    class assigns `self.rank = int(os.environ["RANK"])` or holds the field `rank: int = int(os.environ["RANK"])`."""
+    cache = names.rank_reads
+    if node not in cache:
+        cache[node] = frozenset()  # a value that reads itself: what is known so far
+        if depth < MAX_DEPTH:
+            cache[node] = frozenset().union(*(_reads(v, names, depth + 1) for v in names.field_values(node, depth)))
     return set(cache[node])
 
 

@@ -593,3 +593,20 @@ def test_what_a_process_sets_of_its_own_state_every_rank_sets(cells):
     fails where the first does not)."""
     kept, _, _ = _kept(cells + [TRAIN])
     assert not any("NBDDP_IS_MAIN" in cell for cell in kept[:-1]), kept
+
+
+@pytest.mark.parametrize("before, test", [
+    ("from dataclasses import dataclass\nimport os\n@dataclass\nclass Env:\n    rank: int = int(os.environ.get('RANK', 0))\n"
+     "env = Env()\n", "env.rank == 1"),                                          # a dataclass's field
+    ("import torch.distributed as dist\nclass Kit:\n    def __init__(self):\n        self.rank = dist.get_rank()\n"
+     "kit = Kit()\n", "kit.rank == 1"),                                          # what __init__ assigns
+    ("import os\nclass Job:\n    world = int(os.getenv('WORLD_SIZE', '1'))\n    def __init__(self):\n"
+     "        self.index = int(os.environ['RANK'])\n    def last(self):\n        return self.index == self.world - 1\n"
+     "job = Job()\n", "job.last()"),                                             # through a method of its own
+])
+def test_a_rank_the_notebooks_own_object_holds_is_read_by_its_value(before, test):
+    """A class of the notebook's that holds the rank: the test of it after training runs on every rank (training's
+    end moves to it), and the object is made on every rank."""
+    out, _ = convert(before, TRAIN, f"if {test}:\n    open('one.txt', 'w').write('x')\n", "print('end')\n")
+    assert "NBDDP_IS_MAIN" not in out[0], out[0]
+    assert out[2].endswith(REST) and REST not in out[1], out
