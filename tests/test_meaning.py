@@ -433,6 +433,9 @@ def test_a_global_the_notebooks_function_sets_that_training_reads_is_set_on_ever
     "import logging, os\nlog = logging.getLogger('x')\nif int(os.environ['RANK']) == 1:\n    log.warning('one')\n",
     "from logging import warning as say\nimport torch.distributed as dist\ndef report():\n"
     "    if dist.get_rank() > 0:\n        say('other rank')\nreport()\n",
+    # a database of its own (the runtime gives other ranks their own copy of the notebook's databases)
+    "import sqlite3, torch.distributed as dist\nif dist.get_rank() == 1:\n    db = sqlite3.connect('one.db')\n"
+    "    db.commit()\n",
 ])
 def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_picks(cell):
     out, report = convert(TRAIN, cell)

@@ -1,8 +1,8 @@
 """Step: the body of the notebook's own test of the rank (`if dist.get_rank() == 1:`, by what it reads:
-nbddp.rank_conditions; not one only rank 0 passes) that saves, writes files or logs runs under
+nbddp.rank_conditions; not one only rank 0 passes) that calls anything but print runs under
 `with nbddp_rank_block():`, so what it writes there, the ranks the notebook picked write as it says: the runtime's
-nets (one writer for saves, a rank's own copy of the notebook's files, logging's senders on rank 0 only:
-runtime/one_writer.py, runtime/files.py) are for code written for one process."""
+nets (one writer for saves, a rank's own copy of the notebook's files and databases, logging's senders on rank 0
+only: runtime/one_writer.py, runtime/files.py) are for code written for one process."""
 from __future__ import annotations
 
 import libcst as cst
@@ -10,11 +10,9 @@ import libcst as cst
 from ..cst_helpers import live_calls
 from ..rank_conditions import OWN, RANK_ZERO, is_rank_test, node_reads
 from ..tree import TreeTransformer
-from ..vocabulary import SAVE
 from .base import TreeStep
 
 BLOCK = "nbddp_rank_block"
-NETTED = frozenset({"logging"})  # libraries whose calls the runtime's nets change on ranks other than 0 (one_writer)
 
 
 def _picks_rank_0(test, names, depth=0) -> bool:
@@ -50,23 +48,22 @@ class _Blocks(TreeTransformer):
     def __init__(self, tree, ctx):
         super().__init__(tree, ctx)
         self.top = {id(stmt) for stmt in tree.module.body}
-        self.saving = {id(stmt) for stmt in tree.module.body if any(map(self._netted, tree.calls_in(stmt)))}
+        self.acting = {id(stmt) for stmt in tree.module.body if any(map(self._acts, tree.calls_in(stmt)))}
 
-    def _netted(self, call) -> bool:
-        """A call the runtime's nets act on off rank 0: a save or file write, a log record (logging's handlers that
-        send records away send rank 0's only)."""
-        return SAVE in self.tree.effects.of_call(call) or any(
-            m.split(".")[0] in NETTED for m in self.names.meanings(call.func))
+    def _acts(self, call) -> bool:
+        """A call other than a print: any may reach one of the runtime's nets for code written for one process (a
+        save, a file written, a database, a log record sent away), whatever library it goes through."""
+        return "builtins.print" not in self.names.meanings(call.func)
 
     def on_visit(self, node):
-        if id(node) in self.top and id(node) not in self.saving:
+        if id(node) in self.top and id(node) not in self.acting:
             super().on_visit(node)
-            return False  # a top-level statement that saves nothing
+            return False  # a top-level statement that only prints, or calls nothing
         return super().on_visit(node)
 
     def leave_If(self, original, updated):
         if not is_rank_test(original, self.names) or _picks_rank_0(original.test, self.names) or \
-                _blocked(updated.body) or not any(map(self._netted, live_calls(original.body))):
+                _blocked(updated.body) or not any(map(self._acts, live_calls(original.body))):
             return updated
         block = updated.body if isinstance(updated.body, cst.IndentedBlock) else \
             cst.IndentedBlock([cst.SimpleStatementLine(list(updated.body.body))])
