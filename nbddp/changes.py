@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst_helpers import LiveVisitor, code_of
+from .cst_helpers import LiveVisitor
 from .entries import CHANGES_ARGUMENTS, EMITS, is_process_config, library_of
 from .entry_match import Table
 from .rank_conditions import node_reads
-from .ran_files import RUN_FILE, ran_file
+from .ran_files import RUN_FILE, ran_file, said
 from .reads_writes import file_of, files_named
 from .runtime import HELPERS
 from .vocabulary import CONFIG, MAIN_ONLY, SAVE, known
@@ -97,9 +97,7 @@ class Changes(LiveVisitor):
         ran = ran_file(line, self.scan) if isinstance(line, str) else None
         if ran is None:
             self.together = True
-            said = node.args[0].value if node.args else cst.SimpleString('""')
-            said = said.args[0].value if isinstance(said, cst.Call) and said.args else said  # nbddp_expand('$f')
-            self.unread.append(line if isinstance(line, str) else self.names.literal(said) or code_of(said))
+            self.unread.append(said(node, self.names))
             return
         self.together = self.together or ran.together
         self.changed |= ran.binds

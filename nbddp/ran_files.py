@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from .cst_helpers import code_of
 from .effects import Effects
 from .meanings import Names
 from .reads_writes import imported_values, reads_writes
@@ -29,8 +30,9 @@ def said(call, names) -> str | None:
     None for any other call."""
     if not (isinstance(call.func, cst.Name) and call.func.value == RUN_FILE):
         return None
-    line = names.literal(call.args[0].value) if call.args else None
-    return f"%run {line}" if isinstance(line, str) else "%run"
+    line = call.args[0].value if call.args else cst.SimpleString('""')
+    line = line.args[0].value if isinstance(line, cst.Call) and line.args else line  # `nbddp_expand('$f')`: as written
+    return f"%run {names.literal(line) if isinstance(names.literal(line), str) else code_of(line)}"
 
 
 @dataclass

@@ -93,7 +93,7 @@ def _unread(body, plan, ctx):
     for stmt in body:
         cell = starts_cell(stmt) or cell
         for line in plan.unread.get(id(stmt), ()):
-            ctx.report.change(cell, f"`%run {line}`: nbddp cannot read the file it runs (a computed line, or no such "
+            ctx.report.change(cell, f"`{line}`: nbddp cannot read the file it runs (a computed line, or no such "
                                     "file written by the notebook or beside it), so every rank runs it")
 
 
