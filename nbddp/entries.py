@@ -106,13 +106,16 @@ CONFIG_HOMES = ("os.environ", "os.putenv", "os.unsetenv", "os.chdir", "sys.path"
                 "torch.backends.", "torch._dynamo.config", "torch._inductor.config",
                 "gc.", "torch.cuda.empty_cache", "torch.cuda.reset_peak_memory_stats")  # and each rank's memory
 # Seeds of the random generators training draws from, whatever library it uses, also where the notebook keeps what
-# the call returns (`s = torch.seed()` reseeds torch's generator: every rank must, the runtime gives each the same
-# seed). The training libraries' own (`transformers.set_seed`) are theirs: a module function of a library training
-# uses, called for its effect, is set-up of every rank.
+# the call returns (`s = torch.seed()`, `seed = L.seed_everything(42)` reseed the process's generators: every rank
+# must; the runtime gives each the same seed where the call draws one). A seeding function of a library training uses
+# whose value is dropped is set-up anyway (a module function called for its effect).
 SEEDS = frozenset({"random.seed", "numpy.random.seed", "numpy.random.set_state", "random.setstate", "torch.seed",
                    "torch.random.seed", "torch.manual_seed", "torch.random.manual_seed", "torch.set_rng_state",
                    "torch.random.set_rng_state", "torch.cuda.seed", "torch.cuda.seed_all", "torch.cuda.manual_seed",
-                   "torch.cuda.manual_seed_all", "torch.cuda.set_rng_state", "torch.cuda.set_rng_state_all"})
+                   "torch.cuda.manual_seed_all", "torch.cuda.set_rng_state", "torch.cuda.set_rng_state_all",
+                   "transformers.set_seed", "transformers.enable_full_determinism", "accelerate.utils.set_seed",
+                   "lightning.seed_everything", "lightning.pytorch.seed_everything",
+                   "pytorch_lightning.seed_everything", "lightning.fabric.seed_everything"})
 # What a process sets of its own state through Python's standard library (and matplotlib's backend): limits, signals,
 # the start method of its workers, its locale, its time zone. Every rank is a process of its own and sets it too.
 PROCESS_STATE = frozenset({

@@ -573,6 +573,7 @@ def test_a_file_beside_the_notebook_that_it_runs_is_read_for_what_it_does(tmp_pa
     "from torch import seed as reseed\nbase = reseed()\n",                # through an alias
     "import torch\ndef fresh():\n    return torch.random.seed()\nstart = fresh()\n",  # in a function
     "import torch\nstates = [torch.manual_seed(s) for s in range(2)]\n",  # in a comprehension
+    "from transformers import set_seed as fix\nkept = fix(3)\n",        # a training library's, its value kept
 ])
 def test_a_reseed_whose_value_the_notebook_keeps_still_runs_on_every_rank(cell):
     """`s = torch.seed()` reseeds torch's generator, which training draws from: every rank runs it (the runtime gives
