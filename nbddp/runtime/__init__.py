@@ -28,6 +28,10 @@ class Helper(NamedTuple):
     together: bool = False  # every rank calls it: it may wait for the others
 
 
+# What the runtime's nets for code written for one process change on ranks other than 0, besides saves (the
+# vocabulary's SAVE: one_writer, files' own copies): the libraries whose calls they intercept (logging's senders, a
+# rank's own copy of a sqlite database, wandb's run). The notebook's own rank test turns them off (rank_blocks).
+NETTED = frozenset({"logging", "sqlite3", "wandb"})
 _FILES = "once per machine, the other ranks wait"
 _FORMS = "what IPython gives a notebook, in a script"
 _LOOP = "a training loop of the notebook's own: one model over every rank"

@@ -1,5 +1,5 @@
 """Step: the body of the notebook's own test of the rank (`if dist.get_rank() == 1:`, by what it reads:
-nbddp.rank_conditions; not one only rank 0 passes) that calls anything but print runs under
+nbddp.rank_conditions; not one only rank 0 passes) that calls what the runtime's nets act on runs under
 `with nbddp_rank_block():`, so what it writes there, the ranks the notebook picked write as it says: the runtime's
 nets (one writer for saves, a rank's own copy of the notebook's files and databases, logging's senders on rank 0
 only: runtime/one_writer.py, runtime/files.py) are for code written for one process."""
@@ -9,7 +9,9 @@ import libcst as cst
 
 from ..cst_helpers import live_calls
 from ..rank_conditions import OWN, RANK_ZERO, is_rank_test, node_reads
+from ..runtime import NETTED
 from ..tree import TreeTransformer
+from ..vocabulary import SAVE
 from .base import TreeStep
 
 BLOCK = "nbddp_rank_block"
@@ -51,14 +53,15 @@ class _Blocks(TreeTransformer):
         self.acting = {id(stmt) for stmt in tree.module.body if any(map(self._acts, tree.calls_in(stmt)))}
 
     def _acts(self, call) -> bool:
-        """A call other than a print: any may reach one of the runtime's nets for code written for one process (a
-        save, a file written, a database, a log record sent away), whatever library it goes through."""
-        return "builtins.print" not in self.names.meanings(call.func)
+        """A call one of the runtime's nets for code written for one process acts on: a save or file write, a call of
+        a library the runtime says its nets intercept (runtime.NETTED: a log record sent away, a database)."""
+        return SAVE in self.tree.effects.of_call(call) or any(
+            m.split(".")[0] in NETTED for m in self.names.meanings(call.func))
 
     def on_visit(self, node):
         if id(node) in self.top and id(node) not in self.acting:
             super().on_visit(node)
-            return False  # a top-level statement that only prints, or calls nothing
+            return False  # a top-level statement none of whose calls the nets act on
         return super().on_visit(node)
 
     def leave_If(self, original, updated):
