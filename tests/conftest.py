@@ -81,4 +81,3 @@ def example_ddp_job(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("ddp")
     (cwd / SCRIPT).write_text(nbddp.convert(str(EXAMPLE_NOTEBOOK)), encoding="utf-8")
     return run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", SCRIPT], cwd)
-
