@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from .cst_helpers import LiveVisitor
-from .entries import CHANGES_ARGUMENTS, EMITS, is_process_config, library_of
+from .entries import CHANGES_ARGUMENTS, EMITS, IN_PROCESS, is_process_config, library_of
 from .entry_match import Table
 from .rank_conditions import node_reads
 from .ran_files import RUN_FILE, ran_file, said
@@ -25,11 +25,17 @@ SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
 CHANGERS = Table(CHANGES_ARGUMENTS)
 
 
-def base_name(expr) -> str | None:
-    """`a` of `a`, `a.b.c`, `a[0].b`."""
+def _root(expr):
+    """`a` of `a`, `a.b.c`, `a[0].b`; `f()` of `f().a[0].b`."""
     while isinstance(expr, (cst.Attribute, cst.Subscript)):
         expr = expr.value
-    return expr.value if isinstance(expr, cst.Name) else None
+    return expr
+
+
+def base_name(expr) -> str | None:
+    """`a` of `a`, `a.b.c`, `a[0].b`."""
+    root = _root(expr)
+    return root.value if isinstance(root, cst.Name) else None
 
 
 class Changes(LiveVisitor):
@@ -71,6 +77,8 @@ class Changes(LiveVisitor):
                 self.changed.add(base)
                 self.mutated.add(base)
                 self.config = self.config or self.scan.imported(base)
+            else:  # `decimal.getcontext().prec = 40`: a value a library holds, changed (the process's own state)
+                self.config = self.config or isinstance(_root(target), cst.Call)
 
     def visit_Assign(self, node):
         for target in node.targets:
@@ -121,9 +129,12 @@ class Changes(LiveVisitor):
         meanings = self.names.meanings(func)
         if any(is_process_config(m) for m in meanings):
             self.configures.add(CONFIG)
-        elif node in self.drops:  # called for what it does to the process: set-up where training's libraries are
-            self.configures |= self.scan.homes(m for m in meanings if library_of(m))  # (module functions)
         effects, definitions = self.scan.effects.of_call(node), self.names.definitions(func)
+        if node in self.drops and not definitions:  # called for what it does to the process: set-up where training's
+            libraries = {library_of(m) for m in meanings}  # libraries are, or where it cannot act outside the process
+            self.configures |= self.scan.homes(m for m in meanings if library_of(m))  # (module functions)
+            if libraries and libraries <= IN_PROCESS and not effects:
+                self.configures.add(CONFIG)
         if SAVE in effects and not definitions:  # a file saved by its path
             self.saves.update(filter(None, [file_of(node, meanings, self.names)]))
         else:  # any other call given a path may read it, whatever its library

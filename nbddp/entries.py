@@ -116,14 +116,17 @@ SEEDS = frozenset({"random.seed", "numpy.random.seed", "numpy.random.set_state",
                    "transformers.set_seed", "transformers.enable_full_determinism", "accelerate.utils.set_seed",
                    "lightning.seed_everything", "lightning.pytorch.seed_everything",
                    "pytorch_lightning.seed_everything", "lightning.fabric.seed_everything"})
-# What a process sets of its own state through Python's standard library (and matplotlib's backend): limits, signals,
-# the start method of its workers, its locale, its time zone. Every rank is a process of its own and sets it too.
+# What a process sets of its own state through Python's standard library, psutil and matplotlib's backend: limits,
+# signals, priority and CPU affinity, the start method of its workers, its locale, its time zone. Every rank is a
+# process of its own and sets it too.
 PROCESS_STATE = frozenset({
     "sys.setrecursionlimit", "sys.setswitchinterval", "sys.set_int_max_str_digits", "resource.setrlimit", "os.nice",
     "os.umask", "socket.setdefaulttimeout", "signal.signal", "signal.alarm", "signal.setitimer", "signal.siginterrupt",
     "faulthandler.enable", "faulthandler.register", "faulthandler.dump_traceback_later",
     "multiprocessing.set_start_method", "multiprocessing.set_forkserver_preload", "multiprocessing.set_executable",
-    "locale.setlocale", "time.tzset", "matplotlib.use"})
+    "locale.setlocale", "time.tzset", "matplotlib.use", "os.sched_setaffinity", "os.sched_setscheduler",
+    "os.sched_setparam", "os.setpriority", "sys.setprofile", "sys.settrace", "sys.setdlopenflags",
+    "psutil.Process().nice", "psutil.Process().cpu_affinity", "psutil.Process().ionice", "psutil.Process().rlimit"})
 EMITS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log", "showwarning"})
 NOT_LIBRARIES = frozenset({"builtins", "__main__"})  # Python's own, the notebook's own
 
@@ -215,7 +218,8 @@ FUNCTIONS = {
     "seeded": frozenset({"torch.utils.data.random_split"} |  # seeded by its generator
                         {e for entries in SEED_KEYWORDS.values() for e in entries if "()" not in e}),
     "save": frozenset({"torch.save", "safetensors.torch.save_file", "safetensors.torch.save_model", "numpy.save",
-                       "numpy.savez", "numpy.savez_compressed"}),
+                       "numpy.savez", "numpy.savez_compressed", "numpy.savetxt", "pandas.to_pickle",
+                       "scipy.io.savemat", "pyarrow.parquet.write_table", "pyarrow.feather.write_feather"}),
     "push": frozenset({"huggingface_hub.upload_folder", "huggingface_hub.upload_file",
                        "huggingface_hub.HfApi().upload_folder", "huggingface_hub.HfApi().upload_file"}),
     "generate": frozenset({"transformers.TextStreamer", "transformers.TextIteratorStreamer"}),
@@ -255,6 +259,11 @@ PIPELINE = "transformers.pipeline"
 # that they made is no effect on every rank worth a report line.
 STANDARD = frozenset(sys.stdlib_module_names)  # Python's own packages
 COMPUTES = frozenset({"numpy", "pandas", "polars", "pyarrow", "scipy", "sklearn", "einops", "tqdm", "regex"})
+# Libraries whose module functions, called for their effect alone and given no file, can only change the process's
+# own state: options, error handling, registrations (`np.seterr(all="raise")`, `pd.set_option(...)`, `tqdm.pandas()`,
+# `sklearn.set_config(...)`, `decimal.setcontext(...)`). That is set-up every rank does (nbddp.changes).
+IN_PROCESS = COMPUTES | frozenset({"decimal", "locale", "codecs", "mimetypes", "copyreg", "tracemalloc", "importlib",
+                                   "random", "heapq", "bisect", "threading", "contextvars"})
 # Python's own modules whose calls reach other machines: a line that only calls them for their effect (a ping, a
 # datagram) is one, as another library's would be (nbddp.inside)
 REACHES_OUT = ("urllib.request.", "http.client.", "smtplib.", "socket.", "ftplib.", "imaplib.", "poplib.",

@@ -126,3 +126,11 @@ def test_a_method_of_a_value_a_library_without_entries_made_is_matched_by_name_f
 @pytest.mark.parametrize("meaning", ["mylib.Estimator().fit", "gym.make().step", "mylib.Net().backward"])
 def test_training_is_never_matched_by_name_for_such_a_value(meaning):
     assert not kinds([meaning], {meaning.split(".")[0]}) & {TRAINS, STEP, LOAD}
+
+
+@pytest.mark.parametrize("module", sorted(entries.IN_PROCESS))
+def test_every_in_process_library_is_a_package(module):
+    """nbddp.entries.IN_PROCESS names packages (a module function of one, called for its effect, is set-up)."""
+    if module not in entries.STANDARD and importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed here")
+    assert "." not in module and importlib.import_module(module)

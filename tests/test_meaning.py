@@ -590,13 +590,31 @@ def test_a_reseed_whose_value_the_notebook_keeps_still_runs_on_every_rank(cell):
     ["import signal, faulthandler\nfor sig in (signal.SIGTERM, signal.SIGUSR1):\n"
      "    signal.signal(sig, lambda s, f: print('stopping'))\nfaulthandler.enable()\n"],     # in a loop
     ["import socket, locale\nsocket.setdefaulttimeout(30)\nlocale.setlocale(locale.LC_ALL, 'C')\n"],
+    ["import os, psutil\nos.sched_setaffinity(0, {0, 1})\npsutil.Process().nice(5)\n"],  # priority and affinity
+    ["import numpy as np\nnp.seterr(all='raise')\n"],           # a library that computes: its options
+    ["from tqdm.auto import tqdm\n", "tqdm.pandas()\n"],       # a registration, over cells
+    ["import pandas as pd\ndef show_all():\n    pd.set_option('display.max_columns', None)\nshow_all()\n"],
+    ["from sklearn import set_config as configure\nconfigure(transform_output='pandas')\n"],  # through an alias
+    ["import decimal\nfor ctx in [decimal.getcontext()]:\n    decimal.setcontext(ctx)\n"
+     "decimal.getcontext().prec = 40\n"],                        # in a loop; a value the library holds, changed
 ])
 def test_what_a_process_sets_of_its_own_state_every_rank_sets(cells):
-    """A recursion limit, a file limit, a signal handler, the workers' start method, a default socket timeout: each
-    rank is a process of its own, and training there runs under them too (a second rank without the notebook's limit
-    fails where the first does not)."""
+    """A recursion limit, a file limit, a signal handler, the workers' start method, a default socket timeout, the
+    options of a library that computes (numpy's error handling, `tqdm.pandas()`'s `progress_apply`): each rank is a
+    process of its own, and training there runs under them too (a second rank without the notebook's limit fails
+    where the first does not; without `tqdm.pandas()`, `df.progress_apply` is an AttributeError there)."""
     kept, _, _ = _kept(cells + [TRAIN])
     assert not any("NBDDP_IS_MAIN" in cell for cell in kept[:-1]), kept
+
+
+@pytest.mark.parametrize("cell", [
+    "import numpy as np\nnp.savetxt('rows.txt', [1, 2])\n",              # a library that computes writes a file
+    "import pandas as pd\npd.to_pickle({'a': 1}, 'rows.pkl')\n",
+    "import os\nos.remove('old.txt')\n",                                # Python's own, outside the process
+])
+def test_what_writes_outside_the_process_stays_rank_0s(cell):
+    kept, _, _ = _kept([cell, TRAIN])
+    assert "if NBDDP_IS_MAIN" in kept[0], kept[0]
 
 
 @pytest.mark.parametrize("before, test", [

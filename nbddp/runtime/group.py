@@ -247,6 +247,18 @@ def _nbddp_rest_ended(ok):
     return ok
 
 
+def _nbddp_all_started():
+    """A rank that leaves early (an exit or error in the notebook's first lines) first waits, 60 s at most, until every
+    rank has started the group: gloo's start fails on a rank whose peer has already left."""
+    store, deadline = nbddp_store(), time.monotonic() + 60
+    try:
+        while (store is not None and NBDDP_CHECKED[0] and int(store.add(NBDDP_CHECKED_KEY, 0)) < NBDDP_WORLD_SIZE
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+    except Exception:  # the store's host is gone: nobody is left starting
+        pass
+
+
 def nbddp_teardown():
     """Run the end-of-script checks, wait for every rank, then close the process group; a rank that failed skips
     the checks and the wait. The last, collective barrier keeps a store that rank 0 hosts up until every rank has
@@ -260,6 +272,7 @@ def nbddp_teardown():
             ok = _nbddp_rest_ended(ok)
         elif not ok:
             nbddp_say_failed(failure)
+            _nbddp_all_started()
         if ok:
             for check in NBDDP_AT_TEARDOWN:
                 check()

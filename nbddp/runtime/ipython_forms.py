@@ -204,11 +204,16 @@ def nbddp_capture(stdout=True, stderr=True, display=True):
 
 def _nbddp_text(value):
     """The text Jupyter shows for a value: IPython's pretty form (its repr where IPython is absent); for a rich
-    object with no text form of its own (IPython.display.Markdown, HTML, ...), its markdown, LaTeX or HTML source."""
+    object with no text form of its own (IPython.display.Markdown, HTML, ...), its markdown, LaTeX or HTML source.
+    Importing IPython sets the recursion limit (to 3000); the notebook's own limit, set in a kernel that had IPython
+    already, stays."""
+    limit = sys.getrecursionlimit()
     try:
         from IPython.lib.pretty import pretty
     except ImportError:
         pretty = repr
+    finally:
+        sys.setrecursionlimit(limit)
     text = pretty(value)
     rich = (getattr(value, name, lambda: None)() for name in ("_repr_markdown_", "_repr_latex_", "_repr_html_"))
     return next((source for source in rich if isinstance(source, str)), text) if text.endswith("object>") else text
