@@ -317,7 +317,7 @@ STEP = "    loss = model(X).pow(2).mean()\n    loss.backward(); opt.step(); opt.
 def test_an_effect_in_a_function_that_every_rank_runs_runs_on_rank_0(cells, effect):
     out, report = convert(*cells, "print('done')\n")
     script = "".join(out)
-    assert f"if NBDDP_IS_MAIN:\n" in script and effect in script, script
+    assert "if NBDDP_IS_MAIN:\n" in script and effect in script, script
     line = next(line for line in script.splitlines() if effect in line)
     above = script.splitlines()[script.splitlines().index(line) - 1]
     assert above.strip() == "if NBDDP_IS_MAIN:" and len(line) - len(line.lstrip()) > len(above) - len(above.lstrip())

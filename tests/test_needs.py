@@ -327,7 +327,7 @@ BOTH = ("%%writefile helpers.py\nimport random, torch, requests as rq\n\ndef see
 def test_each_function_of_a_module_the_notebook_writes_is_what_its_own_code_calls(cell, every_rank, once_):
     """One module that both imports torch (a seeding function: set-up, every rank) and posts (once): by function."""
     (_, out, train), _ = convert(BOTH, cell + DONE, TRAIN)
-    assert every_rank in out and f"if NBDDP_IS_MAIN:\n" in out and train == TRAIN, out
+    assert every_rank in out and "if NBDDP_IS_MAIN:\n" in out and train == TRAIN, out
     lines = out.splitlines()
     at = next(i for i, line in enumerate(lines) if once_ in line)
     depth, enclosing = len(lines[at]) - len(lines[at].lstrip()), []
