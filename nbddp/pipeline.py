@@ -28,6 +28,7 @@ from .transforms.placement import Placement
 from .transforms.process_control import ProcessControl
 from .transforms.rank_blocks import RankBlocks
 from .transforms.rank_guards import RankGuards
+from .transforms.ran_notebooks import RanNotebooks
 from .transforms.runtime_needs import RuntimeNeeds
 from .transforms.scratch import Scratch
 from .transforms.show import Show
@@ -61,7 +62,7 @@ class CodeCells(Transform):
 
 def steps() -> list[Transform]:
     """The steps over the cells' text, before the notebook becomes one tree."""
-    return [CodeCells(), Magics()]
+    return [CodeCells(), RanNotebooks(), Magics()]
 
 
 def tree_steps() -> list[TreeStep]:

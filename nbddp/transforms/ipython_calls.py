@@ -262,6 +262,11 @@ class IPythonCalls(cst.CSTTransformer):
             report.change(self.cell, f"`%run {one_line(line, 50)}` runs the file in this process, its names then "
                                      "the notebook's, as IPython runs it")
             return [call_stmt("nbddp_run_file", text(line), _call("globals"))]
+        if name == "run":  # a notebook nbddp.transforms.ran_notebooks could not read
+            report.warn(self.cell, f"`%run {one_line(line, 50)}` removed: the converter cannot read that notebook "
+                                   "beside this one (or it runs itself); put it there and convert again, or copy its "
+                                   "cells into this notebook")
+            return [marker(f"removed `%run {line}`")]
         if name in DROP_QUIETLY:
             report.change(self.cell, f"removed `%{name}` (notebook-only)")
             return [marker(f"removed `%{name} {line}`".strip() + " (notebook-only)")]

@@ -1,0 +1,50 @@
+"""`%run other.ipynb` (nbddp.transforms.ran_notebooks): the other notebook's code cells stand in place of the line, as
+IPython runs them in the notebook's namespace, and each of their statements is placed by what it does, as the
+notebook's own are. Read from beside the notebook, never run; a notebook the converter cannot read, or one that runs
+itself, is removed with a line that says so."""
+from __future__ import annotations
+
+import nbformat
+
+from conftest import make_notebook
+from nbddp.pipeline import convert_notebook
+
+TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows[:BATCH])\ntrainer.train()\n"
+HELPERS = [("markdown", "# what the notebooks share"), "import json\nBATCH = 4\ndef fmt(x):\n    return json.dumps(x)\n",
+           "%run ping.ipynb\n"]
+PING = ["import requests\nrequests.post('https://x/hook', json={'start': 1})\n", "rows = list(range(8))\n"]
+
+
+def _convert(folder, *cells, **notebooks):
+    for name, their_cells in notebooks.items():
+        nbformat.write(make_notebook(*their_cells), folder / f"{name}.ipynb")
+    path = folder / "main.ipynb"
+    nbformat.write(make_notebook(*cells), path)
+    conversion = convert_notebook(str(path))
+    return [cell.source for cell in conversion.cells], str(conversion.report)
+
+
+def test_the_cells_of_a_notebook_it_runs_stand_in_its_place_and_are_placed_by_what_they_do(tmp_path):
+    cells, report = _convert(tmp_path, "import os\n%run helpers.ipynb\nprint(fmt(BATCH))\n", TRAIN,
+                             helpers=HELPERS, ping=PING)
+    first = cells[0]
+    assert "# %run helpers.ipynb, cell 2\nimport json\nBATCH = 4\n" in first, first  # training reads BATCH
+    assert "# %run helpers.ipynb, cell 3\n# %run ping.ipynb, cell 1\n" in first, first  # a notebook it runs, in turn
+    assert "if NBDDP_IS_MAIN:\n    requests.post(" in first, first  # an effect: once
+    assert "rows = list(range(8))\n" in first and "NBDDP_IS_MAIN:\n    rows" not in first, first  # training reads it
+    assert "`%run helpers.ipynb`: its 2 code cells converted in its place" in report, report
+
+
+def test_a_notebook_run_through_get_ipython_or_over_cells_is_read_the_same(tmp_path):
+    cells, _ = _convert(tmp_path, "ip = get_ipython()\n", "ip.run_line_magic('run', 'ping.ipynb')\n", TRAIN.replace(
+        "rows[:BATCH]", "rows"), ping=PING)
+    assert "# %run ping.ipynb, cell 2\nrows = list(range(8))\n" in cells[1], cells[1]
+    assert "run_line_magic" not in "".join(cells), cells
+
+
+def test_a_notebook_the_converter_cannot_read_or_that_runs_itself_is_removed_and_said(tmp_path):
+    cells, report = _convert(tmp_path, "%run missing.ipynb\n", "%run loop.ipynb\nX = 1\n", loop=["%run loop.ipynb\n"])
+    assert "# nbddp: removed `%run missing.ipynb`" in cells[0], cells[0]
+    assert "`%run missing.ipynb` removed: the converter cannot read that notebook" in report, report
+    assert "# %run loop.ipynb, cell 1\n# nbddp: removed `%run loop.ipynb`" in cells[1], cells[1]  # once, not forever
+    assert cells[1].endswith("X = 1\n"), cells[1]
