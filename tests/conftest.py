@@ -81,3 +81,10 @@ def example_ddp_job(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("ddp")
     (cwd / SCRIPT).write_text(nbddp.convert(str(EXAMPLE_NOTEBOOK)), encoding="utf-8")
     return run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", SCRIPT], cwd)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files that run multi-process jobs (marked `ddp`) first, each file's tests in their order: with the README's
+    `-n 2 --dist loadfile` the quick files fill in at the end, so both workers finish together."""
+    jobs = {item.path for item in items if item.get_closest_marker("ddp")}
+    items.sort(key=lambda item: item.path not in jobs)
