@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst_helpers import LiveVisitor
-from .entries import CHANGES_ARGUMENTS, EMITS, IN_PROCESS, is_process_config, library_of
+from .cst_helpers import LiveVisitor, code_of
+from .entries import CHANGES_ARGUMENTS, EMITS, IN_PROCESS, RUNS_CODE, is_process_config, library_of
 from .entry_match import Table
 from .rank_conditions import node_reads
 from .ran_files import RUN_FILE, ran_file, said
@@ -23,6 +23,7 @@ from .vocabulary import CONFIG, MAIN_ONLY, SAVE, known
 
 SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
 CHANGERS = Table(CHANGES_ARGUMENTS)
+READS_TEXT = frozenset({"builtins.open().read", "pathlib.Path().read_text"})  # a file's text, read whole
 
 
 def _root(expr):
@@ -99,17 +100,19 @@ class Changes(LiveVisitor):
             if isinstance(shown, cst.Call):  # `nbddp_show(random.shuffle(rows))`: the cell's last line, its value
                 self.drops.add(shown)         # dropped in the notebook (None) and shown in the script
 
-    def _ran(self, node):
-        """`%run file.py`: what the file's code does, where the converter can read it; else every rank runs it."""
-        line = self.names.literal(node.args[0].value) if node.args else None
+    def _ran(self, node, line=None, binds=True):
+        """`%run file.py` (and a call that runs a file's code, `line` as `%run` would spell it): what the file's code
+        does, where the converter can read it; else every rank runs it. `binds`: its names become the notebook's."""
+        line = self.names.literal(node.args[0].value) if line is None and node.args else line
         ran = ran_file(line, self.scan) if isinstance(line, str) else None
         if ran is None:
             self.together = True
-            self.unread.append(said(node, self.names))
+            self.unread.append(said(node, self.names) or code_of(node))
             return
         self.together = self.together or ran.together
-        self.changed |= ran.binds
-        self.mutated |= ran.binds
+        if binds:
+            self.changed |= ran.binds
+            self.mutated |= ran.binds
         self.reads |= ran.reads
         self.ran_kinds |= ran.kinds
         self.configures |= ran.configures
@@ -123,10 +126,12 @@ class Changes(LiveVisitor):
         self.calls.append(node)
         if isinstance(func, cst.Name) and func.value == RUN_FILE:
             return self._ran(node)
+        meanings = self.names.meanings(func)
+        if meanings & RUNS_CODE:
+            return self._runs_code(node, meanings)
         if isinstance(func, cst.Name) and func.value.startswith("nbddp_") and (
                 func.value not in HELPERS or HELPERS[func.value].together):  # nbddp's helpers every rank calls
             self.together = True
-        meanings = self.names.meanings(func)
         if any(is_process_config(m) for m in meanings):
             self.configures.add(CONFIG)
         effects, definitions = self.scan.effects.of_call(node), self.names.definitions(func)
@@ -165,6 +170,31 @@ class Changes(LiveVisitor):
                 if base is not None and not self.scan.immutable(arg.value):
                     self.changed.add(base)
                     self.mutated.add(base)
+
+
+    def _runs_code(self, node, meanings):
+        """`exec(open("utils.py").read())` as `%run -i utils.py`, `runpy.run_path("prep.py")` as `%run prep.py`
+        (`run_module("prep")`: `%run -m prep`), its names its own; `exec` of code the converter cannot read, or into
+        the notebook's namespace by a name it cannot follow, runs on every rank."""
+        first = node.args[0].value if node.args and not node.args[0].star else None
+        if "builtins.exec" in meanings:
+            if len(node.args) > 1:  # into namespaces the notebook gives: it changes what it is given
+                self.changed |= {n for n in map(base_name, (a.value for a in node.args[1:])) if n}
+                return
+            path = self._file_read(first)
+            return self._ran(node, f"-i {path}" if path else None)
+        path = self.names.literal(first)
+        module = "runpy.run_module" in meanings
+        return self._ran(node, (f"-m {path}" if module else path) if isinstance(path, str) else None, binds=False)
+
+    def _file_read(self, expr) -> str | None:
+        """The path of `open("utils.py").read()` or `Path("utils.py").read_text()` (a literal, or a name last assigned
+        one), else None."""
+        if not (isinstance(expr, cst.Call) and self.names.meanings(expr.func) & READS_TEXT
+                and isinstance(expr.func.value, cst.Call) and expr.func.value.args):
+            return None
+        path = self.names.literal(expr.func.value.args[0].value)
+        return path if isinstance(path, str) else None
 
 
 def _given(call) -> list:

@@ -127,6 +127,10 @@ PROCESS_STATE = frozenset({
     "locale.setlocale", "time.tzset", "matplotlib.use", "os.sched_setaffinity", "os.sched_setscheduler",
     "os.sched_setparam", "os.setpriority", "sys.setprofile", "sys.settrace", "sys.setdlopenflags",
     "psutil.Process().nice", "psutil.Process().cpu_affinity", "psutil.Process().ionice", "psutil.Process().rlimit"})
+# Calls that run Python code in this process: `exec(open("utils.py").read())` runs a file in the notebook's namespace
+# (as `%run -i` does), `runpy.run_path("prep.py")` and `runpy.run_module("prep")` in one of their own (as `%run`):
+# nbddp.changes reads the file as a `%run` of it (nbddp.ran_files); code it cannot read runs on every rank.
+RUNS_CODE = frozenset({"builtins.exec", "runpy.run_path", "runpy.run_module"})
 EMITS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log", "showwarning"})
 NOT_LIBRARIES = frozenset({"builtins", "__main__"})  # Python's own, the notebook's own
 

@@ -20,6 +20,8 @@
     plan.outside -> statements every rank runs because training reads what they give, that call a library neither
                   training's objects nor Python's standard library come from (`rows = mylib.fetch(url)`): id -> (the
                   names training reads, those libraries); the report says so, an effect there happens on every rank
+    plan.alone -> the statements that only act outside the process (nbddp.alone): rank 0 runs them where there is
+                  no training's end to plan by (a notebook that does not train, a `%ddp` session's cells)
 
 The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
 collectives, nbddp's own helpers, what reads the rank or the world size by meaning: `open(f"log-{dist.get_rank()}.txt",
@@ -43,10 +45,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from .alone import acts_alone
 from .bindings import params_of, static
 from .changes import Changes
 from .cst_helpers import is_if_false
-from .entries import COMPUTES, STANDARD, VALUE_HOMES
+from .entries import COMPUTES, NOT_LIBRARIES, STANDARD, VALUE_HOMES
 from .flows import aliases, carried, declared_global
 from .inside import nested_effects
 from .rank_conditions import is_rank_test
@@ -78,6 +81,7 @@ class Plan:
     libraries: set = field(default_factory=set)  # the libraries training's own objects come from, and torch
     packages: set = field(default_factory=set)  # the packages the notebook imports
     unread: dict = field(default_factory=dict)  # id of a `%run` line whose file cannot be read -> the line
+    alone: dict = field(default_factory=dict)  # id of a statement that only acts outside the process -> its paths
 
 
 class _Scan:
@@ -251,7 +255,10 @@ def training_needs(body, names, effects, folder=None) -> Plan:
     plan.end, plan.marked = training_end(body, scan.kinds, lambda stmt: scan.seen(stmt).rank)
     plan.calls = {key: seen.calls for key, seen in scan.read.items()}
     plan.unread = {key: seen.unread for key, seen in scan.read.items() if seen.unread}
-    if plan.end is None:
+    if plan.end is None:  # no training seen: training's libraries, as far as the vocabulary knows them
+        scan.libraries |= frozenset().union(*VALUE_HOMES.values()) - NOT_LIBRARIES
+        scan.learn_libraries(body)
+        plan.alone = acts_alone(body, scan, names)
         return plan
     scan.learn_libraries(body[:plan.end + 1])
     plan.libraries, plan.packages = scan.libraries, scan.packages
@@ -282,4 +289,5 @@ def training_needs(body, names, effects, folder=None) -> Plan:
         elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).calls:
             plan.once.add(id(stmt))  # one that calls nothing (`x = 5`) follows what it reads
     plan.nested_once = nested_effects([s for s in body[:plan.end + 1] if id(s) not in plan.once], scan, names)
+    plan.alone = acts_alone(body, scan, names)
     return plan

@@ -539,7 +539,31 @@ def test_a_file_the_notebook_runs_is_read_for_what_it_does(cells, every_rank):
     ran = next(i for i, cell in enumerate(kept) if "nbddp_run_file(" in cell)
     assert ("NBDDP_IS_MAIN" not in kept[ran]) == every_rank, kept[ran]
     assert "NBDDP_IS_MAIN" not in kept[-1], kept[-1]
-    assert ("nbddp cannot read the file" in report.format()) == ("$" in cells[-1]), report.format()
+    assert ("nbddp cannot read the code" in report.format()) == ("$" in cells[-1]), report.format()
+
+
+@pytest.mark.parametrize("cells, every_rank", [
+    (["%%writefile utils.py\ndef make_rows():\n    return [1, 2]\n", "exec(open('utils.py').read())\n",
+      "ds = make_rows()\n"], True),                                   # exec of a file: its names the notebook's
+    (["%%writefile utils.py\n" + PING, "from pathlib import Path as P\nexec(P('utils.py').read_text())\n"],
+     False),                                                           # through an alias, an effect alone
+    (["%%writefile cfg.py\nROWS = [1, 2]\n", "import runpy\nns = runpy.run_path('cfg.py')\n",
+      "ds = ns['ROWS']\n"], True),                                     # runpy: its names in what it returns
+    (["%%writefile ping.py\n" + PING, "from runpy import run_module as run\nfor _ in range(1):\n"
+      "    run('ping')\n"], False),                                   # in a loop, a module: an effect alone
+    (["%%writefile prep.py\nimport torch\ntorch.manual_seed(0)\n", "import runpy\nrunpy.run_path('prep.py')\n"],
+     True),                                                            # set-up of torch
+    (["code = 'import mylib\\nmylib.go()'\nexec(code)\n"], True),    # code the converter cannot read
+])
+def test_a_call_that_runs_a_files_code_is_read_as_a_run_of_it(cells, every_rank):
+    """`exec(open("utils.py").read())` is `%run -i utils.py`, `runpy.run_path("cfg.py")` is `%run cfg.py` whose
+    names are in the dict it returns: the line runs where what the file's code does says. Before, each ran on rank 0
+    alone where training read no name the line bound (rank 1 had no `make_rows`)."""
+    kept, out, report = _kept(cells + [TRAIN])
+    ran = next(i for i, cell in enumerate(kept) if "exec(" in cell or "run(" in cell or "run_path(" in cell)
+    assert ("NBDDP_IS_MAIN" not in kept[ran]) == every_rank, kept[ran]
+    assert "NBDDP_IS_MAIN" not in kept[-1], kept[-1]
+    assert ("nbddp cannot read the code" in report.format()) == ("code =" in cells[-1]), report.format()
 
 
 def test_a_file_run_among_the_notebooks_names_that_trains_ends_training_there():
@@ -632,3 +656,40 @@ def test_a_rank_the_notebooks_own_object_holds_is_read_by_its_value(before, test
     out, _ = convert(before, TRAIN, f"if {test}:\n    open('one.txt', 'w').write('x')\n", "print('end')\n")
     assert "NBDDP_IS_MAIN" not in out[0], out[0]
     assert out[2].endswith(REST) and REST not in out[1], out
+
+
+ALONE = [
+    ["import requests\nrequests.post('https://x/hook', json={'start': 1})\n"],   # a web hook
+    ["import os as o\ndef fresh():\n    o.makedirs('out')\nfresh()\n"],            # a folder, through a function
+    ["import subprocess as sp\n[sp.run(['echo', str(i)]) for i in range(2)]\n"],  # programs, in a comprehension
+    ["import mylib as ml\n", "ml.notify('start')\n"],                             # an alias, over cells
+]
+STAYS = ["import mylib\nrows = mylib.fetch()\n", "from unsloth import PatchFastRL\nPatchFastRL('GRPO', None)\n",
+         "import random\nrows = [1, 2]\nrandom.shuffle(rows)\n", "import os\nos.environ['A'] = '1'\n"]
+
+
+@pytest.mark.parametrize("cells", ALONE)
+def test_without_training_what_only_acts_outside_the_process_runs_once(cells):
+    """A notebook with no training the analysis can see: a statement that binds and changes none of its values, sets
+    nothing up and only calls out (a hook, a folder, a program) runs on rank 0, the others waiting; what makes a value
+    or sets up a training library stays on every rank. Before, each ran on every rank (the hook sent twice, the
+    folder made twice: FileExistsError)."""
+    out, _ = convert(*cells, "x = 1\n")
+    assert "if NBDDP_IS_MAIN:" in out[-2] and "nbddp_barrier(" in out[-2], out[-2]
+    for cell in STAYS:
+        assert "NBDDP_IS_MAIN" not in convert(cell, "x = 1\n")[0][0], cell
+
+
+def test_a_ddp_sessions_cells_run_what_only_acts_outside_the_process_once():
+    """`%ddp`: each cell converted as it comes, later cells unknown. A hook before training and after it runs on rank
+    0; the values and set-up every rank may need later stay on every rank."""
+    from nbddp.cellwise.history import History
+    session, codes = History(), []
+    for cell in [ALONE[0][0], STAYS[0] + STAYS[1], TRAIN.replace("ds)", "rows)"), "requests.post('https://x/done')\n"]:
+        converted = session.convert(cell)
+        session.accept(cell, converted)
+        codes.append(converted.code)
+    guarded = [code.split("requests.post(")[0].rstrip().endswith("if NBDDP_IS_MAIN:") or
+               code.split("requests.post(")[0].endswith("if NBDDP_IS_MAIN:\n    nbddp_show(") for code in codes]
+    assert guarded[0] and "NBDDP_IS_MAIN" not in codes[1], codes
+    assert "NBDDP_IS_MAIN" not in codes[2] and guarded[3], codes

@@ -187,11 +187,15 @@ def test_after_training_rank_0_runs_the_rest_alone(cells, end):
     assert any("training ends here" in n.text for n in report.changes)
 
 
-def test_a_notebook_that_trains_nothing_and_a_ddp_session_keep_the_vocabulary_alone():
+def test_a_notebook_that_trains_nothing_and_a_ddp_session_run_what_only_acts_outside_the_process_once():
+    """No training's end to plan by (a notebook that does not train; `%ddp`, cell by cell, cannot know what later
+    cells need): the vocabulary's rank-0 work, and what only acts outside the process (nbddp.alone), run on rank 0;
+    the files it is given go to machines without rank 0's storage. The rest stays on every rank."""
+    download = "import mylib\n" + once("mylib.download('data')\n", "download") + 'nbddp_share_files("data")\n' + DONE
     untrained = ["import mylib\nmylib.download('data')\n" + DONE, "out = model.generate(x)\n"]
-    assert convert(*untrained)[0] == [untrained[0], once("out = model.generate(x)\n", "generate")]
-    cells = ["import mylib\nmylib.download('data')\n" + DONE, TRAIN, "mylib.upload('out')\n" + DONE]
-    assert convert(*cells, whole=False)[0] == cells  # %ddp: cell by cell, it cannot know what later cells need
+    assert convert(*untrained)[0] == [download, once("out = model.generate(x)\n", "generate")]
+    cells = ["import mylib\nmylib.download('data')\n" + DONE, TRAIN, "rows = mylib.fetch('out')\n"]
+    assert convert(*cells, whole=False)[0] == [download, TRAIN, cells[2]]
 
 
 def test_a_name_a_block_binds_anew_is_every_ranks_there():

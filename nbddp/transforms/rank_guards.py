@@ -28,7 +28,7 @@ from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_
 from .base import TreeStep
 from .callbacks import callback
 from .hoist import hoist
-from .whole import GIVE, GIVEN, SHARE, after_guard, apply_plan, given_names, take_given
+from .whole import GIVE, GIVEN, SHARE, after_guard, alone, apply_plan, given_names, on_body, take_given
 
 USES = "uses"
 ONCE = "once"  # training does not need it (nbddp.needs)
@@ -200,6 +200,8 @@ class _Guards:
         kinds = frozenset().union(*(k for k, _, _ in why)) | {ONCE}
         named = [text for _, text, _ in why] or list(filter(None, map(self._named, calls)))[:1]
         self.taken[id(stmt.body)] = (kinds, why[0][2] if why else named[0] if named else "rank 0")
+        if id(stmt) in self.files:
+            self.for_machines[id(stmt.body)] = self.files[id(stmt)]
         self.reasons.setdefault(self.cell, []).extend(named)
         self.unneeded.add(self.cell)
         self.tainted |= reads_writes(stmt)[1]
@@ -283,6 +285,8 @@ class RankGuards(TreeStep):
         body = list(module.body)
         if ctx.options.whole:
             body = apply_plan(body, guards, tree, ctx)
+        else:  # a %ddp session's cell: later cells unknown, what only acts outside the process is rank 0's
+            alone(guards, on_body(tree.plan, tree.first.body, body, tree.names, guards.hoisted))
         module = module.with_changes(body=regroup(body, guards.select, guards.wrap, origin=tree.names.origin))
         guards.say()
         return module

@@ -45,7 +45,8 @@ def apply_plan(body, guards, tree, ctx) -> list:
     plan = on_body(tree.plan, tree.first.body, body, tree.names, guards.hoisted)
     guards.calls = plan.calls
     _unread(body, plan, ctx)
-    if plan.end is None:
+    if plan.end is None:  # no training's end to plan by: what only acts outside the process is rank 0's
+        alone(guards, plan)
         return body
     guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
     guards.nested_once = plan.nested_once
@@ -93,8 +94,16 @@ def _unread(body, plan, ctx):
     for stmt in body:
         cell = starts_cell(stmt) or cell
         for line in plan.unread.get(id(stmt), ()):
-            ctx.report.change(cell, f"`{line}`: nbddp cannot read the file it runs (a computed line, or no such "
-                                    "file written by the notebook or beside it), so every rank runs it")
+            ctx.report.change(cell, f"`{line}`: nbddp cannot read the code it runs (a computed line or text, or "
+                                    "no such file written by the notebook or beside it), so every rank runs it")
+
+
+def alone(guards, plan):
+    """Where there is no training's end to plan by (a notebook that does not train, a `%ddp` session's cell): what
+    only acts outside the process (nbddp.alone) is rank-0 work, and the files it is given go to machines without rank
+    0's storage."""
+    guards.calls = plan.calls
+    guards.once, guards.files = set(plan.alone), {key: paths for key, paths in plan.alone.items() if paths}
 
 
 def on_body(plan, read, body, names, hoisted) -> Plan:
@@ -110,6 +119,7 @@ def on_body(plan, read, body, names, hoisted) -> Plan:
     for stmt in body:
         first.setdefault(id(names.orig(stmt)), id(stmt))
     new.unread = {first[key]: value for key, value in plan.unread.items() if key in first}
+    new.alone = {id(stmt): plan.alone[id(names.orig(stmt))] for stmt in body if id(names.orig(stmt)) in plan.alone}
     if plan.end is None:
         return new
     for stmt in body:
