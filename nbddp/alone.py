@@ -1,15 +1,19 @@
-"""Of the notebook's top-level statements, those that only act outside the process, by what they read and change:
+"""Of the notebook's top-level statements, those that only call another library for their effect:
 
-    acts_alone(body, scan, names) -> {id: paths} of the statements that bind and change none of the notebook's
-                                     values, set nothing up, read no rank, do no work of every rank (train, load, a
-                                     collective, data work) and call something: a web hook, a download, a folder
-                                     made, a file moved, a program started; paths: the literal paths their calls are
-                                     given (not a URL), which a machine without rank 0's storage gets a copy of
+    acts_alone(body, scan, names) -> {id: paths} of the lines that nbddp.inside's `effect_only` finds (they call a
+                                     library none of training's, Python's own or a computing one's, a web hook, a
+                                     notifier, an upload, a download through urllib; drop the values; change, bind,
+                                     set up and read nothing of the notebook's or the rank), and that ask nothing
+                                     (a prompt or a login: nbddp.vocabulary.prompt) and are handed no function of the
+                                     notebook's (the library may run it);
+                                     paths: the literal paths their calls are given (not a URL), which a machine
+                                     without rank 0's storage gets a copy of
 
-The plan (nbddp.needs) runs such a statement once wherever it can say what training needs (before training's end it
-is a statement training does not need). Where it cannot, nothing training could need comes of it either: in a
-notebook with no training the analysis can see, and in a `%ddp` session's cells as they come (later cells unknown),
-rank 0 runs these alone and the other ranks wait for it (nbddp.transforms.whole).
+The plan (nbddp.needs) runs such a line once wherever it can say what training needs (before training's end it is
+a statement training does not need). Where it cannot, nothing training could need comes of it either: in a notebook
+with no training the analysis can see, and in a `%ddp` session's cells as they come (later cells unknown), rank 0
+runs these alone and the other ranks wait for it (nbddp.transforms.whole). Python's own calls (a folder made, a
+program started, an exit, a sleep) stay on every rank there, as the notebook's process would run them.
 """
 from __future__ import annotations
 
@@ -17,31 +21,35 @@ from urllib.parse import urlsplit
 
 import libcst as cst
 
-from .cst_helpers import is_if_false
-from .rank_conditions import is_rank_test
-from .runtime import HELPERS
-from .vocabulary import (BACKWARD, COLLECTIVE, CONFIG, DATA, LOAD, MAIN_ONLY, OWN_DDP, PEFT, SEEDED, STEP, SYNC,
-                         TRAINS)
-
-EVERY_RANK = frozenset({SYNC, TRAINS, COLLECTIVE, LOAD, PEFT, DATA, BACKWARD, STEP, CONFIG, OWN_DDP, SEEDED})
-# (and the vocabulary's own rank-0 work, a save or a print: the rank guards take it by its kind, as everywhere)
+from .changes import SHOWS
+from .inside import effect_only
+from .vocabulary import MAIN_ONLY, prompt
 
 
-def _nbddps(call) -> bool:
-    """A line of nbddp's own (`nbddp_shell(...)` for a `!` line, its history, its barriers): placed by its step."""
-    return isinstance(call.func, cst.Name) and call.func.value in HELPERS
+def _called(stmt) -> bool:
+    """Each of the line's statements a call, also where it is a cell's last line the script shows
+    (`nbddp_show(f(x))`; not `nbddp_show([f(x) for x in xs])`): the same line, converted twice or once."""
+    values = [small.value for small in stmt.body if isinstance(small, cst.Expr)]
+    shown = [v.args[0].value if isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value in SHOWS
+             and v.args else v for v in values]
+    return len(values) == len(stmt.body) and all(isinstance(v, cst.Call) for v in shown)
+
+
+def _handed(call, names) -> bool:
+    """The call is given a function or class of the notebook's (or a lambda), which the library may run: what that
+    does (train, on every rank) is the call's too."""
+    return any(isinstance(arg.value, cst.Lambda) or names.definitions(arg.value) for arg in call.args)
 
 
 def acts_alone(body, scan, names) -> dict:
     found = {}
     for stmt in body:
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt) or is_rank_test(stmt, names):
+        if not isinstance(stmt, cst.SimpleStatementLine) or not _called(stmt) or not effect_only(stmt, scan) or \
+                scan.kinds(stmt) & MAIN_ONLY:  # (the vocabulary's rank-0 work: the rank guards take it by its kind)
             continue
-        _, changes, seed, _ = scan.facts(stmt)
         calls = scan.seen(stmt).calls
-        if seed or any(not c.startswith("file:") for c in changes) or not calls or \
-                scan.kinds(stmt) & (EVERY_RANK | MAIN_ONLY) or any(_nbddps(call) for call in calls):
+        if any(prompt(names.meanings(call.func), False, scan.packages) or _handed(call, names) for call in calls):
             continue
-        paths = {c[5:] for c in changes | scan.seen(stmt).loads if c.startswith("file:")}
+        paths = {c[5:] for c in scan.facts(stmt)[1] | scan.seen(stmt).loads if c.startswith("file:")}
         found[id(stmt)] = sorted(p for p in paths if len(urlsplit(p).scheme) < 2)  # (`C:` is a drive)
     return found

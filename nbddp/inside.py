@@ -20,10 +20,11 @@ from .changes import base_name
 from .cst_helpers import is_if_false, names_in, statement_blocks
 from .entries import COMPUTES, REACHES_OUT, STANDARD, TRAINING_HOOKS, is_entry
 from .rank_conditions import is_rank_test
+from .runtime import HELPERS
 from .vocabulary import COLLECTIVE, CONFIG, DEVICE_MOVES, parts
 
 
-def _effect_only(stmt, scan, handles) -> bool:
+def effect_only(stmt, scan, handles=frozenset()) -> bool:
     """A line that calls a library for its effect alone where that library is none of training's, Python's own or a
     computing one (a web hook, a notifier): its calls' values are dropped, it changes and binds nothing, reads
     neither the rank nor the world nor a file an enclosing `with` opened, and sets up nothing."""
@@ -33,6 +34,8 @@ def _effect_only(stmt, scan, handles) -> bool:
     seen = scan.seen(stmt)
     changes = changes - (seen.changed - seen.mutated) - _sent(seen.calls, scan)  # (a method whose value it uses)
     packages = seen.packages - {"builtins", "__main__"}  # the notebook's own functions: by what they call
+    if packages & HELPERS.keys():  # nbddp's own lines (`%%writefile` in a function): each places itself
+        return False
     reach = {m.split(".", 1)[0] for c in seen.calls for m in scan.names.meanings(c.func) if m.startswith(REACHES_OUT)}
     return bool(packages) and not (seed or changes or seen.rank or seen.together or reads & handles) and not \
         packages & scan.libraries and not (packages - reach) & (STANDARD | COMPUTES) and not \
@@ -88,7 +91,7 @@ def _called(body, scan, names) -> set:
 
 
 def nested_effects(body, scan, names) -> set:
-    """The effect-only lines (_effect_only) inside the blocks of these statements and the bodies of the functions that
+    """The effect-only lines (effect_only) inside the blocks of these statements and the bodies of the functions that
     do work every rank must do (a trainer's, a collective) or that a trainer calls (a callback's hooks), and the
     statements that hold them (by id)."""
     found, called = set(), _called(body, scan, names)
@@ -108,7 +111,7 @@ def nested_effects(body, scan, names) -> set:
         if isinstance(stmt, cst.ClassDef):  # a trainer calls its methods on every rank
             held = any([walk(s, handles, True) for s in stmt.body.body])
         elif isinstance(stmt, cst.SimpleStatementLine):
-            held = _effect_only(stmt, scan, handles)
+            held = effect_only(stmt, scan, handles)
         else:
             if isinstance(stmt, cst.With):  # `with open(path, "w") as fh:` on every rank: what writes to fh too
                 handles = handles | {n for item in stmt.items if item.asname is not None

@@ -660,20 +660,23 @@ def test_a_rank_the_notebooks_own_object_holds_is_read_by_its_value(before, test
 
 ALONE = [
     ["import requests\nrequests.post('https://x/hook', json={'start': 1})\n"],   # a web hook
-    ["import os as o\ndef fresh():\n    o.makedirs('out')\nfresh()\n"],            # a folder, through a function
-    ["import subprocess as sp\n[sp.run(['echo', str(i)]) for i in range(2)]\n"],  # programs, in a comprehension
+    ["import urllib.request as u\nu.urlretrieve('https://x/d.csv', 'd.csv')\n"],  # a download through urllib
+    ["import requests as rq\ndef hook(text):\n    rq.post('https://x/hook', json={'text': text})\nhook('go')\n"],
     ["import mylib as ml\n", "ml.notify('start')\n"],                             # an alias, over cells
 ]
 STAYS = ["import mylib\nrows = mylib.fetch()\n", "from unsloth import PatchFastRL\nPatchFastRL('GRPO', None)\n",
-         "import random\nrows = [1, 2]\nrandom.shuffle(rows)\n", "import os\nos.environ['A'] = '1'\n"]
+         "import random\nrows = [1, 2]\nrandom.shuffle(rows)\n", "import os\nos.environ['A'] = '1'\n",
+         "import os, sys, time\nos.makedirs('out')\ntime.sleep(1)\nsys.exit(0)\n",  # Python's own: as the process
+         "from huggingface_hub import login\nlogin()\n",                            # a prompt: every rank asks
+         "import mylib\ndef fit():\n    trainer.train()\nmylib.run(fit)\n"]         # it may run what it is given
 
 
 @pytest.mark.parametrize("cells", ALONE)
 def test_without_training_what_only_acts_outside_the_process_runs_once(cells):
-    """A notebook with no training the analysis can see: a statement that binds and changes none of its values, sets
-    nothing up and only calls out (a hook, a folder, a program) runs on rank 0, the others waiting; what makes a value
-    or sets up a training library stays on every rank. Before, each ran on every rank (the hook sent twice, the
-    folder made twice: FileExistsError)."""
+    """A notebook with no training the analysis can see: a line that only calls another library for its effect (a
+    hook, a download, an upload) runs on rank 0, the others waiting; what makes a value, sets up a training library,
+    asks for a value or is Python's own (a folder, a sleep, an exit) stays on every rank. Before, each ran on every
+    rank (the hook sent twice, the file downloaded twice)."""
     out, _ = convert(*cells, "x = 1\n")
     assert "if NBDDP_IS_MAIN:" in out[-2] and "nbddp_barrier(" in out[-2], out[-2]
     for cell in STAYS:

@@ -48,8 +48,9 @@ CASES = [
           "an alias, keywords, in a loop"),
     cells(["from accelerate import notebook_launcher as launch\ndef go():\n    launch(train)\n"],
           ["from accelerate import notebook_launcher as launch\ndef go():\n    train()\n"], "inside a function"),
-    cells(["from mylib import notebook_launcher\nnotebook_launcher(train)\nx = 1\n"],
-          ["from mylib import notebook_launcher\nnotebook_launcher(train)\nx = 1\n"], "not accelerate's"),
+    cells(["from mylib import notebook_launcher\ndef train():\n    pass\nnotebook_launcher(train)\nx = 1\n"],
+          ["from mylib import notebook_launcher\ndef train():\n    pass\nnotebook_launcher(train)\nx = 1\n"],
+          "not accelerate's"),
 ]
 
 
