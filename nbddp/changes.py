@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from .cst_helpers import LiveVisitor, code_of
-from .entries import CHANGES_ARGUMENTS, EMITS, IN_PROCESS, RUNS_CODE, is_process_config, library_of
+from .entries import CHANGES_ARGUMENTS, EMITS, IN_PROCESS, REACHES_OUT, RUNS_CODE, is_process_config, library_of
 from .entry_match import Table
 from .rank_conditions import node_reads
 from .ran_files import RUN_FILE, ran_file, said
@@ -55,6 +55,7 @@ class Changes(LiveVisitor):
         self.configures: set = set()  # CONFIG, and the libraries of the module functions it calls for their effect
         self.rank: set = set()  # what it reads of the job's shape (nbddp.rank_conditions: RANK, WORLD)
         self.packages: set = set()  # the packages its calls come from, also through the notebook's functions
+        self.reaches: set = set()  # of those, Python's own modules whose calls reach other machines (REACHES_OUT)
         self.reads: set = set()  # names it reads beyond its own code's (a `%run -i` file's)
         self.ran_kinds: frozenset = frozenset()  # what a file it runs does (`%run`: nbddp.ran_files)
         self.unread: list = []  # the lines of the `%run`s whose file the converter cannot read
@@ -145,10 +146,12 @@ class Changes(LiveVisitor):
         else:  # any other call given a path may read it, whatever its library
             self.loads |= files_named(node, self.names)
         self.packages |= self.scan.homes(meanings)
+        self.reaches |= {m.split(".", 1)[0] for m in meanings if m.startswith(REACHES_OUT)}
         for definition in definitions:  # the notebook's own function: what its body saves, sets up and calls
             self.saves |= self.scan.saved_by(definition)
             self.configures |= self.scan.set_up_by(definition)
             self.packages |= self.scan.packages_of(definition)
+            self.reaches |= self.scan.packages_of(definition, "reaches")
         if effects & MAIN_ONLY:
             return
         for definition in definitions:  # and what it changes

@@ -163,9 +163,10 @@ class _Scan:
         effect, and CONFIG where it sets up the process (nbddp.vocabulary.is_process_config)."""
         return self._by(definition, "configures")
 
-    def packages_of(self, definition) -> set[str]:
-        """The packages a function of the notebook calls into when it runs."""
-        return self._by(definition, "packages")
+    def packages_of(self, definition, which: str = "packages") -> set[str]:
+        """The packages a function of the notebook calls into when it runs (`which="reaches"`: of Python's own, those
+        whose calls reach other machines)."""
+        return self._by(definition, which)
 
     def imported(self, name: str) -> bool:
         """A name the notebook binds by an import (a module or a library's class), not a value it made."""

@@ -663,6 +663,8 @@ ALONE = [
     ["import urllib.request as u\nu.urlretrieve('https://x/d.csv', 'd.csv')\n"],  # a download through urllib
     ["import requests as rq\ndef hook(text):\n    rq.post('https://x/hook', json={'text': text})\nhook('go')\n"],
     ["import mylib as ml\n", "ml.notify('start')\n"],                             # an alias, over cells
+    ["import urllib.request as u\ndef note(t):\n    with u.urlopen('http://x/?q=' + t) as r:\n        r.read()\n"
+     "note('go')\n"],                                                           # Python's own reach, in a function
 ]
 STAYS = ["import mylib\nrows = mylib.fetch()\n", "from unsloth import PatchFastRL\nPatchFastRL('GRPO', None)\n",
          "import random\nrows = [1, 2]\nrandom.shuffle(rows)\n", "import os\nos.environ['A'] = '1'\n",
