@@ -174,15 +174,16 @@ class Changes(LiveVisitor):
                     self.changed.add(base)
                     self.mutated.add(base)
 
-
     def _runs_code(self, node, meanings):
         """`exec(open("utils.py").read())` as `%run -i utils.py`, `runpy.run_path("prep.py")` as `%run prep.py`
         (`run_module("prep")`: `%run -m prep`), its names its own; `exec` of code the converter cannot read, or into
         the notebook's namespace by a name it cannot follow, runs on every rank."""
         first = node.args[0].value if node.args and not node.args[0].star else None
         if "builtins.exec" in meanings:
-            if len(node.args) > 1:  # into namespaces the notebook gives: it changes what it is given
-                self.changed |= {n for n in map(base_name, (a.value for a in node.args[1:])) if n}
+            spaces = [a.value for a in node.args[1:]]
+            if spaces and not any(isinstance(v, cst.Call) and "builtins.globals" in self.names.meanings(v.func)
+                                  for v in spaces):  # into namespaces of its own: it changes what it is given
+                self.changed |= {n for n in map(base_name, spaces) if n}
                 return
             path = self._file_read(first)
             return self._ran(node, f"-i {path}" if path else None)

@@ -553,6 +553,8 @@ def test_a_file_the_notebook_runs_is_read_for_what_it_does(cells, every_rank):
       "    run('ping')\n"], False),                                   # in a loop, a module: an effect alone
     (["%%writefile prep.py\nimport torch\ntorch.manual_seed(0)\n", "import runpy\nrunpy.run_path('prep.py')\n"],
      True),                                                            # set-up of torch
+    (["%%writefile utils.py\ndef make_rows():\n    return [1, 2]\n", "exec(open('utils.py').read(), globals())\n",
+      "ds = make_rows()\n"], True),                                   # into the notebook's own namespace
     (["code = 'import mylib\\nmylib.go()'\nexec(code)\n"], True),    # code the converter cannot read
 ])
 def test_a_call_that_runs_a_files_code_is_read_as_a_run_of_it(cells, every_rank):
