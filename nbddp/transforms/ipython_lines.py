@@ -28,7 +28,7 @@ DISPLAY_CELL_MAGICS = frozenset({"html", "HTML", "markdown", "md", "javascript",
 FILE_MAGICS = frozenset({"writefile", "file"})
 
 
-def _ipython_to_python(source: str) -> str:
+def ipython_to_python(source: str) -> str:
     from IPython.core.inputtransformer2 import TransformerManager
 
     return TransformerManager().transform_cell(source)
@@ -47,7 +47,7 @@ def _is_python(source: str) -> bool:
     return True
 
 
-def _leading_comments(source: str) -> tuple[str, str]:
+def leading_comments(source: str) -> tuple[str, str]:
     """Split off `#@title`-style comment lines that stand before a `%%magic` line (Colab allows that)."""
     lines = source.splitlines(keepends=True)
     for i, line in enumerate(lines):
@@ -104,13 +104,13 @@ class Magics(Transform):
 
     def convert(self, source: str, cell: int, ctx: Context, offset: int = 0) -> str:
         """The cell's text as Python; `offset`: lines of the cell above `source` (a cell magic's own line)."""
-        header, rest = _leading_comments(source)
+        header, rest = leading_comments(source)
         if rest.lstrip().startswith("%%"):
             return header + self._cell_magic(rest.lstrip(), cell, ctx)
         if "get_ipython" not in source and not self.aliases and not self.methods and _is_python(source):
             return source  # no IPython syntax: every magic and `!` line is a Python syntax error
         try:
-            python = _ipython_to_python(source)
+            python = ipython_to_python(source)
         except SyntaxError as exc:
             raise ConversionError(f"IPython cannot read it ({exc.msg})", step=self.name, cell=cell,
                                   line=exc.lineno and exc.lineno + offset)

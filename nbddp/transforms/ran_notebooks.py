@@ -18,7 +18,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..cells import cell_number
 from .base import Context, Transform
-from .ipython_lines import _ipython_to_python, _leading_comments
+from .ipython_lines import ipython_to_python, leading_comments
 
 SUFFIXES = (".ipynb", ".ipy")
 DEPTH = 8  # notebooks that run notebooks
@@ -27,7 +27,7 @@ DEPTH = 8  # notebooks that run notebooks
 def _run_lines(source: str) -> dict[int, str]:
     """{line number: the argument} of the cell's top-level `%run` lines, as IPython reads the cell."""
     try:
-        module = cst.parse_module(_ipython_to_python(source))
+        module = cst.parse_module(ipython_to_python(source))
     except (SyntaxError, cst.ParserSyntaxError):
         return {}
     wrapper = MetadataWrapper(module)
@@ -68,7 +68,7 @@ class RanNotebooks(Transform):
 
     def expand(self, source: str, cell: int, ctx: Context, running: tuple) -> str:
         """The cell's text with each readable top-level `%run x.ipynb` line replaced by x's code cells."""
-        if _leading_comments(source)[1].lstrip().startswith("%%"):  # a cell magic's body is not IPython's lines
+        if leading_comments(source)[1].lstrip().startswith("%%"):  # a cell magic's body is not IPython's lines
             return source
         lines = source.splitlines(keepends=True)
         for number, line in sorted(_run_lines(source).items(), reverse=True):
