@@ -23,7 +23,8 @@ RANK, WORLD = "rank", "world"
 OWN = {"NBDDP_IS_MAIN": RANK, "NBDDP_RANK": RANK, "NBDDP_LOCAL_RANK": RANK, "NBDDP_IS_LOCAL_MAIN": RANK,
        "NBDDP_WORLD_SIZE": WORLD}
 DISTRIBUTED = {"torch.distributed.get_rank": RANK, "torch.distributed.get_node_local_rank": RANK,
-               "torch.distributed.get_world_size": WORLD}
+               "torch.distributed.get_world_size": WORLD,
+               "torch.cuda.device_count": WORLD}  # a one-process notebook's data-parallel width (a Trainer's n_gpu)
 ENVIRONMENT = {"RANK": RANK, "LOCAL_RANK": RANK, "GROUP_RANK": RANK, "NODE_RANK": RANK, "WORLD_SIZE": WORLD,
                "LOCAL_WORLD_SIZE": WORLD}  # what torchrun sets
 ENVIRONMENT_READS = frozenset({"os.environ", "os.environ.get", "os.getenv", "os.environ.__getitem__"})

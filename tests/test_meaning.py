@@ -180,6 +180,14 @@ def test_training_through_a_function_a_subclass_or_another_library(cells):
       "args = TrainingArguments(output_dir='o')\n",  # set on the config after it was made
       "args.gradient_accumulation_steps = 8 // PartialState().num_processes\n"],
      "args.gradient_accumulation_steps = nbddp_batch_as_written(8 // PartialState().num_processes)"),
+    # the GPUs a one-process notebook spreads its batch over (a Trainer's n_gpu): through an alias, in a function
+    (["from torch.cuda import device_count as gpus\nfrom trl import SFTConfig\n",
+      "args = SFTConfig(output_dir='o', gradient_accumulation_steps=max(1, 8 // gpus()))\n"],
+     "gradient_accumulation_steps=nbddp_batch_as_written(max(1, 8 // gpus())))"),
+    (["import torch\nfrom transformers import TrainingArguments\ndef accumulation(total):\n"
+      "    return total // max(1, torch.cuda.device_count())\n",
+      "args = TrainingArguments('o', gradient_accumulation_steps=accumulation(16))\n"],
+     "gradient_accumulation_steps=nbddp_batch_as_written(accumulation(16)))"),
 ])
 def test_a_batch_the_notebook_adapts_to_the_world_size_is_kept_as_written(cells, written):
     out, report = convert(*cells)
