@@ -4,7 +4,9 @@ or Lightning made (`accelerator.is_main_process`, `trainer.args.world_size`), nb
 names bound to one of those (`main = dist.get_rank() == 0`), and the notebook's functions that return one. A name
 alone says nothing: a LoRA `rank = 16` is a number.
 
-    reads_rank(node, names)    -> {"rank", "world"}: what of the job's shape the node reads (empty: nothing)
+    reads_rank(node, names)    -> {"rank", "world", "gpus"}: what of the job's shape the node reads (empty: nothing;
+                                  "gpus": `torch.cuda.device_count()`, the width a one-process notebook's batch
+                                  spreads over, which the batch step counts as the world)
     is_rank_test(node, names)  -> an `if` whose test reads the rank: its body already runs per process (the rank guards,
                                   nbddp.needs and the other steps leave it as it is)
 """
@@ -22,9 +24,10 @@ RANK, WORLD = "rank", "world"
 # nbddp's runtime names (what a converted script reads): converting converted code keeps their meaning.
 OWN = {"NBDDP_IS_MAIN": RANK, "NBDDP_RANK": RANK, "NBDDP_LOCAL_RANK": RANK, "NBDDP_IS_LOCAL_MAIN": RANK,
        "NBDDP_WORLD_SIZE": WORLD}
+GPUS = "gpus"  # the GPUs a one-process notebook spreads its batch over (a Trainer's n_gpu): the world, for the batch
 DISTRIBUTED = {"torch.distributed.get_rank": RANK, "torch.distributed.get_node_local_rank": RANK,
                "torch.distributed.get_world_size": WORLD,
-               "torch.cuda.device_count": WORLD}  # a one-process notebook's data-parallel width (a Trainer's n_gpu)
+               "torch.cuda.device_count": GPUS}
 ENVIRONMENT = {"RANK": RANK, "LOCAL_RANK": RANK, "GROUP_RANK": RANK, "NODE_RANK": RANK, "WORLD_SIZE": WORLD,
                "LOCAL_WORLD_SIZE": WORLD}  # what torchrun sets
 ENVIRONMENT_READS = frozenset({"os.environ", "os.environ.get", "os.getenv", "os.environ.__getitem__"})
@@ -67,6 +70,12 @@ def _of_value(meaning: str, names) -> str | None:
 
 
 def node_reads(node, names, depth=0) -> set:
+    """What one node itself reads of the job's shape, RANK and WORLD (a count of GPUs is no test of the job's shape:
+    only the batch step asks for it, through reads_rank)."""
+    return _node_reads(node, names, depth) - {GPUS}
+
+
+def _node_reads(node, names, depth=0) -> set:
     """What one node itself reads of the job's shape (a name through its value, an attribute, a call, an environment
     lookup), its children aside: visitors call it on each node they visit."""
     if isinstance(node, cst.Name):
@@ -152,7 +161,7 @@ class _Reads(cst.CSTVisitor):
         self.names, self.depth, self.found = names, depth, set()
 
     def on_visit(self, node):
-        self.found |= node_reads(node, self.names, self.depth)
+        self.found |= _node_reads(node, self.names, self.depth)
         return True
 
 

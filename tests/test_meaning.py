@@ -195,6 +195,14 @@ def test_a_batch_the_notebook_adapts_to_the_world_size_is_kept_as_written(cells,
     assert "follow" in report.format() and "the world size already" in report.format()
 
 
+def test_a_count_of_gpus_after_training_is_no_test_of_the_ranks():
+    """`torch.cuda.device_count()` counts as the world for the batch alone: read after training (a report, a hook),
+    it does not move training's end there, and the hook that sends it still runs once."""
+    out, _ = convert(TRAIN, "import torch, requests\nn = torch.cuda.device_count()\n"
+                            "requests.post('https://x/hook', json={'gpus': n})\n")
+    assert out[0].endswith(REST) and REST not in out[1], out
+
+
 def test_a_batch_of_literals_is_left_to_the_runtime():
     out, _ = convert("from trl import SFTConfig\nargs = SFTConfig(output_dir='o', gradient_accumulation_steps=4)\n",
                      "hp = dict(output_dir='o', gradient_accumulation_steps=8)\nhp['gradient_accumulation_steps'] = 4\n"

@@ -15,12 +15,14 @@ import math
 import libcst as cst
 
 from ..cst_helpers import add_keyword, has_star_kwargs, keyword
-from ..rank_conditions import WORLD, reads_rank
+from ..rank_conditions import GPUS, WORLD, reads_rank
 from ..reads_writes import reads_writes
 from ..tree import TreeTransformer
 from ..vocabulary import CONFIG
 from .base import TreeStep, call_kinds
 from .trainer_args import config_name
+
+WIDTH = frozenset({WORLD, GPUS})  # the world size, or the GPUs a one-process notebook spreads its batch over
 
 ACCUMULATION, PER_DEVICE = "gradient_accumulation_steps", "per_device_train_batch_size"
 DEFAULTS = {ACCUMULATION: 1, PER_DEVICE: 8}  # transformers' TrainingArguments defaults
@@ -87,7 +89,7 @@ def _adapted(call: cst.Call, names) -> list:
     found = []
     for name in (PER_DEVICE, ACCUMULATION):
         arg = keyword(call, name)
-        if arg is not None and WORLD in reads_rank(arg.value, names):
+        if arg is not None and WIDTH & reads_rank(arg.value, names):
             found.append(name)
     return found
 
@@ -118,7 +120,7 @@ class _Spread(TreeTransformer):
     def _follows(self, key, value) -> str | None:
         """The setting (accumulation or per-device batch) a key names, where the value follows the world size."""
         what = key if isinstance(key, str) else self.names.literal(key)
-        return what if what in DEFAULTS and WORLD in reads_rank(value, self.names) else None
+        return what if what in DEFAULTS and WIDTH & reads_rank(value, self.names) else None
 
     def _said(self, updated, what):
         if what is None or _marked(updated.value) is updated.value:  # marked already (the config's own, converted)
