@@ -26,13 +26,12 @@ from .inside import effect_only
 from .vocabulary import MAIN_ONLY, prompt
 
 
-def _called(stmt) -> bool:
-    """Each of the line's statements a call, also where it is a cell's last line the script shows
-    (`nbddp_show(f(x))`; not `nbddp_show([f(x) for x in xs])`): the same line, converted twice or once."""
+def _shows_a_call(stmt) -> bool:
+    """A cell's last line, which the script shows (`nbddp_show(...)`), counts where what it shows is a call
+    (`nbddp_show(f(x))`, not `nbddp_show([f(x) for x in xs])`): the same line, converted once or twice."""
     values = [small.value for small in stmt.body if isinstance(small, cst.Expr)]
-    shown = [v.args[0].value if isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value in SHOWS
-             and v.args else v for v in values]
-    return len(values) == len(stmt.body) and all(isinstance(v, cst.Call) for v in shown)
+    return all(isinstance(v.args[0].value, cst.Call) for v in values if isinstance(v, cst.Call)
+               and isinstance(v.func, cst.Name) and v.func.value in SHOWS and v.args)
 
 
 def _handed(call, names) -> bool:
@@ -44,7 +43,7 @@ def _handed(call, names) -> bool:
 def acts_alone(body, scan, names) -> dict:
     found = {}
     for stmt in body:
-        if not isinstance(stmt, cst.SimpleStatementLine) or not _called(stmt) or not effect_only(stmt, scan) or \
+        if not isinstance(stmt, cst.SimpleStatementLine) or not effect_only(stmt, scan) or not _shows_a_call(stmt) or \
                 scan.kinds(stmt) & MAIN_ONLY:  # (the vocabulary's rank-0 work: the rank guards take it by its kind)
             continue
         calls = scan.seen(stmt).calls

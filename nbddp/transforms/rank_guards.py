@@ -286,7 +286,9 @@ class RankGuards(TreeStep):
         if ctx.options.whole:
             body = apply_plan(body, guards, tree, ctx)
         else:  # a %ddp session's cell: later cells unknown, what only acts outside the process is rank 0's
-            alone(guards, on_body(tree.plan, tree.first.body, body, tree.names, guards.hoisted))
+            plan = on_body(tree.plan, tree.first.body, body, tree.names, guards.hoisted)
+            guards.calls = plan.calls
+            alone(guards, plan)
         module = module.with_changes(body=regroup(body, guards.select, guards.wrap, origin=tree.names.origin))
         guards.say()
         return module

@@ -102,7 +102,6 @@ def alone(guards, plan):
     """Where there is no training's end to plan by (a notebook that does not train, a `%ddp` session's cell): what
     only acts outside the process (nbddp.alone) is rank-0 work, and the files it is given go to machines without rank
     0's storage."""
-    guards.calls = plan.calls
     guards.once, guards.files = set(plan.alone), {key: paths for key, paths in plan.alone.items() if paths}
 
 
