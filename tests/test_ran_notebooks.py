@@ -48,3 +48,10 @@ def test_a_notebook_the_converter_cannot_read_or_that_runs_itself_is_removed_and
     assert "`%run missing.ipynb` removed: the converter cannot read that notebook" in report, report
     assert "# %run loop.ipynb, cell 1\n# nbddp: removed `%run loop.ipynb`" in cells[1], cells[1]  # once, not forever
     assert cells[1].endswith("X = 1\n"), cells[1]
+
+
+def test_a_method_of_that_name_on_another_value_runs_no_notebook(tmp_path):
+    """Only IPython's shell runs a notebook: `tool.run_line_magic('run', ...)` of another value is left as written."""
+    cells, _ = _convert(tmp_path, "import mylib\ntool = mylib.Tool()\ntool.run_line_magic('run', 'ping.ipynb')\n",
+                        ping=PING)
+    assert "tool.run_line_magic('run', 'ping.ipynb')" in cells[0] and "# %run" not in cells[0], cells[0]

@@ -18,26 +18,30 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..cells import cell_number
 from .base import Context, Transform
+from .ipython_calls import is_ipython_call
 from .ipython_lines import ipython_to_python, leading_comments
+from .ipython_names import shell_aliases
 
 SUFFIXES = (".ipynb", ".ipy")
 DEPTH = 8  # notebooks that run notebooks
 
 
-def _run_lines(source: str) -> dict[int, str]:
-    """{line number: the argument} of the cell's top-level `%run` lines, as IPython reads the cell."""
+def _run_lines(source: str, aliases: set) -> dict[int, str]:
+    """{line number: the argument} of the cell's top-level `%run` lines, as IPython reads the cell (also spelled
+    `get_ipython().run_line_magic("run", ...)`, through a saved `ip = get_ipython()`: `aliases`, which the cell's own
+    such names join)."""
     try:
         module = cst.parse_module(ipython_to_python(source))
     except (SyntaxError, cst.ParserSyntaxError):
         return {}
+    aliases |= shell_aliases(module)
     wrapper = MetadataWrapper(module)
     positions = wrapper.resolve(PositionProvider)
     found = {}
     for stmt in wrapper.module.body:
         small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
         call = small.value if isinstance(small, cst.Expr) else None
-        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
-                and call.func.attr.value == "run_line_magic" and len(call.args) == 2
+        if not (is_ipython_call(call, aliases) and call.func.attr.value == "run_line_magic" and len(call.args) == 2
                 and all(isinstance(a.value, cst.SimpleString) for a in call.args)):
             continue
         name, line = (a.value.evaluated_value for a in call.args)
@@ -61,9 +65,12 @@ def _target(line: str) -> str | None:
 class RanNotebooks(Transform):
     name = "ran-notebooks"
 
+    def __init__(self):
+        self.aliases: set[str] = set()  # names the notebook bound to get_ipython(), so far
+
     def preprocess_cell(self, cell, ctx: Context):
-        if "%run" in cell.source or "run_line_magic" in cell.source:  # (no other cell can run one)
-            cell.source = self.expand(cell.source, cell_number(cell), ctx, ())
+        if "%run" in cell.source or "get_ipython" in cell.source or "run_line_magic" in cell.source:  # (no other
+            cell.source = self.expand(cell.source, cell_number(cell), ctx, ())                     # cell can run one)
         return cell
 
     def expand(self, source: str, cell: int, ctx: Context, running: tuple) -> str:
@@ -71,7 +78,7 @@ class RanNotebooks(Transform):
         if leading_comments(source)[1].lstrip().startswith("%%"):  # a cell magic's body is not IPython's lines
             return source
         lines = source.splitlines(keepends=True)
-        for number, line in sorted(_run_lines(source).items(), reverse=True):
+        for number, line in sorted(_run_lines(source, self.aliases).items(), reverse=True):
             path = _target(line)
             cells = self._cells(path, ctx, running) if path else None
             if cells is None:
