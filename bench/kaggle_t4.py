@@ -18,6 +18,8 @@ Runs (each `python script`, as a Kaggle Script runs it; the rate and peak memory
   ddp    NBDDP_MODE=ddp: one process per GPU whatever the model needs (what the script did before it checked)
   split  NBDDP_MODE=split: one process, the model split over every GPU (the reference for the sharded mode, which
          `self` runs where the fit check picks it)
+  onegpu NBDDP_NPROC=1 NBDDP_MODE=ddp: one process on GPU 0, whatever the fit check would choose (a reference where
+         the model fits one GPU, e.g. a short-depth stand-in against the sharded mode asked for by --env NBDDP_MODE=shard)
   whole  NBDDP_NPROC=1 on GPU 1 with the whole GPU (no --sms share) and cores 4-7: the reference the share's
          losses must equal; `one+whole` runs both at once (separate GPUs and cores)
 Several --gib values run the listed runs at each (e.g. 15 for the throughput, a lower one where the model fits only
@@ -32,6 +34,7 @@ own matmul and copy figures on each GPU, measured first.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -56,7 +59,7 @@ print("free GiB", [round(torch.cuda.mem_get_info(d)[0] / 2**30, 2) for d in rang
 time.sleep(10 ** 6)
 """
 RUNS = {"self": {}, "one": {"NBDDP_NPROC": "1"}, "ddp": {"NBDDP_MODE": "ddp"}, "split": {"NBDDP_MODE": "split"},
-        "whole": {"NBDDP_NPROC": "1", "CUDA_VISIBLE_DEVICES": "1"}}
+        "whole": {"NBDDP_NPROC": "1", "CUDA_VISIBLE_DEVICES": "1"}, "onegpu": {"NBDDP_NPROC": "1", "NBDDP_MODE": "ddp"}}
 CORES = {"whole": "4-7"}  # every other run: 0-3, Kaggle's 4 vCPUs
 T4 = {"NBDDP_BENCH_FP16": "1", "NCCL_P2P_DISABLE": "1"}
 
@@ -87,6 +90,10 @@ def one(script, workdir, env, limit, cores="0-3"):
     result["out_of_memory"] = "OutOfMemoryError" in text or "CUDA out of memory" in text
     result["phases"] = {r: dict(p.get("phases") or {}, process_start=round(p["started_at"] - started, 2))
                         for r, p in result["ranks"].items() if p.get("started_at")}
+    # the Trainer's own losses, unrounded, where it saved a checkpoint (its trainer_state.json); the log's are rounded
+    states = sorted(glob.glob(os.path.join(workdir, "**", "trainer_state.json"), recursive=True), key=os.path.getmtime)
+    result["state_losses"] = [e["loss"] for e in json.load(open(states[-1]))["log_history"] if "loss" in e] \
+        if states else []
     return result
 
 
@@ -105,7 +112,7 @@ def record(name, gib, free, env, r, skip, started):
     return {"gib": float(gib), "free_gib": free, "run": name, "env": env,
             "world_size": r["world_size"], "returncode": r["returncode"],
             "out_of_memory": r["out_of_memory"], "nbddp_lines": r["nbddp_lines"],
-            "losses": r["losses"], "adapter_dirs": r["adapter_dirs"],
+            "losses": r["losses"], "state_losses": r["state_losses"], "adapter_dirs": r["adapter_dirs"],
             "peak_reserved_gib_per_gpu": {k: p.get("peak_reserved_gib_per_gpu") for k, p in r["ranks"].items()},
             "peak_allocated_gib": {k: p.get("peak_allocated_gib") for k, p in r["ranks"].items()},
             "green_sms": {k: p.get("green_sms") for k, p in r["ranks"].items() if p.get("green_sms")},

@@ -17,6 +17,12 @@ and peak memory per GPU (bench-result-rank<R>.json) and prints them.
     python3 bench/shard_notebook.py gpu --script .gpurun/shard-notebook/train_ddp.py --out $OUT
         # on the 2-GPU machine: builds the 32-layer stand-in (bench/offline_hub.py's llama31 family, random
         # weights) in a hub cache under /tmp/hf, then bench/kaggle_t4.py --gib 15 --sms 8 --runs self,split
+
+An Unsloth notebook as it is (the Kaggle Llama-3.1 Alpaca notebook, 4-bit, converted with `nbddp convert`):
+
+    python3 bench/shard_notebook.py gpu --script .gpurun/unsloth-alpaca/train_ddp.py --out $OUT --gib 6.5 \
+        --hub llama31,unsloth/alpaca-cleaned --env NBDDP_BENCH_ARGS=max_steps=10 --env NBDDP_BENCH_EXIT_AFTER_TRAIN=1
+        # offline_hub.py serves the stand-in under every id Unsloth's mapper asks for, and the notebook's dataset
 """
 from __future__ import annotations
 
@@ -150,13 +156,23 @@ def gpu(args):
         fh.write(subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,driver_version",
                                  "--format=csv"], capture_output=True, text=True).stdout)
         from importlib.metadata import version
-        for name in ("torch", "transformers", "peft", "accelerate", "safetensors"):
-            fh.write(f"{name} {version(name)}\n")
+        for name in ("torch", "transformers", "peft", "accelerate", "safetensors", "bitsandbytes", "unsloth",
+                     "unsloth_zoo", "trl", "datasets"):
+            try:
+                fh.write(f"{name} {version(name)}\n")
+            except Exception:  # noqa: BLE001 (not installed: the notebook does not use it)
+                fh.write(f"{name} not installed\n")
         fh.write(f"python {sys.version.split()[0]}; cores {os.cpu_count()}; HF_HOME {home}\n")
         fh.write(subprocess.run("df -h /dev/shm /tmp | tail -2; free -g | head -2", shell=True, capture_output=True,
                                 text=True).stdout)
-    build = subprocess.run([sys.executable, os.path.abspath(__file__), "build", "--home", home, "--layers",
-                            str(args.layers)], capture_output=True, text=True)
+    if args.hub:  # offline_hub.py itself: every name Unsloth's mapper asks for, and the notebook's datasets
+        build = subprocess.run([sys.executable, os.path.join(HERE, "offline_hub.py"), "--home", home, "--layers",
+                                f"{args.hub.split(',')[0]}={args.layers}", "--models", args.hub.split(",")[0],
+                                "--datasets", ",".join(args.hub.split(",")[1:]) or "none"],
+                               capture_output=True, text=True)
+    else:
+        build = subprocess.run([sys.executable, os.path.abspath(__file__), "build", "--home", home, "--layers",
+                                str(args.layers)], capture_output=True, text=True)
     built = round(time.time() - t0, 1)
     with open(os.path.join(out, "machine.txt"), "a") as fh:
         fh.write(f"stand-in built in {built} s (rc {build.returncode})\n{build.stdout[-2000:]}{build.stderr[-3000:]}\n")
@@ -167,11 +183,13 @@ def gpu(args):
         print(build.stderr[-3000:])
         return 1
     import kaggle_t4
-    argv = ["--script", args.script, "--gib", "15", "--runs", args.runs, "--sms", "8", "--skip", str(args.skip),
+    argv = ["--script", args.script, "--gib", args.gib, "--runs", args.runs, "--sms", "8", "--skip", str(args.skip),
             "--rounds", str(args.rounds), "--first-round", str(args.first_round), "--timeout", str(args.timeout), "--out", os.path.join(out, "t4.json"),
             "--work", "/tmp/kaggle-t4"]
     if args.deadline:
         argv += ["--deadline", str(args.deadline - (time.time() - t0))]
+    for item in args.env or []:
+        argv += ["--env", item]
     try:
         kaggle_t4.main(argv)
     finally:
@@ -213,6 +231,10 @@ def main(argv=None):
     p.add_argument("--skip", type=int, default=2)
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument("--deadline", type=float, help="seconds from this command's start (kaggle_t4's --deadline)")
+    p.add_argument("--gib", default="15", help="kaggle_t4's --gib: free GiB left on each GPU")
+    p.add_argument("--env", action="append", help="kaggle_t4's --env K=V (e.g. NBDDP_BENCH_ARGS=max_steps=10)")
+    p.add_argument("--hub", help="FAMILY,DATASET,...: the stand-in built by offline_hub.py (every hub id Unsloth's "
+                                 "mapper asks for, and these datasets) instead of this file's build")
     args = ap.parse_args(argv)
     if args.cmd == "notebook":
         write_notebook(args.out, args.seq, args.steps, rows=2 * args.steps, lr=args.lr)

@@ -3,7 +3,8 @@ trainable weights and the mean loss equal one process's on the whole batch, with
 with the next block gathered ahead (an asynchronous all-gather) or not, with the model made on the meta device
 block by block, and with the gathers copying the other rank's slices from shared host memory (no files left);
 no rank holds more than two blocks' frozen weights at a time, and each block runs whole; 3 steps of 4 blocks make
-14 gathers."""
+14 gathers. After training, rank 0 alone runs the blocks' parts without calling the blocks, as Unsloth's fast decode
+does, through the layer list's `_unsloth_block_swap` (enter/leave): the outputs of the model trained on one process."""
 from __future__ import annotations
 
 import json
@@ -35,6 +36,8 @@ def test_sharded_frozen_blocks_train_as_one_process(checkpointed, variant):
     # are the first two of the next forward pass)
     assert result["gathers"] == 14, result
     assert result["files_left"] == 0, result
+    if variant == "host":  # rank 0 alone runs each block's parts, not the block, between enter(i) and leave(i)
+        assert result["by_parts_diff"] < 1e-5, result
 
 
 @pytest.mark.bench

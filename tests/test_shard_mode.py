@@ -17,21 +17,35 @@ LOAD = "from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausa
 PEFT = "from peft import LoraConfig, get_peft_model\nmodel = get_peft_model(model, LoraConfig(r = 8))\n"
 
 
-@pytest.mark.parametrize("cells, carried", [
-    ((LOAD, PEFT), True),  # a model that the script sizes, and peft's adapters: the fit check may choose the mode
-    ((LOAD,), False),  # no adapters: the frozen base would be everything (a full fine-tune does not shard)
-    ((LOAD.replace("'org/model'", "pick()"), PEFT), False),  # not sized: no fit check
-    (("from unsloth import FastLanguageModel\nmodel, tok = FastLanguageModel.from_pretrained('org/m')\n", PEFT),
-     False),  # Unsloth's loaders do not load sharded yet
+UNSLOTH = ("from unsloth import FastLanguageModel\n"
+           "model, tok = FastLanguageModel.from_pretrained('org/m', load_in_4bit = True)\n")
+UNSLOTH_LORA = "model = FastLanguageModel.get_peft_model(model, r = 16, use_gradient_checkpointing = 'unsloth')\n"
+
+
+@pytest.mark.parametrize("cells, carried, fit", [
+    ((LOAD, PEFT), True, "nbddp_fit([('org/model', 16)])"),  # sized, peft's adapters: the fit check may choose it
+    ((LOAD,), False, None),  # no adapters: the frozen base would be everything (a full fine-tune does not shard)
+    ((LOAD.replace("'org/model'", "pick()"), PEFT), False, None),  # not sized: no fit check
+    ((UNSLOTH, UNSLOTH_LORA), True, "nbddp_fit([('org/m', 4)])"),  # Unsloth's 4-bit loader and its adapters
+    ((UNSLOTH.replace(", load_in_4bit = True", ""), PEFT), True, "nbddp_fit([('org/m', 4)])"),  # Unsloth's default
+    ((UNSLOTH,), False, None),  # Unsloth without adapters (a full fine-tune): not sharded
+    # by what the calls are, not their names: an alias, through a function, a loader under another name
+    ((LOAD, "from peft import get_peft_model as wrap, LoraConfig\ndef lora(m):\n    return wrap(m, LoraConfig())\n",
+      "model = lora(model)\n"), True, "nbddp_fit([('org/model', 16)])"),
+    ((UNSLOTH, "FLM = FastLanguageModel\nmodel = FLM.get_peft_model(model, r = 8)\n"), True,
+     "nbddp_fit([('org/m', 4)])"),
+    ((UNSLOTH, "def get_peft_model(m):\n    return m.eval()\nmodel = get_peft_model(model)\n"), False, None),  # its own
+    ((LOAD, "import peft\n"), False, None),  # peft imported, no adapters made: a full fine-tune
+    ((UNSLOTH.replace("True", "True, fast_inference = True"), UNSLOTH_LORA), False, None),  # vLLM loads it whole
 ])
-def test_the_scripts_that_can_load_sharded_carry_the_mode(cells, carried):
+def test_the_scripts_that_can_load_sharded_carry_the_mode(cells, carried, fit):
     conversion = convert_notebook(make_notebook(*cells))
     assert ("shard_mode" in conversion.runtime.reasons) == carried
     modules = inline.closure(conversion.runtime.reasons)
-    assert ({"shard_mode", "shard_load", "shard", "shard_host"} <= set(modules)) == carried
+    assert ({"shard_mode", "shard_quant", "shard_load", "shard", "shard_host"} <= set(modules)) == carried
     if carried:  # it tells the fit check, at import, that this script can load the model sharded
         assert "NBDDP_SHARDABLE.update(share=nbddp_shard_share, start=nbddp_shard_start)" in conversion.script
-        assert "nbddp_start(nbddp_fit([('org/model', 16)]))" in conversion.script
+        assert f"nbddp_start({fit}" in conversion.script
     said = [n.text for n in conversion.report.changes if n.text.startswith("model ")]  # the report says the modes
     assert [("its frozen layers sharded over the processes" in text) for text in said] in ([carried], []), said
     assert said or not carried
@@ -55,25 +69,89 @@ def _folder(tmp_path, **config):
 
 
 @pytest.mark.parametrize("kwargs, why", [
-    ({"load_in_4bit": True}, "load_in_4bit asks"),
-    ({"load_in_8bit": True}, "load_in_8bit asks"),
-    ({"quantization_config": {"load_in_4bit": True}}, "quantization_config asks"),
-    ({"_checkpoint": {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}}},
-     "its checkpoint is"),
+    ({"load_in_8bit": True}, "it asks for 8-bit bitsandbytes"),
+    ({"quantization_config": {"load_in_8bit": True}}, "it asks for 8-bit bitsandbytes"),
+    ({"_checkpoint": {"quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True}}},
+     "its checkpoint is 8-bit bitsandbytes"),
+    ({"_checkpoint": {"quantization_config": {"quant_method": "gptq", "bits": 4}}}, "its checkpoint is gptq "
+     "quantization"),
+    ({"_checkpoint": {"quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True}},
+      "load_in_4bit": True}, "its checkpoint is 8-bit bitsandbytes"),  # the checkpoint's own wins
 ])
-def test_a_quantized_load_stops_with_one_line(tmp_path, shard_mode, capsys, kwargs, why):
+def test_a_quantized_load_other_than_4bit_stops_with_one_line(tmp_path, shard_mode, capsys, kwargs, why):
     import transformers
     folder = _folder(tmp_path)
     if "_checkpoint" in kwargs:  # a pre-quantized checkpoint: its config says so
         config = json.loads((tmp_path / "config.json").read_text())
         (tmp_path / "config.json").write_text(json.dumps({**config, **kwargs.pop("_checkpoint")}))
     with pytest.raises(SystemExit) as stop:
-        shard_mode.nbddp_from_pretrained_sharded(transformers.LlamaForCausalLM, folder, **kwargs)
-    err = capsys.readouterr().err
-    assert stop.value.code == 1 and err.count("\n") == 1, err
-    assert err == (f"nbddp: error: LlamaForCausalLM.from_pretrained({folder!r}): {why} for a quantized model, and "
-                   "sharded loading of quantized models is not built yet: NBDDP_MODE=split loads it in one process "
-                   "over every GPU\n")
+        shard_mode.nbddp_from_pretrained_sharded(transformers.LlamaForCausalLM, folder, dtype="float16", **kwargs)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nbddp:")]
+    assert stop.value.code == 1 and said == [
+        f"nbddp: error: LlamaForCausalLM.from_pretrained({folder!r}): {why}, which the sharded mode does not load (it "
+        "loads 16 and 32 bits and bitsandbytes 4-bit): NBDDP_MODE=split loads it in one process over every GPU"]
+
+
+@pytest.mark.parametrize("asked, stored, refused", [
+    (None, None, False),
+    ({"load_in_4bit": True}, None, False),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, None, False),
+    (None, {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_use_double_quant": True}, False),
+    ({"load_in_4bit": True}, {"quant_method": "bitsandbytes", "load_in_4bit": True}, False),
+    ({"load_in_8bit": True}, None, True),
+    ({"quant_method": "bitsandbytes"}, None, True),  # neither 4 nor 8 bits named
+    (None, {"quant_method": "awq", "bits": 4}, True),
+    ({"load_in_4bit": True}, {"quant_method": "fp8"}, True),  # the checkpoint's own method wins
+])
+def test_which_quantizations_the_mode_loads(asked, stored, refused):
+    from nbddp.runtime.shard_quant import nbddp_quant_refused
+    assert bool(nbddp_quant_refused(asked, stored)) == refused
+
+
+def test_a_4bit_config_object_is_read_as_its_dict():
+    """transformers' own BitsAndBytesConfig (what Unsloth passes), 4-bit and 8-bit."""
+    import transformers
+    from nbddp.runtime.shard_quant import nbddp_quant_asked, nbddp_quant_refused
+    four = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")
+    assert nbddp_quant_refused(nbddp_quant_asked({"quantization_config": four}), None) is None
+    eight = transformers.BitsAndBytesConfig(load_in_8bit=True)
+    assert "8-bit" in nbddp_quant_refused(nbddp_quant_asked({"quantization_config": eight}), None)
+    assert nbddp_quant_asked({"load_in_4bit": True}) == {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    assert nbddp_quant_asked({"load_in_4bit": False}) is None
+
+
+def test_a_4bit_load_without_bitsandbytes_stops_with_one_line(tmp_path, shard_mode, capsys):
+    pytest.importorskip("transformers")
+    try:
+        import bitsandbytes  # noqa: F401
+        pytest.skip("bitsandbytes is installed here: the load goes on (the GPU test loads it)")
+    except ImportError:
+        pass
+    import transformers
+    folder = _folder(tmp_path)
+    with pytest.raises(SystemExit):
+        shard_mode.nbddp_from_pretrained_sharded(transformers.LlamaForCausalLM, folder, dtype="float16",
+                                                 load_in_4bit=True)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nbddp:")]
+    assert len(said) == 1 and "requires bitsandbytes" in said[0], said
+
+
+def test_the_state_of_a_prequantized_weight_is_found_by_its_key():
+    """A pre-quantized checkpoint (bitsandbytes' serialization, as Unsloth's -bnb-4bit repos hold it): each 4-bit
+    weight's packed bytes under its own key, its state under that key and a suffix; another weight's, or a key that
+    only starts alike (q_proj.weight2), is not its state."""
+    from nbddp.runtime.shard_quant import nbddp_quant_stat_keys
+    weight = "model.layers.0.self_attn.q_proj.weight"
+    stats = [f"{weight}.absmax", f"{weight}.quant_map", f"{weight}.nested_absmax", f"{weight}.nested_quant_map",
+             f"{weight}.quant_state.bitsandbytes__nf4"]
+    keys = [weight, *stats, "model.layers.0.self_attn.q_proj.weight2.absmax", "model.layers.1.self_attn.q_proj."
+            "weight.absmax", "model.layers.0.self_attn.k_proj.weight.absmax", "model.layers.0.input_layernorm.weight",
+            f"{weight}.something_else"]
+    assert nbddp_quant_stat_keys(reversed(keys), weight) == stats
+    fp4 = "model.layers.3.mlp.down_proj.weight"
+    assert nbddp_quant_stat_keys([fp4, f"{fp4}.absmax", f"{fp4}.quant_map", f"{fp4}.quant_state.bitsandbytes__fp4"],
+                                 fp4) == [f"{fp4}.absmax", f"{fp4}.quant_map", f"{fp4}.quant_state.bitsandbytes__fp4"]
+    assert nbddp_quant_stat_keys(keys, "model.embed_tokens.weight") == []
 
 
 def test_a_hub_id_whose_files_are_not_here_stops_with_one_line(tmp_path, shard_mode, capsys):
@@ -120,7 +198,8 @@ def test_the_share_the_fit_check_gets(tmp_path, shard_mode, monkeypatch):
     assert shard_mode.nbddp_shard_share([(folder, 16)], 2) == fit.nbddp_shard_gib(config, 16, 2)
     assert shard_mode.nbddp_shard_share([(folder, 32)], 4) == fit.nbddp_shard_gib(config, 32, 4)
     assert shard_mode.nbddp_shard_share([(folder, 16)], 1) is None
-    assert shard_mode.nbddp_shard_share([(folder, 4)], 2) is None  # quantized: not built
+    assert shard_mode.nbddp_shard_share([(folder, 4)], 2) == fit.nbddp_shard_gib(config, 4, 2)  # bitsandbytes 4-bit
+    assert shard_mode.nbddp_shard_share([(folder, 8)], 2) is None  # 8-bit: not loaded sharded
     assert shard_mode.nbddp_shard_share([(folder, 16), (str(tmp_path / "elsewhere"), 16)], 2) is None
 
 
@@ -188,3 +267,26 @@ def test_a_causal_lm_is_known_by_its_class_not_its_name():
 
     assert shard_mode._nbddp_causal_lm(Mine) and shard_mode._nbddp_causal_lm(transformers.LlamaForCausalLM)
     assert not shard_mode._nbddp_causal_lm(NotOneForCausalLM)
+
+
+def test_the_fit_check_chooses_the_sharded_mode_for_a_4bit_8b_model(tmp_path, shard_mode):
+    """Llama-3.1-8B in bitsandbytes 4-bit (the Unsloth notebooks' load_in_4bit=True) over 2 processes: its layers'
+    packed bytes (3.25 GiB) halved, two layers whole, the constants (1/32 of the packed bytes) and the 16-bit
+    embeddings and head (1.96 GiB) whole, the adapters and 1.5 GiB: ~6.0 GiB a process, where one GPU needs ~7.7.
+    At 6.5 GiB free per GPU the fit check picks the sharded mode, at 8 DDP, at 6 split mode."""
+    import transformers
+    from nbddp.runtime import fit
+    transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                             num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    share = shard_mode.nbddp_shard_share([(str(tmp_path), 4)], 2)
+    layers = 32 * 4096 * (2 * 4096 + 2 * 1024 + 3 * 14336) / 2 / 2 ** 30
+    outside = 128256 * 4096 * 2 * 2 / 2 ** 30
+    adapters = 16 * 32 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 14336)) * 16 / 2 ** 30
+    assert layers == pytest.approx(3.25) and outside == pytest.approx(1.957, abs=1e-3)
+    assert share == pytest.approx(layers / 2 + 2 * layers / 32 + layers / 32 + outside + adapters + 1.5)
+    assert share == pytest.approx(6.01, abs=0.01)
+    need = fit.nbddp_weight_gib(config, 4) * fit.NBDDP_ALLOWANCE[0] + fit.NBDDP_ALLOWANCE[1]
+    assert need == pytest.approx(7.75, abs=0.01)
+    assert [fit.nbddp_plan(need, [gib, gib], share) for gib in (8, 6.5, 6)] == ["ddp", "shard", "split"]
+    assert shard_mode.nbddp_shard_share([(str(tmp_path), 8)], 2) is None  # 8-bit: split at 6.5

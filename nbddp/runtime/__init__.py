@@ -17,7 +17,8 @@ from typing import NamedTuple
 MODULES = ("hash_seed", "recipe", "launcher", "wait", "group", "same_random", "fit", "hooks", "one_writer", "files",
            "file_races", "share", "agree", "stdin_fd", "owner", "ask", "ipython_forms", "unsloth_group",
            "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance",
-           "loop", "shard_host", "shard", "shard_load", "shard_mode")
+           "loop", "shard_host", "shard", "shard_load", "shard_quant",
+           "shard_mode")
 
 EARLY = ("hash_seed",)  # modules whose code a script runs before its third-party imports (torch's)
 

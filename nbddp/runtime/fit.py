@@ -3,7 +3,8 @@ transformers reads it: a local folder, else the hub cache or the hub) and each G
 - it fits one GPU: DDP, one process per GPU;
 - it does not, but each process's share does: the sharded mode, one process per GPU, each holding 1/N of the
   frozen decoder layers and gathering each layer as it runs (docs/sharded.md; only where the script can load the
-  model sharded: shard_mode.py, a transformers causal LM in 16 or 32 bits);
+  model sharded: shard_mode.py, a transformers causal LM in 16 or 32 bits or bitsandbytes 4-bit, Unsloth's loaders
+  included);
 - it fits only across all GPUs: one process, the model split over them (the notebook's own placement, or
   `balanced`), at about one GPU's speed;
 - it fits nowhere: an error before loading, with the numbers.

@@ -46,12 +46,15 @@ def nbddp_quant_state_tensors(param):
     return out
 
 
-def nbddp_blocks(model):
-    """The model's repeated blocks: the `nn.ModuleList` holding the most parameters (a decoder's layers)."""
+def nbddp_layer_list(model):
+    """The `nn.ModuleList` of the model's repeated blocks: the one holding the most parameters (a decoder's layers)."""
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
-    if not lists:
-        return []
-    return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters())) if lists else None
+
+
+def nbddp_blocks(model):
+    """The model's repeated blocks (nbddp_layer_list's), in order."""
+    return list(nbddp_layer_list(model) or [])
 
 
 def _nbddp_in_backward():
@@ -153,6 +156,14 @@ class NbddpShards:
             nxt = block.index + (-1 if backward else 1)
             if 0 <= nxt < len(self.blocks):
                 self._fetch(self.blocks[nxt])
+
+    def enter(self, index):
+        """Block `index` whole for code that runs its parts without calling it (so no hook of the block runs):
+        Unsloth's fast decode calls `enter(i)` and `leave(i)` of its layer list's `_unsloth_block_swap`."""
+        self.use(self.blocks[index], False)
+
+    def leave(self, index):
+        """Nothing to do: the block keeps its buffer until another block needs it."""
 
     def _buffer(self, slot, size, device):
         buffer = self.buffers[slot]
@@ -264,12 +275,15 @@ def nbddp_shard_model(model, build=None, group=None, prefetch=True, timing=False
     wrapper made around `model` afterwards (peft's) needs them under its own names."""
     shards = NbddpShards(group, prefetch, timing, transport)
     names = {id(p): n for n, p in model.named_parameters()}
-    for index, block in enumerate(nbddp_blocks(model)):
+    layers = nbddp_layer_list(model)  # found before the shard empties them
+    for index, block in enumerate(layers or []):
         if build is not None:
             build(index, block)
             names.update({id(p): n for n, p in model.named_parameters()})
         shards.add(block, names)
     shards.finish()
+    if layers is not None:  # what Unsloth's fast decode asks of the layer list (enter/leave around each layer it runs)
+        layers._unsloth_block_swap = shards
     nbddp_ddp_ignore(model, shards.ignored)  # any DDP later built over this model (the Trainer's) leaves them alone
     return shards
 

@@ -11,10 +11,8 @@ A tensor the checkpoint does not hold (a new adapter's) is made on the device an
 (the rotary embedding's frequencies) is computed again by a fresh module of its class. Every tensor from the
 checkpoint is frozen (the base of LoRA/QLoRA): the layers' ones are what the sharded mode shards.
 
-fp32, fp16 and bf16 checkpoints, kept in their dtype or cast (`dtype`). Not built here: a pre-quantized 4-bit
-checkpoint (bitsandbytes' packed weights and their quantization states: each rank would read its byte range of
-each layer's packed tensors and the whole states), quantize-on-load (each rank quantizing its slice of each weight,
-aligned to the quantization block) and Unsloth's loaders.
+fp32, fp16 and bf16 checkpoints, kept in their dtype or cast (`dtype`); bitsandbytes 4-bit, quantized on load or
+pre-quantized, through the `skeleton` and `make` steps that shard_quant.py gives.
 
 A converted script carries it where the notebook can train sharded: shard_mode.py sends the notebook's own
 `from_pretrained` here in the sharded mode."""
@@ -63,8 +61,8 @@ class NbddpLoader:
     """Fills a meta model's tensors from a checkpoint, module by module (`fill`). `prefixes`: each module of the
     unprepared model (by id) to its name in the checkpoint, so that a module peft wrapped keeps its keys."""
 
-    def __init__(self, checkpoint, config, prefixes, device, dtype, key_of):
-        self.checkpoint, self.config, self.prefixes = checkpoint, config, prefixes
+    def __init__(self, checkpoint, config, prefixes, device, dtype, key_of, make=None):
+        self.checkpoint, self.config, self.prefixes, self.make = checkpoint, config, prefixes, make
         self.device, self.dtype, self.key_of = torch.device(device), dtype, key_of or (lambda key: key)
         self.memo = {}  # id of a meta tensor -> what replaced it (a tensor held by two modules: tied weights)
         self.missing = []
@@ -96,7 +94,10 @@ class NbddpLoader:
             return False
         prefix = self.prefixes.get(id(module))
         stored = self.key_of(f"{prefix}.{key}" if prefix else key) if prefix is not None else None
-        new = False
+        new, value = False, self.make and self.make(self.checkpoint, module, meta, stored)
+        if value is not None:  # made as it is (a 4-bit weight: shard_quant.py)
+            holder[key] = self.memo[id(meta)] = value
+            return False
         if stored is not None and stored in self.checkpoint:
             value = self.checkpoint.get(stored)
             value = value.to(self.device, self.dtype if self.dtype is not None and value.is_floating_point() else None)
@@ -135,13 +136,15 @@ def _nbddp_model_class(config, model_cls):
 
 
 def nbddp_load_sharded(folder, device="cpu", dtype=None, prepare=None, key_of=None, model_cls=None, group=None,
-                       config=None, **shard_kwargs):
+                       config=None, skeleton=None, make=None, **shard_kwargs):
     """The model saved in `folder` (`save_pretrained`, safetensors) on this rank, its decoder layers sharded over the
     process group as `nbddp_shard_model` shards them (`shard_kwargs`: prefetch, timing, transport), never more than
     one whole layer of it read on a rank. `device`: where this rank's tensors go; `dtype`: the floating tensors cast
     to it (None: as saved); `prepare(model)`: applied to the meta model before anything is read (e.g. peft's
     `get_peft_model`), returns the model to fill; `key_of(name)`: a tensor's name in the model (as the unprepared
-    model names it) to its key in the checkpoint. Returns (model, shards): `shards.ignored` are the names DDP must
+    model names it) to its key in the checkpoint; `skeleton(model)`: applied to the meta model first, its modules
+    then named as the checkpoint names them (4-bit: Linear layers made Linear4bit); `make(checkpoint, module, meta,
+    stored)`: a tensor made otherwise than read and cast, or None (4-bit weights: shard_quant.py). Returns (model, shards): `shards.ignored` are the names DDP must
     leave alone (already given to `nbddp_ddp_ignore` for the returned model), `shards.loaded` the checkpoint keys
     read, outside the layers and then layer by layer, `shards.new` the tensors made new (not in the checkpoint)."""
     import transformers
@@ -149,12 +152,14 @@ def nbddp_load_sharded(folder, device="cpu", dtype=None, prepare=None, key_of=No
     checkpoint = NbddpCheckpoint(folder)
     with torch.device("meta"):
         model = _nbddp_model_class(config, model_cls)(config)
+    if skeleton is not None:
+        model = skeleton(model)
     prefixes = {id(m): n for n, m in model.named_modules()}
     for _, param in model.named_parameters():
         param.requires_grad_(False)  # the base is frozen; what `prepare` adds trains
     if prepare is not None:
         model = prepare(model)
-    loader = NbddpLoader(checkpoint, config, prefixes, device, dtype, key_of)
+    loader = NbddpLoader(checkpoint, config, prefixes, device, dtype, key_of, make)
     blocks = nbddp_blocks(model)
     inside = {id(m) for block in blocks for m in block.modules()}
     loader.fill([(n, m) for n, m in model.named_modules() if id(m) not in inside])  # outside: whole on each rank

@@ -8,9 +8,11 @@ process (None where this mode cannot load it) and its start (the line, the stops
 What loads sharded: transformers' `PreTrainedModel.from_pretrained` of a causal LM (a class AutoModelForCausalLM
 maps a model type to, or a subclass of one), reached through AutoModelForCausalLM or the class itself (patched when the notebook first imports transformers' modeling,
 in this mode only), from a local `save_pretrained` folder with safetensors or a hub id whose safetensors are in the
-Hugging Face cache, in fp32, fp16 or bf16 (`dtype`: "auto", the default, is the config's dtype, else as saved).
-A load that asks for 4-bit or 8-bit quantization (or a pre-quantized checkpoint) stops with one line: not built yet,
-NBDDP_MODE=split instead. Another model class loads whole on every rank, said once. The gathers copy from shared
+Hugging Face cache, in fp32, fp16 or bf16 (`dtype`: "auto", the default, is the config's dtype, else as saved),
+or in bitsandbytes 4-bit (shard_quant.py): quantized on load (`load_in_4bit=True`, a 4-bit BitsAndBytesConfig) or
+pre-quantized (the checkpoint's config says so). Unsloth's loaders reach it: they call AutoModelForCausalLM's. Any
+other quantization (8-bit included) stops with one line, NBDDP_MODE=split instead. Another model class loads whole
+on every rank, said once. The gathers copy from shared
 host memory where every rank is on one machine (a forward pass of rank 0 alone, such as generation after training,
 needs no other rank), else they are all-gathers."""
 import functools
@@ -23,6 +25,8 @@ from .group import NBDDP_DEVICE, NBDDP_WORLD_SIZE, nbddp_dist
 from .hooks import NBDDP_IMPORTS, nbddp_say
 from .launcher import NBDDP_LAUNCHED, nbddp_nproc
 from .shard_load import nbddp_load_sharded
+from .shard_quant import (nbddp_quant_finish, nbddp_quant_maker, nbddp_quant_said, nbddp_quant_skeleton,
+                          nbddp_quantizer)
 
 NBDDP_SHARDED = []  # the NbddpShards of each model loaded sharded
 # from_pretrained's keywords that choose where or how to fetch, or place the model: the sharded load has its own way
@@ -51,9 +55,9 @@ def nbddp_weights_folder(model, revision=None, cache_dir=None):
 
 def nbddp_shard_share(models, n):
     """The fit check's GiB on each of `n` processes with the notebook's models sharded (the largest counts), or None
-    where this mode cannot load them: one process, a quantized load (not built yet), files not on this machine (it
-    does not download yet)."""
-    if n < 2 or any(bits < 16 or nbddp_weights_folder(model) is None for model, bits in models):
+    where this mode cannot load them: one process, an 8-bit load, files not on this machine (it does not download
+    yet). 4-bit: the layers' packed bytes, their quantization constants and the 16-bit embeddings and head."""
+    if n < 2 or any(bits not in (4, 16, 32) or nbddp_weights_folder(model) is None for model, bits in models):
         return None
     return max(nbddp_shard_gib(_nbddp_config(model), bits, n) for model, bits in models)
 
@@ -118,16 +122,13 @@ def nbddp_from_pretrained_sharded(cls, name, config=None, **kwargs):
     folder = os.path.join(folder, kwargs["subfolder"]) if kwargs.get("subfolder") else folder
     if not isinstance(config, transformers.PretrainedConfig):
         config = transformers.AutoConfig.from_pretrained(config or folder)
-    asked = [key for key in _NBDDP_QUANTIZE if kwargs.get(key)]
-    if asked or getattr(config, "quantization_config", None):
-        why = f"{'/'.join(asked)} asks" if asked else "its checkpoint is"
-        _nbddp_stop(f"{shown}: {why} for a quantized model, and sharded loading of quantized models is not built "
-                    "yet: NBDDP_MODE=split loads it in one process over every GPU")
     if (kwargs.pop("adapter_kwargs", None) or {}).get("_adapter_model_path"):
         _nbddp_stop(f"{shown}: a peft adapter's folder, loaded with its base model: not built in the sharded mode "
                     "yet (load the base model, then the adapter with peft); NBDDP_MODE=split loads it")
     dtype, old_name = kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None)
     dtype = nbddp_shard_dtype(dtype if dtype is not None else old_name, config)
+    quantizer, dtype = nbddp_quantizer(shown, config, kwargs, dtype, NBDDP_DEVICE)
+    pre_quantized = bool(quantizer and quantizer.pre_quantized)
     if kwargs.get("attn_implementation"):
         config._attn_implementation = kwargs.pop("attn_implementation")
     left = []
@@ -143,11 +144,15 @@ def nbddp_from_pretrained_sharded(cls, name, config=None, **kwargs):
     nbddp_dist()
     transport = "host" if NBDDP_WORLD_SIZE == int(os.environ.get("LOCAL_WORLD_SIZE", NBDDP_WORLD_SIZE)) else \
         "collective"
+    quant = {} if quantizer is None else {"skeleton": nbddp_quant_skeleton(quantizer, dtype, NBDDP_DEVICE),
+                                          "make": nbddp_quant_maker(NBDDP_DEVICE, dtype, pre_quantized)}
     try:
         model, shards = nbddp_load_sharded(folder, device=NBDDP_DEVICE, dtype=dtype, model_cls=cls, config=config,
-                                           transport=transport)
+                                           transport=transport, **quant)
     except FileNotFoundError as error:
         _nbddp_stop(f"{shown}: {error}; NBDDP_MODE=split loads it in one process over every GPU")
+    if quantizer is not None:
+        nbddp_quant_finish(model, quantizer)
     model.eval()  # as from_pretrained returns it
     config.name_or_path = os.fspath(name)
     try:
@@ -158,7 +163,8 @@ def nbddp_from_pretrained_sharded(cls, name, config=None, **kwargs):
     layers, mine, whole = map(_nbddp_bytes, nbddp_shard_sizes(model, shards))
     nbddp_say(f"shard-{shown}", f"{shown}: loaded sharded over {torch.distributed.get_world_size()} processes, "
                                 f"layer by layer: its {len(shards.blocks)} layers' frozen weights {layers}, {mine} on "
-                                f"each rank; {whole} whole on every rank (embeddings, head, norms); gathers: "
+                                f"each rank{nbddp_quant_said(quantizer)}; "
+                                f"{whole} whole on every rank (embeddings, head, norms); gathers: "
                                 + ("copies from shared host memory" if transport == "host" else "all-gathers"))
     return model
 

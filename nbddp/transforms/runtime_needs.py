@@ -21,6 +21,7 @@ from ..vocabulary import CONFIG, CREDENTIALS, LOAD, SAVE, is_unsloth_loader, kno
 from ..walk import walk
 from .base import TreeStep
 from .placement import OURS
+from .trainer_args import uses_peft
 
 CHECKPOINTS = Table(values={"transformers.PreTrainedModel().gradient_checkpointing_enable"})
 QUANTIZERS = frozenset({"transformers.BitsAndBytesConfig"})
@@ -49,6 +50,7 @@ class _Facts(cst.CSTVisitor):
         self.modules = set(names.packages)  # the packages the notebook imports (the one name analysis')
         self.names: set[str] = set()
         self.trainer = self.checkpointing = self.quantized = self.weight_tying = self.tiled_mlp = False
+        self.adapters = False  # it makes or loads adapters (trainer_args.uses_peft: by what its calls are)
         self.own_ddp = []  # why the DDP settings the converter wrote may not hold
         self.split_model = False  # a model load that keeps a placement of the notebook's own
         self.models = []  # (model id, bits, cell, the notebook's placement) of each load whose id is a literal
@@ -184,9 +186,9 @@ def needs(facts: _Facts) -> dict[str, str]:
     if sized_loads(facts):
         why["fit"] = "the notebook loads a model: DDP if it fits one GPU, else one process split over all of them"
     unsloth = bool(facts.modules & {"unsloth", "unsloth_zoo"})
-    if sized_loads(facts) and "peft" in facts.modules and not unsloth:
-        why["shard_mode"] = "the notebook loads a model and trains peft's adapters: where the model does not fit one " \
-                            "GPU, its frozen layers sharded over the processes (NBDDP_MODE=shard)"
+    if sized_loads(facts) and facts.adapters and not facts.vllm:  # vLLM's engine would load it whole
+        why["shard_mode"] = "the notebook loads a model and trains adapters (peft's or Unsloth's): where the model " \
+                            "does not fit one GPU, its frozen layers sharded over the processes (NBDDP_MODE=shard)"
     helpers = {module: sorted(n for n in facts.names if n in HELPERS and HELPERS[n].module == module)
                for module in ("files", "share", "ipython_forms", "loop")}  # the steps' helpers of these (HELPERS)
     forms = helpers["ipython_forms"] + sorted(facts.ipython)
@@ -231,6 +233,7 @@ class RuntimeNeeds(TreeStep):
     def run(self, tree, ctx):
         facts = _Facts(tree.names)
         walk(tree.module, facts)
+        facts.adapters = uses_peft(tree)
         loads = sized_loads(facts)
         models = tuple(dict.fromkeys((model, bits) for model, bits, _, _ in loads))
         why = needs(facts)

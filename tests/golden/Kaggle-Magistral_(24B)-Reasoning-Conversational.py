@@ -17,11 +17,11 @@ Install first (the notebook's install commands, every branch, removed here):
 # ---- nbddp runtime: the parts of nbddp/runtime/ this notebook needs (no notebook code above this line) ----
 # -- hash_seed: every script: one string hash on every rank (a rank another launcher started begins again with PYTHONHASHSEED=0, before torch's import)
 # -- recipe: needed by launcher
-# -- launcher: needed by group, fit, global_batch
+# -- launcher: needed by group, fit, global_batch, shard_mode
 # -- wait: needed by group, one_writer, file_races, agree, stdin_fd
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group
 # -- same_random: every script: one random state on every rank, also for generators made without a seed
-# -- hooks: needed by fit, one_writer, files, agree, stdin_fd, unsloth_group, lean_sync, peft_shim, xformers_shim, global_batch, balance
+# -- hooks: needed by fit, one_writer, files, agree, stdin_fd, unsloth_group, lean_sync, peft_shim, xformers_shim, global_batch, balance, shard_mode
 # -- fit: the notebook loads a model: DDP if it fits one GPU, else one process split over all of them
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- files: every script: a file that every rank writes is written by one rank per machine; the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
@@ -36,6 +36,11 @@ Install first (the notebook's install commands, every branch, removed here):
 # -- xformers_shim: a model load keeps the notebook's device_map, which may spread it over GPUs: xformers' attention bias follows the query's device
 # -- global_batch: the notebook trains with a Trainer: its global batch kept where the process count divides gradient_accumulation_steps (NBDDP_BATCH=scale: N times its samples)
 # -- balance: the notebook trains with a Trainer: each step's samples dealt to the ranks by length
+# -- shard_host: needed by shard
+# -- shard: needed by shard_load
+# -- shard_load: needed by shard_mode
+# -- shard_quant: needed by shard_mode
+# -- shard_mode: the notebook loads a model and trains adapters (peft's or Unsloth's): where the model does not fit one GPU, its frozen layers sharded over the processes (NBDDP_MODE=shard)
 # ---- end of nbddp runtime ----
 try:
     # %% cell 5
