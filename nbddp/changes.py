@@ -56,6 +56,7 @@ class Changes(LiveVisitor):
         self.rank: set = set()  # what it reads of the job's shape (nbddp.rank_conditions: RANK, WORLD)
         self.packages: set = set()  # the packages its calls come from, also through the notebook's functions
         self.reaches: set = set()  # of those, Python's own modules whose calls reach other machines (REACHES_OUT)
+        self.carriers: set = set()  # the packages of calls that are handed a function to run (nbddp.changes._handed)
         self.reads: set = set()  # names it reads beyond its own code's (a `%run -i` file's)
         self.ran_kinds: frozenset = frozenset()  # what a file it runs does (`%run`: nbddp.ran_files)
         self.unread: list = []  # the lines of the `%run`s whose file the converter cannot read
@@ -120,6 +121,25 @@ class Changes(LiveVisitor):
         self.packages |= ran.packages
         self.loads |= ran.loads
 
+    def _handed(self, node, meanings):
+        """A function the call is handed to run (`Thread(target=requests.post)`, `pool.submit(note, text)`): its
+        packages are the line's; the carrier's own (threading's, a pool's) only run it (`carriers`). True if handed."""
+        carrier, homes = False, {h for h in self.scan.homes(meanings) if h.isidentifier()} - {"builtins", "__main__"}
+        for arg in node.args if homes else ():  # a library's call (a list's `append(fn)` keeps fn: it changes)
+            if not isinstance(arg.value, (cst.Name, cst.Attribute)):
+                continue
+            handed = {m for m in self.names.meanings(arg.value) if library_of(m)}
+            definitions = [d for d in self.names.definitions(arg.value) if isinstance(d, cst.FunctionDef)]
+            if handed or definitions:
+                carrier = True
+                self.carriers |= homes
+                self.packages |= self.scan.homes(handed)
+                self.reaches |= {m.split(".", 1)[0] for m in handed if m.startswith(REACHES_OUT)}
+            for definition in definitions:
+                self.packages |= self.scan.packages_of(definition)
+                self.reaches |= self.scan.packages_of(definition, "reaches")
+        return carrier
+
     def visit_Call(self, node):
         func = node.func
         if isinstance(func, cst.Name) and func.value in SHOWS:  # the notebook's own line is what it shows
@@ -147,6 +167,7 @@ class Changes(LiveVisitor):
             self.loads |= files_named(node, self.names)
         self.packages |= self.scan.homes(meanings)
         self.reaches |= {m.split(".", 1)[0] for m in meanings if m.startswith(REACHES_OUT)}
+        carrier = self._handed(node, meanings)
         for definition in definitions:  # the notebook's own function: what its body saves, sets up and calls
             self.saves |= self.scan.saved_by(definition)
             self.configures |= self.scan.set_up_by(definition)
@@ -161,7 +182,7 @@ class Changes(LiveVisitor):
         self.changed |= handed
         self.mutated |= handed
         receiver = base_name(func.value) if isinstance(func, cst.Attribute) else None
-        if receiver is not None and not self.scan.imported(receiver) and func.attr.value not in EMITS:
+        if receiver is not None and not self.scan.imported(receiver) and func.attr.value not in EMITS and not carrier:
             self.changed.add(receiver)
             if node in self.drops:
                 self.mutated.add(receiver)

@@ -36,7 +36,8 @@ def effect_only(stmt, scan, handles=frozenset()) -> bool:
     packages = seen.packages - {"builtins", "__main__"}  # the notebook's own functions: by what they call
     if packages & HELPERS.keys():  # nbddp's own lines (`%%writefile` in a function): each places itself
         return False
-    reach = seen.reaches  # (also through the notebook's own functions: `note(text)` whose body opens a URL)
+    reach = seen.reaches | seen.carriers  # (also through the notebook's own functions: `note(text)` whose body opens a
+    # URL; a thread or pool only runs the function it is handed)
     return bool(packages) and not (seed or changes or seen.rank or seen.together or reads & handles) and not \
         packages & scan.libraries and not (packages - reach) & (STANDARD | COMPUTES) and not \
         scan.kinds(stmt) & {COLLECTIVE, CONFIG}

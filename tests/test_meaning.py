@@ -287,8 +287,9 @@ def test_set_up_of_a_library_training_comes_from_says_why_it_runs_on_every_rank(
     "        if logs:\n            hooks.send(URL, text=str(logs))\n",
     "        for key in logs:\n            requests.post(URL, json={key: logs[key]})\n",
 ])
-def test_an_effect_in_a_training_callbacks_hook_runs_on_rank_0(hook):
+def test_an_effect_in_a_training_callbacks_hook_runs_on_rank_0(hook, more=""):
     head = "import requests\nimport slackhooks as hooks\nfrom transformers import TrainerCallback\nURL = 'https://x'\n"
+    head += more
     cls = "class Notify(TrainerCallback):\n    def on_log(self, args, state, control, logs=None, **kw):\n" + hook + \
           "        control.should_log = True\n"
     out, report = convert(head + cls + "x = 1\n", TRAIN.replace("train_dataset=ds", "train_dataset=ds, "
@@ -296,6 +297,37 @@ def test_an_effect_in_a_training_callbacks_hook_runs_on_rank_0(hook):
     assert "if NBDDP_IS_MAIN:\n" in out[0] and "nbddp_barrier" not in out[0].split("class Notify")[1], out[0]
     assert "        control.should_log = True\n" in out[0]  # what the hook decides: on every rank
     assert "in the callback's Notify hooks" in report.format()
+
+
+@pytest.mark.parametrize("hook", [
+    "        threading.Thread(target=requests.post, args=(URL,), kwargs={'json': logs}).start()\n",
+    "        POOL.submit(hooks.send, URL, text=str(logs))\n",
+    "        th.Thread(target=note, args=(logs,), daemon=True).start()\n",  # the notebook's function, which posts
+])
+def test_an_effect_handed_to_a_thread_or_pool_in_a_callbacks_hook_runs_on_rank_0(hook):
+    pool = "import threading, threading as th\nfrom concurrent.futures import ThreadPoolExecutor\nPOOL = " \
+           "ThreadPoolExecutor(2)\ndef note(x):\n    requests.post(URL, json=x)\n"
+    test_an_effect_in_a_training_callbacks_hook_runs_on_rank_0(hook, pool)
+
+
+def test_a_list_the_notebook_hands_its_function_to_is_changed_by_it():
+    """`HOOKS.append(note)`: a list's method given a function keeps it (no library runs it): the trainer reads HOOKS."""
+    out, _ = convert("import requests\ndef note(x):\n    requests.post('u', json=x)\nHOOKS = []\n", "HOOKS.append(note)\n",
+                     "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=ds, callbacks=HOOKS)\n"
+                     "trainer.train()\n")
+    assert out[1] == "nbddp_show(HOOKS.append(note))\n", out
+
+
+@pytest.mark.parametrize("hook", [
+    "        threading.Thread(target=time.sleep, args=(0.1,)).start()\n",  # Python's own call: every rank's
+    "        threading.Thread(target=keep, args=(logs,)).start()\n",  # fills the notebook's list
+])
+def test_pythons_own_work_handed_to_a_thread_in_a_hook_stays_on_every_rank(hook):
+    head = "import threading, time\nfrom transformers import TrainerCallback\nSEEN = []\ndef keep(x):\n" \
+           "    SEEN.append(x)\n"
+    cls = "class Notify(TrainerCallback):\n    def on_log(self, args, state, control, logs=None, **kw):\n" + hook
+    out, _ = convert(head + cls, TRAIN.replace("train_dataset=ds", "train_dataset=ds, callbacks=[Notify()]"))
+    assert "NBDDP_IS_MAIN" not in out[0].split("class Notify")[1], out[0]
 
 
 @pytest.mark.parametrize("hook", [
