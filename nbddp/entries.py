@@ -265,9 +265,11 @@ STANDARD = frozenset(sys.stdlib_module_names)  # Python's own packages
 COMPUTES = frozenset({"numpy", "pandas", "polars", "pyarrow", "scipy", "sklearn", "einops", "tqdm", "regex"})
 # Libraries whose module functions, called for their effect alone and given no file, can only change the process's
 # own state: options, error handling, registrations (`np.seterr(all="raise")`, `pd.set_option(...)`, `tqdm.pandas()`,
-# `sklearn.set_config(...)`, `decimal.setcontext(...)`). That is set-up every rank does (nbddp.changes).
+# `sklearn.set_config(...)`, `decimal.setcontext(...)`; the data's and models' libraries, also where training's objects
+# do not come from them: `datasets.disable_caching()`, `transformers.logging.set_verbosity_error()`). That is set-up
+# every rank does (nbddp.changes).
 IN_PROCESS = COMPUTES | frozenset({"decimal", "locale", "codecs", "mimetypes", "copyreg", "tracemalloc", "importlib",
-                                   "random", "heapq", "bisect", "threading", "contextvars"})
+                                   "random", "heapq", "bisect", "threading", "contextvars", "datasets", "transformers"})
 # Python's own modules whose calls reach other machines: a line that only calls them for their effect (a ping, a
 # datagram) is one, as another library's would be (nbddp.inside)
 REACHES_OUT = ("urllib.request.", "http.client.", "smtplib.", "socket.", "ftplib.", "imaplib.", "poplib.",

@@ -681,6 +681,18 @@ def test_what_a_process_sets_of_its_own_state_every_rank_sets(cells):
     assert not any("NBDDP_IS_MAIN" in cell for cell in kept[:-1]), kept
 
 
+@pytest.mark.parametrize("cells", [
+    ["import datasets\n", "datasets.disable_caching()\n"],                                    # over cells
+    ["from datasets import disable_caching as no_cache\ndef quiet():\n    no_cache()\nquiet()\n"],  # alias, function
+    ["import transformers\nfor name in ('transformers',):\n    transformers.logging.set_verbosity_error()\n"],
+])
+def test_set_up_of_the_datas_and_models_libraries_runs_on_every_rank_where_training_is_a_loop_of_its_own(cells):
+    """`datasets.disable_caching()` where the notebook trains torch's model in a loop of its own: datasets is no
+    library training's objects come from, but its module functions set the process's own state (each rank's)."""
+    kept, _, _ = _kept(cells + [LOOP + "for i in range(3):\n" + STEP])
+    assert not any("NBDDP_IS_MAIN" in cell for cell in kept[:-1]), kept
+
+
 @pytest.mark.parametrize("cell", [
     "import numpy as np\nnp.savetxt('rows.txt', [1, 2])\n",              # a library that computes writes a file
     "import pandas as pd\npd.to_pickle({'a': 1}, 'rows.pkl')\n",
