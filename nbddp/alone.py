@@ -12,8 +12,9 @@
 The plan (nbddp.needs) runs such a line once wherever it can say what training needs (before training's end it is
 a statement training does not need). Where it cannot, nothing training could need comes of it either: in a notebook
 with no training the analysis can see, and in a `%ddp` session's cells as they come (later cells unknown), rank 0
-runs these alone and the other ranks wait for it (nbddp.transforms.whole). Python's own calls (a folder made, a
-program started, an exit, a sleep) stay on every rank there, as the notebook's process would run them.
+runs these alone and the other ranks wait for it (nbddp.transforms.whole). A program started counts as such a call
+(nbddp.entries.STARTS_PROGRAMS; not an install). Python's other own calls (a folder made, an exit, a sleep) stay on
+every rank there, as the notebook's process would run them.
 """
 from __future__ import annotations
 

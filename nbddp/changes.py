@@ -13,7 +13,8 @@ from __future__ import annotations
 import libcst as cst
 
 from .cst_helpers import LiveVisitor, code_of
-from .entries import CHANGES_ARGUMENTS, EMITS, IN_PROCESS, REACHES_OUT, RUNS_CODE, is_process_config, library_of
+from .entries import (CHANGES_ARGUMENTS, EMITS, IN_PROCESS, REACHES_OUT, RUNS_CODE, STARTS_PROGRAMS, is_process_config,
+                      library_of)
 from .entry_match import Table
 from .rank_conditions import node_reads
 from .ran_files import RUN_FILE, ran_file, said
@@ -121,6 +122,23 @@ class Changes(LiveVisitor):
         self.packages |= ran.packages
         self.loads |= ran.loads
 
+    def _installs(self, node) -> bool:
+        """The program is a package manager's install (`pip install x`), or one the converter cannot read: what it
+        does stays every rank's (each machine needs the packages)."""
+        from .transforms.shell import is_install
+        value = node.args[0].value if node.args else None
+        words = [self._word(e.value) for e in value.elements] if isinstance(value, (cst.List, cst.Tuple)) else \
+            [self._word(value)]
+        return None in words or is_install(" ".join(words))
+
+    def _word(self, node):
+        """A word of a command: a literal string (an f-string's text, `x` for each value), `python` for
+        `sys.executable`, else None."""
+        if isinstance(node, cst.FormattedString):
+            return "".join(p.value if isinstance(p, cst.FormattedStringText) else "x" for p in node.parts)
+        text = self.names.literal(node)
+        return text if isinstance(text, str) else "python" if self.names.meanings(node) == {"sys.executable"} else None
+
     def _handed(self, node, meanings):
         """A function the call is handed to run (`Thread(target=requests.post)`, `pool.submit(note, text)`): its
         packages are the line's; the carrier's own (threading's, a pool's) only run it (`carriers`). True if handed."""
@@ -163,10 +181,12 @@ class Changes(LiveVisitor):
                 self.configures.add(CONFIG)
         if SAVE in effects and not definitions:  # a file saved by its path
             self.saves.update(filter(None, [file_of(node, meanings, self.names)]))
-        else:  # any other call given a path may read it, whatever its library
-            self.loads |= files_named(node, self.names)
+        elif not meanings & STARTS_PROGRAMS:  # any other call given a path may read it, whatever its library (a
+            self.loads |= files_named(node, self.names)  # command line is no path)
         self.packages |= self.scan.homes(meanings)
         self.reaches |= {m.split(".", 1)[0] for m in meanings if m.startswith(REACHES_OUT)}
+        if meanings & STARTS_PROGRAMS and not self._installs(node):  # a program started: outside the process
+            self.reaches |= {m.split(".", 1)[0] for m in meanings & STARTS_PROGRAMS}
         carrier = self._handed(node, meanings)
         for definition in definitions:  # the notebook's own function: what its body saves, sets up and calls
             self.saves |= self.scan.saved_by(definition)

@@ -131,6 +131,12 @@ PROCESS_STATE = frozenset({
 # (as `%run -i` does), `runpy.run_path("prep.py")` and `runpy.run_module("prep")` in one of their own (as `%run`):
 # nbddp.changes reads the file as a `%run` of it (nbddp.ran_files); code it cannot read runs on every rank.
 RUNS_CODE = frozenset({"builtins.exec", "runpy.run_path", "runpy.run_module"})
+# Python's own calls that start a program: what it does happens outside the process, as another library's call's
+# (a line that only starts one is an effect: once; an install of packages stays every machine's: nbddp.changes)
+STARTS_PROGRAMS = frozenset({
+    "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.Popen", "os.system", "os.popen",
+    "os.spawnl", "os.spawnlp", "os.spawnv", "os.spawnvp", "os.posix_spawn", "os.posix_spawnp", "pty.spawn",
+    "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell"})
 EMITS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log", "showwarning"})
 NOT_LIBRARIES = frozenset({"builtins", "__main__"})  # Python's own, the notebook's own
 

@@ -361,6 +361,9 @@ STEP = "    loss = model(X).pow(2).mean()\n    loss.backward(); opt.step(); opt.
     (["import socket as so\ndef ping(step):\n    so.socket(so.AF_INET, so.SOCK_DGRAM).sendto(str(step).encode(), "
       "('10.0.0.1', 8125))\n", LOOP + "for i in range(3):\n" + STEP + "    ping(i)\n"],
      "so.socket(so.AF_INET, so.SOCK_DGRAM).sendto("),
+    # a program started at each step (nbddp.entries.STARTS_PROGRAMS), from a function the loop calls
+    (["import subprocess as sp\ndef gpu_log():\n    sp.run(['nvidia-smi', '--query-gpu=memory.used', '--format=csv'])\n",
+      LOOP + "for i in range(3):\n" + STEP + "    gpu_log()\n"], "sp.run(['nvidia-smi'"),
 ])
 def test_an_effect_in_a_function_that_every_rank_runs_runs_on_rank_0(cells, effect):
     out, report = convert(*cells, "print('done')\n")
@@ -727,12 +730,18 @@ ALONE = [
     ["import mylib as ml\n", "ml.notify('start')\n"],                             # an alias, over cells
     ["import urllib.request as u\ndef note(t):\n    with u.urlopen('http://x/?q=' + t) as r:\n        r.read()\n"
      "note('go')\n"],                                                           # Python's own reach, in a function
+    ["import subprocess, sys\nsubprocess.run([sys.executable, 'prep.py'], check=True)\n"],  # a program started
+    ["import subprocess as sp\ndef prep():\n    sp.run(['python', 'prep.py'])\n", "prep()\n"],  # alias, function
+    ["import os\nname = 'a'\n", "os.system(f'python prep.py {name}')\n"],  # an f-string command (no path shared)
 ]
 STAYS = ["import mylib\nrows = mylib.fetch()\n", "from unsloth import PatchFastRL\nPatchFastRL('GRPO', None)\n",
          "import random\nrows = [1, 2]\nrandom.shuffle(rows)\n", "import os\nos.environ['A'] = '1'\n",
          "import os, sys, time\nos.makedirs('out')\ntime.sleep(1)\nsys.exit(0)\n",  # Python's own: as the process
          "from huggingface_hub import login\nlogin()\n",                            # a prompt: every rank asks
-         "import mylib\ndef fit():\n    trainer.train()\nmylib.run(fit)\n"]         # it may run what it is given
+         "import mylib\ndef fit():\n    trainer.train()\nmylib.run(fit)\n",        # it may run what it is given
+         "import subprocess, sys\nsubprocess.check_call([sys.executable, '-m', 'pip', 'install', 'x'])\n",  # installs
+         "import subprocess\nrev = subprocess.check_output(['git', 'rev-parse', 'HEAD'])\n",  # its output kept
+         "import subprocess\ncmd = input()\nsubprocess.run(cmd, shell=True)\n"]   # a command it cannot read
 
 
 @pytest.mark.parametrize("cells", ALONE)
