@@ -6,6 +6,8 @@
                                      set up and read nothing of the notebook's or the rank), and that ask nothing
                                      (a prompt or a login: nbddp.vocabulary.prompt) and are handed no function of the
                                      notebook's (the library may run it);
+                                     and of the loops, tests and `with`s made of such lines alone (a loop of
+                                     hooks), whose own names no later statement reads;
                                      paths: the literal paths their calls are given (not a URL), which a machine
                                      without rank 0's storage gets a copy of
 
@@ -23,7 +25,9 @@ from urllib.parse import urlsplit
 import libcst as cst
 
 from .changes import SHOWS
+from .cst_helpers import names_in
 from .inside import effect_only
+from .rank_conditions import is_rank_test
 from .vocabulary import MAIN_ONLY, prompt
 
 
@@ -41,15 +45,39 @@ def _handed(call, names) -> bool:
     return any(isinstance(arg.value, cst.Lambda) or names.definitions(arg.value) for arg in call.args)
 
 
+def _only_acts(stmt, scan, names, later) -> int | None:
+    """How many lines act outside the process (effect_only, asking nothing, handed none of the notebook's functions)
+    in a line, or a loop, test or `with` whose lines all act or only steer (`pass`, `continue`, `break`) and whose own
+    names (a loop's variable, a `with`'s `as`) no later statement reads; else None."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        if all(isinstance(small, (cst.Pass, cst.Continue, cst.Break)) for small in stmt.body):
+            return 0
+        acts = effect_only(stmt, scan) and not any(
+            prompt(names.meanings(call.func), False, scan.packages) or _handed(call, names)
+            for call in scan.seen(stmt).calls)
+        return 1 if acts else None
+    if not isinstance(stmt, (cst.For, cst.If, cst.With)) or isinstance(stmt, (cst.For, cst.With)) and \
+            stmt.asynchronous or is_rank_test(stmt, names):  # (a rank test: the notebook's or nbddp's, as written)
+        return None
+    own = names_in(stmt.target) if isinstance(stmt, cst.For) else set().union(
+        *(names_in(item.asname.name) for item in stmt.items if item.asname)) if isinstance(stmt, cst.With) else set()
+    orelse = getattr(stmt, "orelse", None)
+    inner = [*stmt.body.body, *(orelse.body.body if isinstance(orelse, cst.Else) else [orelse] if orelse else [])]
+    counts = [_only_acts(s, scan, names, later) for s in inner]
+    return None if own & later or None in counts else sum(counts)
+
+
 def acts_alone(body, scan, names) -> dict:
-    found = {}
-    for stmt in body:
-        if not isinstance(stmt, cst.SimpleStatementLine) or not effect_only(stmt, scan) or not _shows_a_call(stmt) or \
-                scan.kinds(stmt) & MAIN_ONLY:  # (the vocabulary's rank-0 work: the rank guards take it by its kind)
-            continue
-        calls = scan.seen(stmt).calls
-        if any(prompt(names.meanings(call.func), False, scan.packages) or _handed(call, names) for call in calls):
-            continue
+    found, body, later = {}, list(body), set()
+    after = []  # what the statements after each one read
+    for stmt in reversed(body):
+        after.append(frozenset(later))
+        later |= scan.facts(stmt)[0]
+    for stmt, later in zip(body, reversed(after)):
+        compound = not isinstance(stmt, cst.SimpleStatementLine)
+        if compound and not isinstance(stmt, (cst.For, cst.If, cst.With)) or not compound and not _shows_a_call(stmt) \
+                or scan.kinds(stmt) & MAIN_ONLY or not _only_acts(stmt, scan, names, later):  # (none, or no line that
+            continue  # acts; MAIN_ONLY: the vocabulary's rank-0 work: the rank guards take it by its kind)
         paths = {c[5:] for c in scan.facts(stmt)[1] | scan.seen(stmt).loads if c.startswith("file:")}
         found[id(stmt)] = sorted(p for p in paths if len(urlsplit(p).scheme) < 2)  # (`C:` is a drive)
     return found

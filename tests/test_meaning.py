@@ -733,6 +733,9 @@ ALONE = [
     ["import subprocess, sys\nsubprocess.run([sys.executable, 'prep.py'], check=True)\n"],  # a program started
     ["import subprocess as sp\ndef prep():\n    sp.run(['python', 'prep.py'])\n", "prep()\n"],  # alias, function
     ["import os\nname = 'a'\n", "os.system(f'python prep.py {name}')\n"],  # an f-string command (no path shared)
+    ["import requests as rq\nurls = ['a', 'b']\n", "for u in urls:\n    rq.post('https://x/' + u)\n"],  # a loop
+    ["import urllib.request as ur, os\nif not os.path.exists('d.csv'):\n    ur.urlretrieve('https://x/d', 'd.csv')\n"
+     "else:\n    pass\n"],                                                      # a test around a download
 ]
 STAYS = ["import mylib\nrows = mylib.fetch()\n", "from unsloth import PatchFastRL\nPatchFastRL('GRPO', None)\n",
          "import random\nrows = [1, 2]\nrandom.shuffle(rows)\n", "import os\nos.environ['A'] = '1'\n",
@@ -741,7 +744,10 @@ STAYS = ["import mylib\nrows = mylib.fetch()\n", "from unsloth import PatchFastR
          "import mylib\ndef fit():\n    trainer.train()\nmylib.run(fit)\n",        # it may run what it is given
          "import subprocess, sys\nsubprocess.check_call([sys.executable, '-m', 'pip', 'install', 'x'])\n",  # installs
          "import subprocess\nrev = subprocess.check_output(['git', 'rev-parse', 'HEAD'])\n",  # its output kept
-         "import subprocess\ncmd = input()\nsubprocess.run(cmd, shell=True)\n"]   # a command it cannot read
+         "import subprocess\ncmd = input()\nsubprocess.run(cmd, shell=True)\n",  # a command it cannot read
+         "import requests\nfor u in ['a', 'b']:\n    requests.post('https://x/' + u)\nlast = u\n",  # its variable read
+         "import requests\nrows = []\nfor u in ['a']:\n    rows.append(requests.get('https://x/' + u))\n",  # fills
+         "import os\nfor d in ['a', 'b']:\n    os.makedirs(d)\n"]                      # Python's own, in a loop
 
 
 @pytest.mark.parametrize("cells", ALONE)
