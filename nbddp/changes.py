@@ -57,7 +57,7 @@ class Changes(LiveVisitor):
         self.rank: set = set()  # what it reads of the job's shape (nbddp.rank_conditions: RANK, WORLD)
         self.packages: set = set()  # the packages its calls come from, also through the notebook's functions
         self.reaches: set = set()  # of those, Python's own modules whose calls reach other machines (REACHES_OUT)
-        self.carriers: set = set()  # the packages of calls that are handed a function to run (nbddp.changes._handed)
+        self.carriers: set = set()  # the packages of calls that are handed a function to run (_runs_handed)
         self.reads: set = set()  # names it reads beyond its own code's (a `%run -i` file's)
         self.ran_kinds: frozenset = frozenset()  # what a file it runs does (`%run`: nbddp.ran_files)
         self.unread: list = []  # the lines of the `%run`s whose file the converter cannot read
@@ -139,7 +139,7 @@ class Changes(LiveVisitor):
         text = self.names.literal(node)
         return text if isinstance(text, str) else "python" if self.names.meanings(node) == {"sys.executable"} else None
 
-    def _handed(self, node, meanings):
+    def _runs_handed(self, node, meanings):
         """A function the call is handed to run (`Thread(target=requests.post)`, `pool.submit(note, text)`): its
         packages are the line's; the carrier's own (threading's, a pool's) only run it (`carriers`). True if handed."""
         carrier, homes = False, {h for h in self.scan.homes(meanings) if h.isidentifier()} - {"builtins", "__main__"}
@@ -187,7 +187,7 @@ class Changes(LiveVisitor):
         self.reaches |= {m.split(".", 1)[0] for m in meanings if m.startswith(REACHES_OUT)}
         if meanings & STARTS_PROGRAMS and not self._installs(node):  # a program started: outside the process
             self.reaches |= {m.split(".", 1)[0] for m in meanings & STARTS_PROGRAMS}
-        carrier = self._handed(node, meanings)
+        carrier = self._runs_handed(node, meanings)
         for definition in definitions:  # the notebook's own function: what its body saves, sets up and calls
             self.saves |= self.scan.saved_by(definition)
             self.configures |= self.scan.set_up_by(definition)

@@ -1,9 +1,9 @@
 """Loaded by every Python process of a benchmark run (PYTHONPATH): records, per rank, which GPU the process
 used, its peak memory, each optimizer step's end time (a CUDA event at each step end, read once after train(), so
 the probe adds no synchronisation) and label tokens, each DistributedDataParallel construction, when the process
-group started, how often it called generate() (and the first row of what each call returned) and save_pretrained();
-written at exit to $NBDDP_BENCH_PROBE_DIR/rank<RANK>.json, also when the runner stops the launch at its time limit
-(SIGTERM; the file then has `terminated_by_signal`). The generated script itself stays as nbddp wrote it.
+group started, and how often it called generate() and save_pretrained(); written at exit to
+$NBDDP_BENCH_PROBE_DIR/rank<RANK>.json, also when the runner stops the launch at its time limit (SIGTERM; the file
+then has `terminated_by_signal`). The generated script itself stays as nbddp wrote it.
 
 By environment:
   NBDDP_BENCH_EXIT_AFTER_TRAIN=1 end the process (probe written, exit 0) when the first train() ends
@@ -57,12 +57,7 @@ def _mark(name, last=False):
 def _count(name, fn):
     def wrapper(*a, **k):
         _COUNTS[name] += 1
-        out = fn(*a, **k)
-        if name == "generate":  # the first row's token ids of each call (greedy runs compare them)
-            ids = getattr(out, "sequences", out)
-            if hasattr(ids, "tolist"):
-                _COUNTS.setdefault("generated", []).append(ids[0].tolist())
-        return out
+        return fn(*a, **k)
     wrapper.__wrapped__ = fn
     wrapper.__name__ = getattr(fn, "__name__", name)
     wrapper.__doc__ = getattr(fn, "__doc__", None)
