@@ -45,6 +45,13 @@ def _handed(call, names) -> bool:
     return any(isinstance(arg.value, cst.Lambda) or names.definitions(arg.value) for arg in call.args)
 
 
+def own_names(stmt) -> set:
+    """The names a loop (its variable) or a `with` (its `as`) binds of its own: made anew where it runs."""
+    if isinstance(stmt, cst.With):
+        return set().union(*(names_in(item.asname.name) for item in stmt.items if item.asname is not None))
+    return names_in(stmt.target) if isinstance(stmt, cst.For) else set()
+
+
 def _only_acts(stmt, scan, names, later) -> int | None:
     """How many lines act outside the process (effect_only, asking nothing, handed none of the notebook's functions)
     in a line, or a loop, test or `with` whose lines all act or only steer (`pass`, `continue`, `break`) and whose own
@@ -59,8 +66,7 @@ def _only_acts(stmt, scan, names, later) -> int | None:
     if not isinstance(stmt, (cst.For, cst.If, cst.With)) or isinstance(stmt, (cst.For, cst.With)) and \
             stmt.asynchronous or is_rank_test(stmt, names):  # (a rank test: the notebook's or nbddp's, as written)
         return None
-    own = names_in(stmt.target) if isinstance(stmt, cst.For) else set().union(
-        *(names_in(item.asname.name) for item in stmt.items if item.asname)) if isinstance(stmt, cst.With) else set()
+    own = own_names(stmt)
     orelse = getattr(stmt, "orelse", None)
     inner = [*stmt.body.body, *(orelse.body.body if isinstance(orelse, cst.Else) else [orelse] if orelse else [])]
     counts = [_only_acts(s, scan, names, later) for s in inner]

@@ -775,3 +775,16 @@ def test_a_ddp_sessions_cells_run_what_only_acts_outside_the_process_once():
                code.split("requests.post(")[0].endswith("if NBDDP_IS_MAIN:\n    nbddp_show(") for code in codes]
     assert guarded[0] and "NBDDP_IS_MAIN" not in codes[1], codes
     assert "NBDDP_IS_MAIN" not in codes[2] and guarded[3], codes
+
+
+def test_a_ddp_sessions_loop_of_hooks_stays_on_every_rank_where_a_later_cell_may_read_its_variable():
+    """`%ddp`: later cells are unknown, so a loop whose variable a later cell could read is every rank's; a test
+    around a hook binds nothing and runs once."""
+    from nbddp.cellwise.history import History
+    session, codes = History(), []
+    for cell in ["import requests\nfor u in ['a', 'b']:\n    requests.post('https://x/' + u)\n",
+                 "if requests:\n    requests.post('https://x/done')\n", "print(u)\n"]:
+        converted = session.convert(cell)
+        session.accept(cell, converted)
+        codes.append(converted.code)
+    assert "NBDDP_IS_MAIN" not in codes[0] and "if NBDDP_IS_MAIN:\n    if requests:" in codes[1], codes

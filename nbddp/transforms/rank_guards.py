@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ..alone import own_names
 from ..cells import starts_cell
-from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, names_in,
-                           regroup, statement_blocks)
+from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, regroup,
+                           statement_blocks)
 from ..inside import is_hooks
 from ..ran_files import said
 from ..runtime import HELPERS
@@ -55,12 +56,6 @@ def _rank0_return(stmt):
         value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     guarded = cst.IfExp(test=cst.Name("NBDDP_IS_MAIN"), body=value, orelse=cst.Name("None"))
     return stmt.with_changes(body=[small.with_changes(value=guarded)])
-
-
-def _bound_by_header(stmt) -> set[str]:
-    if isinstance(stmt, cst.With):
-        return set().union(*(names_in(item.asname.name) for item in stmt.items if item.asname is not None))
-    return names_in(stmt.target) if isinstance(stmt, cst.For) else set()
 
 
 class _Guards:
@@ -186,7 +181,7 @@ class _Guards:
             self.reasons.setdefault(self.cell, []).extend(text for k, text, _ in why if USES not in k)
             self.tainted |= writes
             return TAKE
-        own = _bound_by_header(stmt)  # `with open(p) as fh:`, `for row in rows:`: names made anew on every rank
+        own = own_names(stmt)  # `with open(p) as fh:`, `for row in rows:`: names made anew on every rank
         self.tainted -= own
         if blocks and (any(self.reason(c) for c in calls) or reads & self.tainted or self._prints_in(blocks) or
                        id(stmt) in self.nested_once):
@@ -287,7 +282,8 @@ class RankGuards(TreeStep):
             body = apply_plan(body, guards, tree, ctx)
         else:  # a %ddp session's cell: later cells unknown, what only acts outside the process is rank 0's
             plan = on_body(tree.plan, tree.first.body, body, tree.names, guards.hoisted)
-            guards.calls = plan.calls
+            guards.calls, plan.alone = plan.calls, {id(s): plan.alone[id(s)] for s in body  # (a later cell may read
+                                                    if id(s) in plan.alone and not own_names(s)}  # a loop's variable)
             alone(guards, plan)
         module = module.with_changes(body=regroup(body, guards.select, guards.wrap, origin=tree.names.origin))
         guards.say()
