@@ -286,7 +286,7 @@ def training_needs(body, names, effects, folder=None) -> Plan:
                 plan.outside[id(stmt)] = (given, outside)
             if whole:
                 needed -= changes
-            needed |= reads
+            needed |= reads if id(stmt) not in plan.shares else set()  # (rank 0 alone computes what it gives)
         elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).calls:
             plan.once.add(id(stmt))  # one that calls nothing (`x = 5`) follows what it reads
     plan.nested_once = nested_effects([s for s in body[:plan.end + 1] if id(s) not in plan.once], scan, names)

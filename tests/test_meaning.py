@@ -236,6 +236,11 @@ GIVE_TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, trai
     ("import tempfile as tf\nwork = tf.mkdtemp()\nrows = [work]\n", ["work"]),  # a folder of a random name
     ("import time\ndef stamp():\n    return int(time.monotonic_ns())\nrows = [stamp() % 100]\n", ["rows"]),  # a clock
     ("from threading import get_native_id as me\nrows = [me() % 7 for _ in range(2)]\n", ["rows"]),  # the thread
+    # draws from the OS's entropy: each draw is the process's own (the generator itself is no value to give)
+    ("import random\nsr = random.SystemRandom()\nrows = [sr.randint(0, 9) for _ in range(4)]\n", ["rows"]),
+    ("from random import SystemRandom as SR\ndef pick(xs):\n    return SR().sample(xs, 2)\nrows = pick([1, 2, 3])\n",
+     ["rows"]),
+    ("import random\nrows = [1, 2, 3]\nrandom.SystemRandom().shuffle(rows)\n", ["rows"]),
     # rank-0 work (a save) that gives back what training reads: rank 0 saves, every rank gets the value
     ("import numpy as np, pathlib as pl\ndef cache(name):\n    p = pl.Path(name) / 'f.npy'\n    np.save(p, [1])\n"
      "    return p\nrows = cache('c')\n", ["rows"]),
