@@ -86,7 +86,9 @@ PER_PROCESS = frozenset({
         "random", "randint", "randrange", "choice", "choices", "sample", "shuffle", "uniform", "gauss",
         "normalvariate", "getrandbits", "randbytes", "triangular", "expovariate")), "tempfile.mkdtemp", "tempfile.mktemp", "time.monotonic_ns",
     "time.perf_counter_ns", "time.process_time", "time.process_time_ns", "time.thread_time", "time.thread_time_ns",
-    "os.getrandom", "os.times", "threading.get_ident", "threading.get_native_id",
+    "os.getrandom", "os.times", "threading.get_ident", "threading.get_native_id", "time.clock_gettime",
+    "time.clock_gettime_ns", "multiprocessing.current_process", "pandas.Timestamp.now", "pandas.Timestamp.utcnow",
+    "pandas.Timestamp.today", "socket.gethostname", "platform.node",  # (the machine's: several machines differ)
 })
 # The classes whose subclasses' methods a trainer (or logging) calls on every rank while it trains: callbacks,
 # Lightning's module, a logging handler.
