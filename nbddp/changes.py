@@ -56,7 +56,8 @@ class Changes(LiveVisitor):
         self.configures: set = set()  # CONFIG, and the libraries of the module functions it calls for their effect
         self.rank: set = set()  # what it reads of the job's shape (nbddp.rank_conditions: RANK, WORLD)
         self.packages: set = set()  # the packages its calls come from, also through the notebook's functions
-        self.reaches: set = set()  # of those, Python's own modules whose calls reach other machines (REACHES_OUT)
+        self.reaches: set = set()  # of those, Python's own modules whose calls act outside the process: reach other
+        # machines (REACHES_OUT) or start a program (STARTS_PROGRAMS)
         self.carriers: set = set()  # the packages of calls that are handed a function to run (_runs_handed)
         self.reads: set = set()  # names it reads beyond its own code's (a `%run -i` file's)
         self.ran_kinds: frozenset = frozenset()  # what a file it runs does (`%run`: nbddp.ran_files)
@@ -122,7 +123,7 @@ class Changes(LiveVisitor):
         self.packages |= ran.packages
         self.loads |= ran.loads
 
-    def _installs(self, node) -> bool:
+    def _may_install(self, node) -> bool:
         """The program is a package manager's install (`pip install x`), or one the converter cannot read: what it
         does stays every rank's (each machine needs the packages)."""
         from .transforms.shell import is_install
@@ -185,7 +186,7 @@ class Changes(LiveVisitor):
             self.loads |= files_named(node, self.names)  # command line is no path)
         self.packages |= self.scan.homes(meanings)
         self.reaches |= {m.split(".", 1)[0] for m in meanings if m.startswith(REACHES_OUT)}
-        if meanings & STARTS_PROGRAMS and not self._installs(node):  # a program started: outside the process
+        if meanings & STARTS_PROGRAMS and not self._may_install(node):  # a program started: outside the process
             self.reaches |= {m.split(".", 1)[0] for m in meanings & STARTS_PROGRAMS}
         carrier = self._runs_handed(node, meanings)
         for definition in definitions:  # the notebook's own function: what its body saves, sets up and calls
