@@ -19,7 +19,8 @@ from __future__ import annotations
 import libcst as cst
 
 from .cst_helpers import arguments, keyword, live_calls
-from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, PEFT, PRINT, SAVE, STEP,
+from .entries import CLOCK_BY_VALUE
+from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, OWN_VALUE, PEFT, PRINT, SAVE, STEP,
                          is_file_write, is_generation_pipeline)
 
 FUNCTION_MAIN_ONLY = MAIN_ONLY - {PRINT}  # a helper that only prints still runs everywhere (it may compute too)
@@ -48,6 +49,8 @@ class Effects:
             found.add(GENERATE)
         if is_file_write(meanings, *map(names.literal, arguments(call, "file", "mode"))):
             found.add(SAVE)
+        if meanings & CLOCK_BY_VALUE and call.args and names.literal(call.args[0].value) in ("now", "today"):
+            found.add(OWN_VALUE)  # `np.datetime64("now")`: the clock, by what it is given
         for node in names.definitions(call.func):
             found |= self.of_def(node)
         for cls in names.classes:  # a class of the notebook's: making one runs its fields' default factories

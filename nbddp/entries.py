@@ -84,12 +84,16 @@ PER_PROCESS = frozenset({
     "secrets.token_hex", "secrets.token_bytes", "secrets.token_urlsafe", "secrets.randbits", "secrets.randbelow",
     "secrets.choice", *(f"random.SystemRandom().{m}" for m in (  # each draw from the OS's entropy
         "random", "randint", "randrange", "choice", "choices", "sample", "shuffle", "uniform", "gauss",
-        "normalvariate", "getrandbits", "randbytes", "triangular", "expovariate")), "tempfile.mkdtemp", "tempfile.mktemp", "time.monotonic_ns",
-    "time.perf_counter_ns", "time.process_time", "time.process_time_ns", "time.thread_time", "time.thread_time_ns",
+        "normalvariate", "getrandbits", "randbytes", "triangular", "expovariate")),
+    "tempfile.mkdtemp", "tempfile.mktemp", "time.monotonic_ns", "time.perf_counter_ns", "time.process_time",
+    "time.process_time_ns", "time.thread_time", "time.thread_time_ns",
     "os.getrandom", "os.times", "threading.get_ident", "threading.get_native_id", "time.clock_gettime",
     "time.clock_gettime_ns", "multiprocessing.current_process", "pandas.Timestamp.now", "pandas.Timestamp.utcnow",
     "pandas.Timestamp.today", "socket.gethostname", "platform.node",  # (the machine's: several machines differ)
 })
+# Constructors that read the clock when given the string "now" or "today" (`np.datetime64("now")`): a value of the
+# process's own by what they are given (nbddp.effects)
+CLOCK_BY_VALUE = frozenset({"numpy.datetime64", "pandas.Timestamp", "pandas.to_datetime"})
 # The classes whose subclasses' methods a trainer (or logging) calls on every rank while it trains: callbacks,
 # Lightning's module, a logging handler.
 TRAINING_HOOKS = frozenset({"transformers.TrainerCallback", "lightning.Callback", "pytorch_lightning.Callback",

@@ -19,6 +19,7 @@ TABLES = {
     "PER_PROCESS": entries.PER_PROCESS, "DEMOS": entries.DEMOS, "TRACKER_CLASSES": entries.TRACKER_CLASSES,
     "CHANGES_ARGUMENTS": entries.CHANGES_ARGUMENTS, "MAIN_FIRST": entries.MAIN_FIRST,
     "RUNS_CODE": entries.RUNS_CODE, "STARTS_PROGRAMS": entries.STARTS_PROGRAMS,
+    "CLOCK_BY_VALUE": entries.CLOCK_BY_VALUE,
     **{f"SEED_KEYWORDS[{name}]": table for name, table in entries.SEED_KEYWORDS.items()},
     **{f"FUNCTIONS[{kind}]": table for kind, table in entries.FUNCTIONS.items()},
     **{f"VALUE_METHODS[{kind}]": table for kind, table in entries.VALUE_METHODS.items()},

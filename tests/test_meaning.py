@@ -244,6 +244,8 @@ GIVE_TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, trai
     ("import pandas as pd\nstamp = pd.Timestamp.now().strftime('%H%M%S')\nrows = [stamp]\n", ["stamp"]),  # pandas' clock
     ("import multiprocessing as mp\nrows = [mp.current_process().pid]\n", ["rows"]),  # the process, by another module
     ("from time import clock_gettime as clock, CLOCK_REALTIME\nrows = [clock(CLOCK_REALTIME)]\n", ["rows"]),
+    ("import numpy as np\nrows = [str(np.datetime64('now'))]\n", ["rows"]),  # the clock, by what it is given
+    ("import pandas as pd\nWHEN = 'today'\ndef day():\n    return pd.Timestamp(WHEN).day\nrows = [day()]\n", ["rows"]),
     # rank-0 work (a save) that gives back what training reads: rank 0 saves, every rank gets the value
     ("import numpy as np, pathlib as pl\ndef cache(name):\n    p = pl.Path(name) / 'f.npy'\n    np.save(p, [1])\n"
      "    return p\nrows = cache('c')\n", ["rows"]),
