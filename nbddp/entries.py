@@ -94,10 +94,10 @@ PER_PROCESS = frozenset({
 # Constructors that read the clock when given the string "now" or "today" (`np.datetime64("now")`): a value of the
 # process's own by what they are given (nbddp.effects)
 CLOCK_BY_VALUE = frozenset({"numpy.datetime64", "pandas.Timestamp", "pandas.to_datetime"})
-# The classes whose subclasses' methods a trainer (or logging) calls on every rank while it trains: callbacks,
-# Lightning's module, a logging handler.
+# The classes whose subclasses' methods a trainer calls on every rank while it trains: callbacks, Lightning's module
+# (and logging's handlers, by what the class is: nbddp.inside.is_handler).
 TRAINING_HOOKS = frozenset({"transformers.TrainerCallback", "lightning.Callback", "pytorch_lightning.Callback",
-                            "lightning.LightningModule", "pytorch_lightning.LightningModule", "logging.Handler"})
+                            "lightning.LightningModule", "pytorch_lightning.LightningModule"})
 # Library functions that change the values they are given, in place (a notebook's own function is followed
 # instead). A call of any other library is taken to read its arguments: what it is given stays as it was.
 CHANGES_ARGUMENTS = frozenset({

@@ -14,6 +14,9 @@ it did.
 """
 from __future__ import annotations
 
+import importlib
+import logging
+
 import libcst as cst
 
 from .changes import base_name
@@ -66,10 +69,24 @@ def _sent(calls, scan) -> set:
     return found
 
 
+def is_handler(meaning: str) -> bool:
+    """A logging handler class of Python's own (`logging.StreamHandler`, `logging.handlers.HTTPHandler`): by what
+    the class is (logging is Python's own: importing it runs nothing of the notebook's)."""
+    if not meaning.startswith("logging.") or "(" in meaning:
+        return False
+    module, _, name = meaning.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, logging.Handler)
+
+
 def is_hooks(node: cst.ClassDef, names) -> bool:
-    """A class of the notebook's derived from a trainer's callback class or Lightning's module (through its bases'
-    meanings): a trainer calls its methods on every rank."""
-    return any(is_entry(m, TRAINING_HOOKS) for base in node.bases for m in names.meanings(base.value))
+    """A class of the notebook's derived from a trainer's callback class, Lightning's module or a logging handler
+    (through its bases' meanings): a trainer (or logging) calls its methods on every rank."""
+    return any(is_entry(m, TRAINING_HOOKS) or is_handler(m) for base in node.bases
+               for m in names.meanings(base.value))
 
 
 def _called(body, scan, names) -> set:

@@ -19,9 +19,20 @@ from .vocabulary import SYNC, TRAINS
 REST = "nbddp_rest_on_rank0"  # the runtime's line where training ends (nbddp/runtime/group.py)
 
 
+IN_RANK_BLOCK = "nbddp_in_rank_block"  # a logging handler's guard: `if NBDDP_IS_MAIN or nbddp_in_rank_block():`
+
+
+def is_own_test(test) -> bool:
+    """`NBDDP_IS_MAIN`, or a logging handler's `NBDDP_IS_MAIN or nbddp_in_rank_block()`: nbddp's own tests."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+        return is_own_test(test.left) and isinstance(test.right, cst.Call) and \
+            isinstance(test.right.func, cst.Name) and test.right.func.value == IN_RANK_BLOCK
+    return isinstance(test, cst.Name) and test.value == "NBDDP_IS_MAIN"
+
+
 def is_own_guard(stmt) -> bool:
-    """`if NBDDP_IS_MAIN:`, nbddp's own guard of rank-0 work (converting converted code)."""
-    return isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Name) and stmt.test.value == "NBDDP_IS_MAIN"
+    """nbddp's own guard of rank-0 work (converting converted code)."""
+    return isinstance(stmt, cst.If) and is_own_test(stmt.test)
 
 
 def is_rest(stmt) -> bool:

@@ -566,8 +566,22 @@ def test_a_logging_handler_of_the_notebooks_sends_from_rank_0_while_every_rank_l
                      "model = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
                      "for step in range(3):\n    model(torch.ones(1, 2)).sum().backward()\n    opt.step()\n"
                      "    log.warning('step %d', step)\n")
-    assert "    def emit(self, record):\n        if NBDDP_IS_MAIN:\n            requests.post(" in out[0], out[0]
+    assert "    def emit(self, record):\n        if NBDDP_IS_MAIN or nbddp_in_rank_block():\n            requests.post(" \
+        in out[0], out[0]
     assert "NBDDP_IS_MAIN" not in out[2], out[2]  # the loop and its logging: every rank
+
+
+@pytest.mark.parametrize("test", ["import torch.distributed as dist\nif dist.get_rank() == 1:\n",
+                                  "import os\ndef me():\n    return int(os.environ['RANK'])\nif me() > 0:\n"])
+def test_a_logging_handler_of_the_notebooks_sends_what_its_own_rank_test_logs_from_that_rank(test):
+    """The handler's guard lets the rank the notebook's own test picks send what that test logs (the runtime's
+    nbddp_rank_block), as the notebook wrote it; the test's body is the runtime's block."""
+    handler = "import logging, requests\nclass Hook(logging.StreamHandler):\n    def emit(self, record):\n" \
+              "        requests.post('http://h/log', data=record.getMessage())\nlog = logging.getLogger('x')\n" \
+              "log.addHandler(Hook())\n"
+    out, _ = convert(handler, TRAIN, test + "    log.warning('from another rank')\n")
+    assert "        if NBDDP_IS_MAIN or nbddp_in_rank_block():\n            requests.post(" in out[0], out[0]
+    assert "with nbddp_rank_block():\n        log.warning" in out[2], out[2]
 
 
 def test_a_barrier_named_by_code_with_quotes_is_a_string_python_reads():

@@ -43,6 +43,8 @@ HELPERS = {
     "NBDDP_DEVICE": Helper("group", "this process's device"),
     "nbddp_device_map": Helper("group", "a model load on this rank's device"),
     "nbddp_rank_block": Helper("one_writer", "the notebook's own test of the rank: what it writes there, as written"),
+    "nbddp_in_rank_block": Helper("one_writer", "a logging handler of the notebook's: what it sends, from rank 0 and "
+                                                "from the rank the notebook's own test picks"),
     "nbddp_barrier": Helper("group", "the other ranks wait for rank-0 work", True),
     "nbddp_no_context": Helper("group", "a tracker's run as a context, opened on rank 0 only"),
     "nbddp_rest_on_rank0": Helper("group", "where training ends: rank 0 runs the rest alone", True),

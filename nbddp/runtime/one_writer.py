@@ -48,6 +48,13 @@ def nbddp_rank_block():
         NBDDP_RANK_BLOCK[0] -= 1
 
 
+def nbddp_in_rank_block():
+    """True inside the body of the notebook's own test of the rank (nbddp_rank_block): a logging handler of the
+    notebook's sends the records that body logs from the rank it picks
+    (`if NBDDP_IS_MAIN or nbddp_in_rank_block():`)."""
+    return NBDDP_RANK_BLOCK[0] > 0
+
+
 class NbddpWriter:
     """A saving method, run on global rank 0 only. Objects that hold it travel to other processes (datasets' map
     workers get the tokenizer their function uses), where a function of the script would travel by value, with every

@@ -10,6 +10,7 @@ import libcst as cst
 from ..cst_helpers import live_calls
 from ..rank_conditions import OWN, RANK_ZERO, is_rank_test, node_reads
 from ..runtime import NETTED
+from ..training_end import is_own_test
 from ..tree import TreeTransformer
 from ..vocabulary import SAVE
 from .base import TreeStep
@@ -21,6 +22,8 @@ def _picks_rank_0(test, names, depth=0) -> bool:
     """A test that only rank 0 (of the job, or of each machine) passes, where the nets write anyway: a main-process
     flag of a value that tells the rank (`acc.is_main_process`, `trainer.is_world_process_zero()`), the runtime's
     own, a name bound to one, or `<rank> == 0`."""
+    if is_own_test(test):  # nbddp's own guard (a logging handler's: rank 0, or the rank a test of the notebook picks)
+        return True
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
         return _picks_rank_0(test.left, names, depth) or _picks_rank_0(test.right, names, depth)
     if isinstance(test, cst.Call):

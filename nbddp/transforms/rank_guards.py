@@ -22,7 +22,7 @@ from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false
 from ..inside import is_hooks
 from ..ran_files import said
 from ..runtime import HELPERS
-from ..training_end import REST
+from ..training_end import IN_RANK_BLOCK, REST
 from ..rank_conditions import RANK, is_rank_test, reads_rank
 from ..reads_writes import header_of, reads_writes
 from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_generation_pipeline, parts
@@ -272,7 +272,7 @@ class _Guards:
 
 class RankGuards(TreeStep):
     name = "rank-guards"
-    inserts = ("NBDDP_IS_MAIN", "nbddp_barrier", "nbddp_no_context", SHARE, GIVE, REST)
+    inserts = ("NBDDP_IS_MAIN", "nbddp_barrier", "nbddp_no_context", SHARE, GIVE, REST, IN_RANK_BLOCK)
 
     def run(self, tree, ctx):
         guards = _Guards(tree, ctx)
