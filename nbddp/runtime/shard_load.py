@@ -144,9 +144,10 @@ def nbddp_load_sharded(folder, device="cpu", dtype=None, prepare=None, key_of=No
     `get_peft_model`), returns the model to fill; `key_of(name)`: a tensor's name in the model (as the unprepared
     model names it) to its key in the checkpoint; `skeleton(model)`: applied to the meta model first, its modules
     then named as the checkpoint names them (4-bit: Linear layers made Linear4bit); `make(checkpoint, module, meta,
-    stored)`: a tensor made otherwise than read and cast, or None (4-bit weights: shard_quant.py). Returns (model, shards): `shards.ignored` are the names DDP must
-    leave alone (already given to `nbddp_ddp_ignore` for the returned model), `shards.loaded` the checkpoint keys
-    read, outside the layers and then layer by layer, `shards.new` the tensors made new (not in the checkpoint)."""
+    stored)`: a tensor made otherwise than read and cast, or None (4-bit weights: shard_quant.py). Returns (model,
+    shards): `shards.ignored` are the names DDP must leave alone (already given to `nbddp_ddp_ignore` for the
+    returned model), `shards.loaded` the checkpoint keys read, outside the layers and then layer by layer,
+    `shards.new` the tensors made new (not in the checkpoint)."""
     import transformers
     config = config if config is not None else transformers.AutoConfig.from_pretrained(folder)
     checkpoint = NbddpCheckpoint(folder)

@@ -5,16 +5,16 @@ model peft's `get_peft_model` made around it) leaves the sharded parameters out,
 give them. The fit check (fit.py) gets from here, through NBDDP_SHARDABLE, the mode's share of a model on each
 process (None where this mode cannot load it) and its start (the line, the stops, the patches).
 
-What loads sharded: transformers' `PreTrainedModel.from_pretrained` of a causal LM (a class AutoModelForCausalLM
-maps a model type to, or a subclass of one), reached through AutoModelForCausalLM or the class itself (patched when the notebook first imports transformers' modeling,
-in this mode only), from a local `save_pretrained` folder with safetensors or a hub id whose safetensors are in the
-Hugging Face cache, in fp32, fp16 or bf16 (`dtype`: "auto", the default, is the config's dtype, else as saved),
-or in bitsandbytes 4-bit (shard_quant.py): quantized on load (`load_in_4bit=True`, a 4-bit BitsAndBytesConfig) or
-pre-quantized (the checkpoint's config says so). Unsloth's loaders reach it: they call AutoModelForCausalLM's. Any
-other quantization (8-bit included) stops with one line, NBDDP_MODE=split instead. Another model class loads whole
-on every rank, said once. The gathers copy from shared
-host memory where every rank is on one machine (a forward pass of rank 0 alone, such as generation after training,
-needs no other rank), else they are all-gathers."""
+What loads sharded: transformers' `PreTrainedModel.from_pretrained` of a causal LM (a class AutoModelForCausalLM maps a
+model type to, or a subclass of one), reached through AutoModelForCausalLM or the class itself (patched when the
+notebook first imports transformers' modeling, in this mode only), from a local `save_pretrained` folder with
+safetensors or a hub id whose safetensors are in the Hugging Face cache, in fp32, fp16 or bf16 (`dtype`: "auto", the
+default, is the config's dtype, else as saved), or in bitsandbytes 4-bit (shard_quant.py): quantized on load
+(`load_in_4bit=True`, a 4-bit BitsAndBytesConfig) or pre-quantized (the checkpoint's config says so). Unsloth's loaders
+reach it: they call AutoModelForCausalLM's. Any other quantization (8-bit included) stops with one line,
+NBDDP_MODE=split instead. Another model class loads whole on every rank, said once. The gathers copy from shared host
+memory where every rank is on one machine (a forward pass of rank 0 alone, such as generation after training, needs no
+other rank), else they are all-gathers."""
 import functools
 import os
 

@@ -102,8 +102,8 @@ def nbddp_quant_skeleton(quantizer, dtype, device):
 
 
 def nbddp_quant_maker(device, dtype, pre_quantized):
-    """`make(checkpoint, module, meta, stored)` for the loader: a 4-bit weight (a meta `Params4bit`) made on `device` from the
-    checkpoint's key `stored`, quantized here (16-bit checkpoint) or rebuilt from its packed bytes and state
+    """`make(checkpoint, module, meta, stored)` for the loader: a 4-bit weight (a meta `Params4bit`) made on `device`
+    from the checkpoint's key `stored`, quantized here (16-bit checkpoint) or rebuilt from its packed bytes and state
     (pre-quantized); None for any other tensor (the loader makes it)."""
     def make(checkpoint, module, meta, stored):
         if type(meta).__name__ != "Params4bit" or stored is None or stored not in checkpoint:
