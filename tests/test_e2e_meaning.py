@@ -63,16 +63,25 @@ CELLS = [
     "DATA = None\ndef refresh():\n    global DATA\n    DATA = sorted(tags)[:3]\nrefresh()\n",
     "def cache_feats(name):\n    os.makedirs(name, exist_ok = True)\n    path = pathlib.Path(name) / 'feats.npy'\n"
     "    np.save(path, np.ones(3))\n    return path\nfeats = cache_feats('cache')\n",
+    "%%writefile work.py\ndef square(x):\n    return x * x\n\ndef put(queue, x):\n    queue.put(x * 2)\n",
+    "import multiprocessing as mp\nimport work\nwith mp.get_context('spawn').Pool(2) as pool:\n"
+    "    squares = pool.map(work.square, range(4))\n",
+    "from concurrent.futures import ProcessPoolExecutor\ndef squared(xs):\n"
+    "    with ProcessPoolExecutor(2, mp_context = mp.get_context('forkserver')) as ex:\n"
+    "        return list(ex.map(work.square, xs))\nmore = squared([5, 6])\n",
+    "spawner = mp.get_context('spawn')\nq = spawner.Queue()\n"
+    "kids = [spawner.Process(target = work.put, args = (q, i)) for i in (1, 2)]\n"
+    "for kid in kids:\n    kid.start()\nput_back = sorted(q.get() for _ in kids)\nfor kid in kids:\n    kid.join()\n",
     "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr = 0.1)\n"
     "model, opt = acc.prepare(model, opt)\n",
     "for step in range(3):\n    x = torch.full((2, 4), float(acc.process_index + step + len(order[0])))\n"
     "    loss = model(x).pow(2).mean() + 0 * sum(noise) + 0 * len(synthetic + [run_id, out_dir] + drawn + DATA + [text])"
-    " + 0 * float(np.load(feats).sum())\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
+    " + 0 * float(np.load(feats).sum()) + 0 * sum(squares + more + put_back)\n    acc.backward(loss)\n    opt.step()\n    opt.zero_grad()\n",
     "acc.wait_for_everyone()\nweights = acc.unwrap_model(model).weight.tolist()\n",
     "with open(f'rank{acc.process_index}.json', 'w') as fh:\n"
     "    json.dump({'order': order, 'noise': noise, 'weights': weights, 'synthetic': synthetic, 'run': run_id,\n"
     "               'drawn': drawn, 'data': DATA, 'feats': str(feats),\n"
-    "               'text': text}, fh)\n",
+    "               'text': text, 'children': [squares, more, put_back]}, fh)\n",
     "if acc.process_index == 1:\n    open('rank1-after-training.txt', 'w').write('here')\n",
     "def second():\n    return acc.process_index == 1\nif second():\n    with open('second.txt', 'w') as fh:\n"
     "        fh.write('written by the second process')\n",
@@ -115,6 +124,13 @@ def test_every_rank_computes_the_same_values_and_trains_one_model(job):
     assert first["drawn"][0] != first["drawn"][1], "every draw gave the same seed"
     assert first["synthetic"] == second["synthetic"] and first["run"] == second["run"], "generated or drawn anew"
     assert first["weights"] == second["weights"]
+
+
+def test_processes_the_notebook_spawns_run_what_they_are_given(job):
+    done, _ = job  # not the script again, with this rank's RANK and WORLD_SIZE (a hang before)
+    for rank in range(2):
+        record = json.loads((done.cwd / f"rank{rank}.json").read_text())
+        assert record["children"] == [[0, 1, 4, 9], [25, 36], [2, 4]], done.explain()
 
 
 def test_a_script_the_notebook_starts_is_one_process_of_its_own(job):

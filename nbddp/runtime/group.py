@@ -78,6 +78,8 @@ def nbddp_start(mode="ddp", group=True, batch=None):
     if NBDDP_IS_MAIN and NBDDP_WORLD_SIZE > 1:
         print(f"nbddp: {NBDDP_WORLD_SIZE} processes, this one is rank 0 on {NBDDP_DEVICE}", flush=True)
     nbddp_quiet_others()
+    # the notebook's spawned processes run what they are given, as from a kernel: not the script again, with its RANK
+    sys.modules["__main__"].__spec__ = importlib.util.spec_from_loader("__main__", None)
     for setup in NBDDP_AT_START:
         setup()
     if group:
