@@ -55,3 +55,37 @@ def test_a_method_of_that_name_on_another_value_runs_no_notebook(tmp_path):
     cells, _ = _convert(tmp_path, "import mylib\ntool = mylib.Tool()\ntool.run_line_magic('run', 'ping.ipynb')\n",
                         ping=PING)
     assert "tool.run_line_magic('run', 'ping.ipynb')" in cells[0] and "# %run" not in cells[0], cells[0]
+
+
+SETUP = ["import json\nBATCH = 4\nDOC = '''first\nsecond'''\n", "!echo ready\ndef fmt(x):\n    return json.dumps(x)\n"]
+
+
+def test_a_notebook_run_inside_a_block_stands_in_the_block(tmp_path):
+    cells, report = _convert(tmp_path, "import os\nif not os.path.exists('done'):\n    %run setup.ipynb\n",
+                             "try:\n    get_ipython().run_line_magic('run', 'ping.ipynb')\nexcept OSError:\n    pass\n",
+                             TRAIN, setup=SETUP, ping=PING)
+    assert "if not os.path.exists('done'):\n    # %run setup.ipynb, cell 1\n    import json\n    BATCH = 4\n" \
+           "    DOC = '''first\nsecond'''\n" in cells[0], cells[0]  # the string as it was
+    assert "    # %run setup.ipynb, cell 2\n    nbddp_shell('echo ready')\n    def fmt(x):\n        return" in cells[0]
+    assert "try:\n    # %run ping.ipynb, cell 1\n    import requests\n" in cells[1], cells[1]
+    assert "    rows = list(range(8))\n" in cells[1], cells[1]
+    assert "`%run setup.ipynb`: its 2 code cells converted in its place inside a block" in report, report
+
+
+def test_a_notebook_run_inside_a_function_or_class_binds_the_notebook_s_names(tmp_path):
+    cells, report = _convert(tmp_path, "ip = get_ipython()\ndef prepare(flag):\n    if flag:\n"
+                                       "        ip.run_line_magic('run', 'setup.ipynb')\n    return BATCH\n"
+                                       "prepare(True)\n",
+                             "class Kit:\n    %run ping.ipynb\n", TRAIN, setup=SETUP, ping=PING)
+    assert "    if flag:\n        # %run setup.ipynb, cell 1\n        global BATCH, DOC, fmt, json\n" \
+        "        import json\n" in cells[0], cells[0]  # IPython binds them in the notebook's namespace
+    assert "class Kit:\n    # %run ping.ipynb, cell 1\n    global requests, rows\n" in cells[1], cells[1]
+    assert "inside a function, its names the notebook's (`global`)" in report, report
+    compile("".join(cells), "script", "exec")
+
+
+def test_a_notebook_run_inside_a_function_that_uses_its_names_as_its_own_is_said(tmp_path):
+    cells, report = _convert(tmp_path, "def prepare():\n    BATCH = 2\n    %run setup.ipynb\n    return BATCH\n",
+                             setup=SETUP)
+    assert "global" not in cells[0] and "# %run setup" not in cells[0], cells[0]
+    assert "`%run setup.ipynb` inside a function: its cells bind names the function also uses" in report, report
