@@ -15,8 +15,9 @@ The plan (nbddp.needs) runs such a line once wherever it can say what training n
 a statement training does not need). Where it cannot, nothing training could need comes of it either: in a notebook
 with no training the analysis can see, and in a `%ddp` session's cells as they come (later cells unknown), rank 0
 runs these alone and the other ranks wait for it (nbddp.transforms.whole). A program started counts as such a call
-(nbddp.entries.STARTS_PROGRAMS; not an install). Python's other own calls (a folder made, an exit, a sleep) stay on
-every rank there, as the notebook's process would run them.
+(nbddp.entries.STARTS_PROGRAMS; not an install); a line that keeps what the program gives back once it has ended
+runs there too, and every rank gets the result (program_results). Python's other own calls (a folder made, an exit,
+a sleep) stay on every rank there, as the notebook's process would run them.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import libcst as cst
 
 from .changes import SHOWS
 from .cst_helpers import names_in
+from .entries import STANDARD, WAITS_FOR_PROGRAM
 from .inside import effect_only
 from .rank_conditions import is_rank_test
 from .vocabulary import MAIN_ONLY, prompt
@@ -86,4 +88,23 @@ def acts_alone(body, scan, names) -> dict:
             continue  # acts; MAIN_ONLY: the vocabulary's rank-0 work: the rank guards take it by its kind)
         paths = {c[5:] for c in scan.facts(stmt)[1] | scan.seen(stmt).loads if c.startswith("file:")}
         found[id(stmt)] = sorted(p for p in paths if len(urlsplit(p).scheme) < 2)  # (`C:` is a drive)
+    return found
+
+
+def program_results(body, scan, names) -> dict:
+    """{id: the names it binds} of the top-level lines that bind only what a program they start gives back once it
+    has ended (`rc = subprocess.run([...])`, `out = subprocess.check_output(...)`: nbddp.entries.WAITS_FOR_PROGRAM; not
+    an install, nor a command the converter cannot read), calling Python's own modules alone. Where there is no
+    training's end to say whether training needs the result, rank 0 starts the program and every rank gets it."""
+    found = {}
+    for stmt in body:
+        small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+        if not isinstance(small, (cst.Assign, cst.AnnAssign)) or small.value is None:
+            continue
+        reads, changes, seed, whole = scan.facts(stmt)
+        seen = scan.seen(stmt)
+        starts = [c for c in seen.calls if names.meanings(c.func) & WAITS_FOR_PROGRAM]
+        if starts and seen.reaches and whole and not seed and seen.packages <= STANDARD | {"builtins"} and \
+                not any(_handed(call, names) for call in seen.calls):
+            found[id(stmt)] = sorted(changes)
     return found

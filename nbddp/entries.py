@@ -144,7 +144,11 @@ RUNS_CODE = frozenset({"builtins.exec", "runpy.run_path", "runpy.run_module"})
 STARTS_PROGRAMS = frozenset({
     "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.Popen", "os.system", "os.popen",
     "os.spawnl", "os.spawnlp", "os.spawnv", "os.spawnvp", "os.posix_spawn", "os.posix_spawnp", "pty.spawn",
-    "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell"})
+    "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell", "subprocess.check_output",
+    "subprocess.getoutput", "subprocess.getstatusoutput"})
+WAITS_FOR_PROGRAM = frozenset({  # of those, the ones that give back the program's result once it has ended
+    "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output", "subprocess.getoutput",
+    "subprocess.getstatusoutput", "os.system"})
 EMITS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log", "showwarning"})
 NOT_LIBRARIES = frozenset({"builtins", "__main__"})  # Python's own, the notebook's own
 

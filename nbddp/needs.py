@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .alone import acts_alone
+from .alone import acts_alone, program_results
 from .bindings import params_of, static
 from .changes import Changes
 from .cst_helpers import is_if_false
@@ -260,6 +260,8 @@ def training_needs(body, names, effects, folder=None) -> Plan:
         scan.libraries |= frozenset().union(*VALUE_HOMES.values()) - NOT_LIBRARIES
         scan.learn_libraries(body)
         plan.alone = acts_alone(body, scan, names)
+        plan.shares = program_results(body, scan, names)
+        plan.alone.update(dict.fromkeys(plan.shares, []))
         return plan
     scan.learn_libraries(body[:plan.end + 1])
     plan.libraries, plan.packages = scan.libraries, scan.packages

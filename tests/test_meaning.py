@@ -767,7 +767,9 @@ STAYS = ["import mylib\nrows = mylib.fetch()\n", "from unsloth import PatchFastR
          "from huggingface_hub import login\nlogin()\n",                            # a prompt: every rank asks
          "import mylib\ndef fit():\n    trainer.train()\nmylib.run(fit)\n",        # it may run what it is given
          "import subprocess, sys\nsubprocess.check_call([sys.executable, '-m', 'pip', 'install', 'x'])\n",  # installs
-         "import subprocess\nrev = subprocess.check_output(['git', 'rev-parse', 'HEAD'])\n",  # its output kept
+         "import subprocess\nproc = subprocess.Popen(['python', '-m', 'http.server'])\n",  # a handle, not a result
+         "import subprocess, sys\nlog = subprocess.check_output([sys.executable, '-m', 'pip', 'install', 'x'])\n",
+         "import mylib, subprocess\nrows = mylib.parse(subprocess.check_output(['ls']))\n",  # another library's value
          "import subprocess\ncmd = input()\nsubprocess.run(cmd, shell=True)\n",  # a command it cannot read
          "import requests\nfor u in ['a', 'b']:\n    requests.post('https://x/' + u)\nlast = u\n",  # its variable read
          "import requests\nrows = []\nfor u in ['a']:\n    rows.append(requests.get('https://x/' + u))\n",  # fills
@@ -784,6 +786,32 @@ def test_without_training_what_only_acts_outside_the_process_runs_once(cells):
     assert "if NBDDP_IS_MAIN:" in out[-2] and "nbddp_barrier(" in out[-2], out[-2]
     for cell in STAYS:
         assert "NBDDP_IS_MAIN" not in convert(cell, "x = 1\n")[0][0], cell
+
+
+RESULTS = [
+    (["import subprocess, sys\nrc = subprocess.run([sys.executable, 'prep.py'], capture_output=True)\n"], "rc"),
+    (["from subprocess import check_output as co\n", "rev: bytes = co(['git', 'rev-parse', 'HEAD'])\n"], "rev"),
+    (["import os\nname = 'a'\n", "status = os.system(f'python prep.py {name}')\n"], "status"),  # over cells
+]
+
+
+@pytest.mark.parametrize("cells, name", RESULTS)
+def test_without_training_a_program_whose_result_is_kept_runs_once_and_every_rank_gets_the_result(cells, name):
+    """A notebook with no training the analysis can see, and `%ddp`'s cells: a line that keeps what a program it
+    starts gives back once it has ended (its exit status, its output) runs on rank 0, and every rank gets the value.
+    Before, every rank started the program (each its own result)."""
+    from nbddp.cellwise.history import History
+    out, report = convert(*cells, f"size = len(str({name}))\n")
+    line = cells[-1].splitlines()[-1]
+    assert f"if NBDDP_IS_MAIN:\n    {line}\n" in out[-2], out[-2]
+    assert out[-2].endswith(f'nbddp_share_values(globals(), "{name}")\n'), out[-2]
+    assert out[-1] == f"size = len(str({name}))\n"  # every rank has it
+    assert f"every rank gets rank 0's {name}" in str(report), str(report)
+    session = History()
+    for cell in cells:
+        converted = session.convert(cell)
+        session.accept(cell, converted)
+    assert f'nbddp_share_values(globals(), "{name}")' in converted.code, converted.code
 
 
 def test_a_ddp_sessions_cells_run_what_only_acts_outside_the_process_once():

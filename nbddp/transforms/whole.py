@@ -103,6 +103,8 @@ def alone(guards, plan):
     only acts outside the process (nbddp.alone) is rank-0 work, and the files it is given go to machines without rank
     0's storage."""
     guards.once, guards.files = set(plan.alone), {key: paths for key, paths in plan.alone.items() if paths}
+    guards.shares = {key: given for key, given in plan.shares.items() if key in plan.alone}  # a program's result
+    # (nbddp.alone.program_results): rank 0's, given to every rank
 
 
 def on_body(plan, read, body, names, hoisted) -> Plan:
@@ -119,12 +121,13 @@ def on_body(plan, read, body, names, hoisted) -> Plan:
         first.setdefault(id(names.orig(stmt)), id(stmt))
     new.unread = {first[key]: value for key, value in plan.unread.items() if key in first}
     new.alone = {id(stmt): plan.alone[id(names.orig(stmt))] for stmt in body if id(names.orig(stmt)) in plan.alone}
+    new.shares = {first[key]: value for key, value in plan.shares.items() if key in first}
     if plan.end is None:
         return new
     for stmt in body:
         if id(names.orig(stmt)) in plan.once:
             new.once.add(id(stmt))
-    for name in ("files", "shares", "differs", "setup", "outside"):
+    for name in ("files", "differs", "setup", "outside"):
         setattr(new, name, {first[key]: value for key, value in getattr(plan, name).items() if key in first})
     ends = [i for i, w in enumerate(where) if w is not None and w <= plan.end and id(body[i].body) not in hoisted]
     new.end = ends[-1] if ends else None
@@ -138,14 +141,15 @@ def take_given(guards, stmt):
     names = guards.shares[id(stmt)]
     calls = guards.calls.get(id(stmt)) or live_calls(stmt)
     why = [r for r in map(guards.reason, calls) if r]
-    word = why[0][2] if why else next(parts(code_of(c.func))[-1] for c in calls if OWN_VALUE in
-                                      guards.effects.of_call(c))
+    own = [parts(code_of(c.func))[-1] for c in calls if OWN_VALUE in guards.effects.of_call(c)]
+    word = why[0][2] if why else own[0] if own else parts(code_of(calls[0].func))[-1]
     guards.taken[id(stmt.body)] = (frozenset().union(*(k for k, _, _ in why)) | {GIVEN}, word)
     guards.sharing[id(stmt.body)] = names
+    them = "it" if len(names) == 1 else "them"
     guards.reasons.setdefault(guards.cell, []).append(
-        f"{why[0][1] + ', ' if why else ''}every rank gets rank 0's {', '.join(names)} (training reads "
-        f"{'it' if len(names) == 1 else 'them'}; each rank would compute {'its' if len(names) == 1 else 'their'} "
-        "own)")
+        f"{why[0][1] + ', ' if why else ''}every rank gets rank 0's {', '.join(names)} " + (
+            f"(training reads {them}; each rank would compute {'its' if len(names) == 1 else 'their'} own)" if own or
+            why else f"({word}() starts a program: once)"))
     guards.tainted |= reads_writes(stmt)[1] - set(names)
     return TAKE
 
