@@ -497,6 +497,12 @@ def test_a_global_the_notebooks_function_sets_that_training_reads_is_set_on_ever
     # a database of its own (the runtime gives other ranks their own copy of the notebook's databases)
     "import sqlite3, torch.distributed as dist\nif dist.get_rank() == 1:\n    db = sqlite3.connect('one.db')\n"
     "    db.commit()\n",
+    # the `else` of a test only rank 0 passes: the other ranks' branch
+    "import os\nif int(os.environ.get('LOCAL_RANK', 0)) == 0:\n    print('main')\nelse:\n"
+    "    open('other.txt', 'w').write('x')\n",
+    "def ours():\n    return trainer.is_world_process_zero()\nif ours():\n    pass\nelse: open('n.txt', 'w').write('x')\n",
+    "from accelerate import Accelerator as A\nacc = A()\nfor part in ('a', 'b'):\n    if acc.is_main_process:\n"
+    "        continue\n    else:\n        open('parts.txt', 'a').write(part)\n",
 ])
 def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_picks(cell):
     out, report = convert(TRAIN, cell)
@@ -509,6 +515,7 @@ def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_pick
     "if NBDDP_IS_MAIN:\n    model.save_pretrained('out')\n",  # nbddp's own guard
     "import logging, torch.distributed as dist\nif dist.get_rank() == 0:\n    logging.warning('zero')\n",  # rank 0's
     "rank = 16\nif rank > 8:\n    open('x.txt', 'w').write('x')\n",  # a LoRA rank is a number
+    "import torch.distributed as dist\nif dist.get_rank() != 0:\n    pass\nelse:\n    open('z.txt', 'w').write('x')\n",
 ])
 def test_other_tests_and_blocks_that_write_nothing_are_left_as_they_are(cell):
     out, _ = convert(TRAIN, cell)

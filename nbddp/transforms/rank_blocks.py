@@ -42,6 +42,15 @@ def _picks_rank_0(test, names, depth=0) -> bool:
     return False
 
 
+def _leaves_rank_0(test, names) -> bool:
+    """The `else` of a test that leaves only rank 0 out (`not acc.is_main_process`, `rank != 0`): rank 0's branch."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _picks_rank_0(test.expression, names)
+    return isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+        isinstance(test.comparisons[0].operator, cst.NotEqual) and \
+        any(isinstance(side, cst.Integer) and side.value == "0" for side in (test.left, test.comparisons[0].comparator))
+
+
 def _blocked(body) -> bool:
     """Converting converted code: the body is already the runtime's block."""
     stmts = body.body if isinstance(body, cst.IndentedBlock) else ()
@@ -68,15 +77,27 @@ class _Blocks(TreeTransformer):
         return super().on_visit(node)
 
     def leave_If(self, original, updated):
-        if not is_rank_test(original, self.names) or _picks_rank_0(original.test, self.names) or \
-                _blocked(updated.body) or not any(map(self._acts, live_calls(original.body))):
+        if not is_rank_test(original, self.names):
             return updated
-        block = updated.body if isinstance(updated.body, cst.IndentedBlock) else \
-            cst.IndentedBlock([cst.SimpleStatementLine(list(updated.body.body))])
-        item = cst.WithItem(cst.Call(cst.Name(BLOCK)))
+        body = self._block(original.body, updated.body, _picks_rank_0(original.test, self.names))
+        orelse = updated.orelse  # an `else:`: the ranks the test leaves out (an `elif` is a test of its own)
+        if isinstance(orelse, cst.Else):
+            orelse = orelse.with_changes(body=self._block(original.orelse.body, orelse.body,
+                                                          _leaves_rank_0(original.test, self.names)))
+        if body is updated.body and orelse is updated.orelse:
+            return updated
         self.report.change(self.cell, "a test of the rank of the notebook's own: what its block saves, writes and "
                                       "logs, the ranks it picks do as written (nbddp_rank_block)")
-        return updated.with_changes(body=cst.IndentedBlock([cst.With(items=[item], body=block)]))
+        return updated.with_changes(body=body, orelse=orelse)
+
+    def _block(self, original, updated, rank_0):
+        """A branch's body under `with nbddp_rank_block():` where ranks other than 0 run it and it calls what the
+        nets act on; else as it is."""
+        if rank_0 or _blocked(updated) or not any(map(self._acts, live_calls(original))):
+            return updated
+        block = updated if isinstance(updated, cst.IndentedBlock) else \
+            cst.IndentedBlock([cst.SimpleStatementLine(list(updated.body))])
+        return cst.IndentedBlock([cst.With(items=[cst.WithItem(cst.Call(cst.Name(BLOCK)))], body=block)])
 
 
 class RankBlocks(TreeStep):
