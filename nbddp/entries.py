@@ -124,17 +124,18 @@ SEEDS = frozenset({"random.seed", "numpy.random.seed", "numpy.random.set_state",
                    "transformers.set_seed", "transformers.enable_full_determinism", "accelerate.utils.set_seed",
                    "lightning.seed_everything", "lightning.pytorch.seed_everything",
                    "pytorch_lightning.seed_everything", "lightning.fabric.seed_everything"})
-# What a process sets of its own state through Python's standard library, psutil and matplotlib's backend: limits,
-# signals, priority and CPU affinity, the start method of its workers, its locale, its time zone. Every rank is a
-# process of its own and sets it too.
+# What a process sets of its own state (Python's standard library, psutil, matplotlib's backend, other libraries'):
+# limits, signals, priority, CPU affinity, its workers' start method, locale, time zone, environment (dotenv), event
+# loop (nest_asyncio), pandas' parallel methods (pandarallel). Every rank is a process of its own and sets it too.
 PROCESS_STATE = frozenset({
     "sys.setrecursionlimit", "sys.setswitchinterval", "sys.set_int_max_str_digits", "resource.setrlimit", "os.nice",
     "os.umask", "socket.setdefaulttimeout", "signal.signal", "signal.alarm", "signal.setitimer", "signal.siginterrupt",
     "faulthandler.enable", "faulthandler.register", "faulthandler.dump_traceback_later",
     "multiprocessing.set_start_method", "multiprocessing.set_forkserver_preload", "multiprocessing.set_executable",
     "locale.setlocale", "time.tzset", "matplotlib.use", "os.sched_setaffinity", "os.sched_setscheduler",
-    "os.sched_setparam", "os.setpriority", "sys.setprofile", "sys.settrace", "sys.setdlopenflags",
-    "psutil.Process().nice", "psutil.Process().cpu_affinity", "psutil.Process().ionice", "psutil.Process().rlimit"})
+    "os.sched_setparam", "os.setpriority", "sys.setprofile", "sys.settrace", "sys.setdlopenflags", "dotenv.load_dotenv",
+    "psutil.Process().nice", "psutil.Process().cpu_affinity", "psutil.Process().ionice", "psutil.Process().rlimit",
+    "nest_asyncio.apply", "pandarallel.pandarallel.initialize"})
 # Calls that run Python code in this process: `exec(open("utils.py").read())` runs a file in the notebook's namespace
 # (as `%run -i` does), `runpy.run_path("prep.py")` and `runpy.run_module("prep")` in one of their own (as `%run`):
 # nbddp.changes reads the file as a `%run` of it (nbddp.ran_files); code it cannot read runs on every rank.
@@ -196,7 +197,6 @@ MODEL_CLASSES = UNSLOTH_LOADERS | frozenset(f"peft.{name}" for name in (
 LOADS = frozenset(f"{cls}.from_pretrained" for cls in MODEL_CLASSES)
 ADAPTERS = frozenset(f"{cls}.get_peft_model" for cls in UNSLOTH_LOADERS)  # and peft.get_peft_model
 INFERENCE = frozenset(f"{cls}.for_inference" for cls in UNSLOTH_LOADERS)  # Unsloth's switch to generation
-
 # Methods of the values a library makes, by the class that defines them (`transformers.GenerationMixin().generate`).
 # The converter does not import the libraries, so it follows a value to the library call that made it, not to its
 # class: such a method matches where a call of the class's package made the value, or of a package whose values are

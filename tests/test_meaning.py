@@ -705,6 +705,9 @@ def test_a_reseed_whose_value_the_notebook_keeps_still_runs_on_every_rank(cell):
     ["from sklearn import set_config as configure\nconfigure(transform_output='pandas')\n"],  # through an alias
     ["import decimal\nfor ctx in [decimal.getcontext()]:\n    decimal.setcontext(ctx)\n"
      "decimal.getcontext().prec = 40\n"],                        # in a loop; a value the library holds, changed
+    ["from dotenv import load_dotenv as env_from\ndef settings():\n    env_from('.env')\nsettings()\n"],  # the environment
+    ["import nest_asyncio\n", "nest_asyncio.apply()\n"],             # the event loop, over cells
+    ["from pandarallel import pandarallel as pl\npl.initialize(progress_bar=False)\n"],  # pandas' parallel_apply
 ])
 def test_what_a_process_sets_of_its_own_state_every_rank_sets(cells):
     """A recursion limit, a file limit, a signal handler, the workers' start method, a default socket timeout, the
