@@ -126,19 +126,9 @@ class Changes(LiveVisitor):
     def _may_install(self, node) -> bool:
         """The program is a package manager's install (`pip install x`), or one the converter cannot read: what it
         does stays every rank's (each machine needs the packages)."""
-        from .transforms.shell import is_install
-        value = node.args[0].value if node.args else None
-        words = [self._word(e.value) for e in value.elements] if isinstance(value, (cst.List, cst.Tuple)) else \
-            [self._word(value)]
-        return None in words or is_install(" ".join(words))
-
-    def _word(self, node):
-        """A word of a command: a literal string (an f-string's text, `x` for each value), `python` for
-        `sys.executable`, else None."""
-        if isinstance(node, cst.FormattedString):
-            return "".join(p.value if isinstance(p, cst.FormattedStringText) else "x" for p in node.parts)
-        text = self.names.literal(node)
-        return text if isinstance(text, str) else "python" if self.names.meanings(node) == {"sys.executable"} else None
+        from .transforms.shell import is_install, program_command
+        command = program_command(node, self.names)
+        return command is None or is_install(command)
 
     def _runs_handed(self, node, meanings):
         """A function the call is handed to run (`Thread(target=requests.post)`, `pool.submit(note, text)`): its

@@ -75,6 +75,11 @@ def test_reading_module_of_the_dropped_wrapper_is_warned():
     ("!{sys.executable} -m torch.distributed.run train.py\n", 1),
     ("!accelerate launch --num_processes 2 train.py\n", 1),
     ("%%bash\ncd work\ndeepspeed train.py\n", 3),
+    # a program started through Python, by its words: a list, an alias, in a function, a string for the shell
+    ("import subprocess\nsubprocess.run(['torchrun', '--nproc_per_node=2', 'train.py'], check=True)\n", 2),
+    ("import sys\nfrom subprocess import check_call as sh\n\ndef go():\n"
+     "    sh([sys.executable, '-m', 'torch.distributed.run', 'train.py'])\n", 5),
+    ("import os\nn = 2\nos.system(f'accelerate launch --num_processes {n} train.py')\n", 3),
 ])
 def test_a_launcher_that_starts_its_own_processes_stops_the_conversion_naming_its_line(cell, line):
     with pytest.raises(ConversionError) as stop:
@@ -86,3 +91,6 @@ def test_a_launcher_that_starts_its_own_processes_stops_the_conversion_naming_it
 def test_commands_that_do_not_launch_are_left_to_run():
     converted, _ = convert("!python train.py\n!echo torchrun\n")
     assert converted == ["nbddp_shell('python train.py')\nnbddp_shell('echo torchrun')\n"]
+    cell = "import subprocess\nsubprocess.run(['echo', 'torchrun'])\nsubprocess.run([launcher, 'train.py'])\n"
+    converted = convert(cell)[0][0]  # a word, a command the converter cannot read: no stop
+    assert "subprocess.run(['echo', 'torchrun'])" in converted and "run([launcher, 'train.py'])" in converted

@@ -21,7 +21,7 @@ from .base import Context
 from .expansion import UNEXPANDED, line_expression
 from .ipython_names import computed_call, is_shell
 from .markers import marker
-from .shell import OWN_PROCESS, is_install, is_launch, one_line, runs_python
+from .shell import OWN_PROCESS, is_install, is_launch, launch_inside, one_line, runs_python
 
 DROP_QUIETLY = frozenset({
     "matplotlib", "load_ext", "reload_ext", "unload_ext", "autoreload", "aimport", "config", "pinfo", "pinfo2",
@@ -211,9 +211,7 @@ class IPythonCalls(cst.CSTTransformer):
 
     def _shell(self, command: str):
         if is_launch(command):  # a DDP job inside the DDP job: every node's local rank 0 would start one
-            raise self._stop(self.at, f"`!{one_line(command, 60)}` starts a distributed job of its own inside this "
-                                      "one; drop the line and convert the notebook that trains (or run that script "
-                                      "by itself: nbddp launches it)")
+            raise self._stop(self.at, launch_inside(f"!{one_line(command, 60)}"))
         if is_install(command):
             self.ctx.report.install(command)
             self.installs += 1

@@ -19,7 +19,7 @@ from .expansion import line_expression
 from .ipython_calls import IPythonCalls
 from .ipython_names import EQUAL, Unalias, bash_cell, method_aliases, shell_aliases
 from .markers import MARK, Tidy, is_marker
-from .shell import OWN_PROCESS, install_lines, is_launch, one_line, runs_python, script_lines
+from .shell import OWN_PROCESS, install_lines, is_launch, launch_inside, one_line, runs_python, script_lines
 
 BODY_MAGICS = frozenset({"time", "timeit", "prun", "debug", "memit", "ipytest"})
 CAPTURE_FLAGS = {"--no-stdout": "stdout", "--no-stderr": "stderr", "--no-display": "display"}
@@ -206,9 +206,7 @@ class Magics(Transform):
                 return f"# nbddp: removed a %%{name} install cell; run it before launching (see the header)\n"
             launch = next((n for n, line in enumerate(body.splitlines(), start=2) if is_launch(line)), None)
             if launch is not None:
-                raise ConversionError(f"`%%{name}` starts a distributed job of its own inside this one; drop the line "
-                                      "and convert the notebook that trains (or run that script by itself: nbddp "
-                                      "launches it)", step=self.name, cell=cell, line=launch)
+                raise ConversionError(launch_inside(f"%%{name}"), step=self.name, cell=cell, line=launch)
             report.change(cell, f"`%%{name}` cell runs once per node (local rank 0), the others wait")
             for command in filter(runs_python, script_lines(body)):
                 report.change(cell, f"`{one_line(command, 60)}` {OWN_PROCESS}")

@@ -12,8 +12,9 @@
   `notebook_launcher(fn, args)` becomes `fn(*args)` (each rank of this job runs the function once, as one of the
   launcher's processes would; accelerate reads torchrun's environment), with a report line;
   `torch.multiprocessing.spawn`/`start_processes` stop the conversion, naming the cell and line (the function sets up
-  a process group of its own). A shell line that launches (`!torchrun`, `!accelerate launch`) stops it in the magics
-  step.
+  a process group of its own), and so does a program started that launches a distributed job
+  (`subprocess.run(["torchrun", ...])`, `os.system("accelerate launch ...")`: its command by its words, as a shell
+  line's; `!torchrun` stops it in the magics step).
 
 Calls are told by what they are (nbddp.meanings), not by how the notebook spells them.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst_helpers import arguments, code_of
+from ..entries import STARTS_PROGRAMS
 from ..errors import ConversionError
 from ..rank_conditions import is_rank_test
 from ..tree import TreeTransformer
@@ -29,10 +31,11 @@ from ..walk import walk
 from .base import TreeStep
 from .devices import TidiedMarkers
 from .markers import marker
-from .shell import one_line
+from .shell import is_launch, launch_inside, one_line, program_command
 
 MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel", "notebook_launcher", "spawn",
-                      "start_processes"})  # and names bound from them (tree.visit)
+                      "start_processes", *(m.rsplit(".", 1)[1] for m in STARTS_PROGRAMS)})  # and names bound from
+# them (tree.visit)
 NOTEBOOK_LAUNCHERS = frozenset({"accelerate.notebook_launcher", "accelerate.launchers.notebook_launcher"})
 SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
                     "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.spawn.start_processes"})
@@ -75,11 +78,12 @@ class _ProcessControl(TreeTransformer):
         if meanings & NOTEBOOK_LAUNCHERS:
             return self._launched(original, updated)
         if meanings & SPAWNS:
-            cell, line = self.tree.where(original)
-            raise ConversionError(f"`{one_line(code_of(updated), 60)}` starts processes of its own, each with its own "
-                                  "process group; under nbddp every rank is already one of the job's processes: call "
-                                  "the function once instead (torch.distributed is set up for it)", step="process-control",
-                                  cell=cell, line=line)
+            raise self._stop(original, f"`{one_line(code_of(updated), 60)}` starts processes of its own, each with its "
+                                       "own process group; under nbddp every rank is already one of the job's "
+                                       "processes: call the function once instead (torch.distributed is set up for it)")
+        command = program_command(original, self.names) if meanings & STARTS_PROGRAMS else None
+        if command and is_launch(command):  # as `!torchrun ...` (the magics step)
+            raise self._stop(original, launch_inside(one_line(code_of(updated), 60)))
         if not DATA_PARALLEL & meanings or not updated.args:
             return updated
         model = updated.args[0].value
@@ -88,6 +92,10 @@ class _ProcessControl(TreeTransformer):
         self.dropped.append(self.cell)
         return model
 
+
+    def _stop(self, node, text):
+        cell, line = self.tree.where(node)
+        return ConversionError(text, step="process-control", cell=cell, line=line)
 
     def _launched(self, original, updated):
         """`notebook_launcher(train, (a, b), num_processes=2)` -> `train(a, b)`."""

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import shlex
 
+import libcst as cst
+
 PACKAGE_TOOLS = frozenset({"pip", "pip3", "conda", "mamba", "micromamba", "apt", "apt-get", "yum", "dnf", "brew"})
 PYTHONS = frozenset({"python", "python3", "py"})
 
@@ -47,6 +49,12 @@ def is_launch(command: str) -> bool:
         python and len(words) > 2 and words[1] == "-m" and words[2] in LAUNCH_MODULES)
 
 
+def launch_inside(shown: str) -> str:
+    """What the conversion says where the notebook starts a distributed job (`!torchrun ...`, or through subprocess)."""
+    return f"`{shown}` starts a distributed job of its own inside this one; drop the line and convert the notebook " \
+           "that trains (or run that script by itself: nbddp launches it)"
+
+
 def runs_python(command: str) -> bool:
     """A command that runs a Python program (`python train.py`, `python -m pkg`, `!{sys.executable} script.py`):
     not an install, not a launch of a distributed job."""
@@ -83,3 +91,20 @@ def install_lines(script: str) -> list[str]:
 def one_line(text: str, limit: int = 100) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def program_command(call: cst.Call, names) -> str | None:
+    """The command line a call that starts a program is given (`subprocess.run(["torchrun", "train.py"])`,
+    `os.system("pip install x")`): its literal words (an f-string's text with `x` for each value, `python` for
+    `sys.executable`), joined; None where a word is a value the converter cannot read."""
+    value = call.args[0].value if call.args else None
+    parts = value.elements if isinstance(value, (cst.List, cst.Tuple)) else [value] if value is not None else []
+    words = []
+    for node in (getattr(part, "value", part) for part in parts):
+        if isinstance(node, cst.FormattedString):
+            words.append("".join(p.value if isinstance(p, cst.FormattedStringText) else "x" for p in node.parts))
+            continue
+        text = names.literal(node)
+        words.append(text if isinstance(text, str) else "python" if names.meanings(node) == {"sys.executable"} else
+                     None)
+    return None if not words or None in words else " ".join(words)
