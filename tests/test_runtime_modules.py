@@ -827,6 +827,7 @@ rank = int(os.environ["RANK"])
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=rank, world_size=2)
 agree.NBDDP_CHECK_AGREEMENT = True
 a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2) * (1 + rank))
+run_dir, steps, tags, local = f"runs/{os.getpid()}", 7, {"x", "y"}, int(os.environ["RANK"])  # the notebook's values
 agree.nbddp_check_agreement([("layer.lora_A", a), ("layer.lora_B", b), ("tied", a)], "train()")
 agree.nbddp_check_agreement([a, b], "the script's own training steps")
 dist.destroy_process_group()
@@ -837,8 +838,9 @@ def test_ranks_that_differ_are_told_with_the_values_that_differ(tmp_path):
     out = _ranks(AGREE_DIFFERS, tmp_path)
     said = [line for line in out[0].splitlines() if line.startswith("nbddp: warning: after")]
     assert len(said) == 2 and "other weights" not in out[1], out
-    assert "(5 trained values in 2 tensors): on rank 1: layer.lora_B (sum 4 against 2) of 2 tensors." in said[0]
-    assert "on rank 1: tensor 1 of shape (2,) (sum 4 against 2) of 2 tensors." in said[1]
+    assert "(5 trained values in 2 tensors): on rank 1: layer.lora_B (sum 4 against 2) of 2 tensors; the " \
+           "notebook's values that differ on rank 1: run_dir." in said[0]  # not steps, tags, nor the rank itself
+    assert "on rank 1: tensor 1 of shape (2,) (sum 4 against 2) of 2 tensors; the notebook's" in said[1]
     assert "layer.lora_A" not in said[0]
 
 

@@ -1,21 +1,24 @@
 """Ranks agree, checked: after each Trainer.train() and at the end of the script, every rank sends the store a
 checksum of the weights it trained (per tensor, a float64 sum and sum of absolute values) and rank 0 says in one line
 that they agree, or warns, naming the ranks that differ. Under DDP they agree to the last bit; they differ when a
-model was trained outside DDP (a loop of the notebook's own on each rank) or on data or seeds that differ by rank.
+model was trained outside DDP (a loop of the notebook's own on each rank) or on data or seeds that differ by rank;
+then it also names the notebook's own values (numbers, strings and their containers) that differ from rank 0's.
 
 Trained weights are those of the model a Trainer trained and the parameters of every optimizer that stepped (a
 global hook of torch's optimizers). The end-of-script check looks at optimizers that stepped since the last check,
 so rank-0-only work after train() (inference, a merged save) is not mistaken for divergence."""
 import functools
+import hashlib
 import json
 import math
+import sys
 import weakref
 
 import torch
 import torch.distributed
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_WORLD_SIZE
+from .group import NBDDP_AT_TEARDOWN, NBDDP_IS_MAIN, NBDDP_RANK, NBDDP_WORLD_SIZE
 from .hooks import NBDDP_IMPORTS, _nbddp_choice, nbddp_say
 from .wait import nbddp_store, nbddp_store_barrier
 
@@ -65,6 +68,33 @@ def nbddp_what_differs(stats, names, rank, shown=3):
     return f"on rank {rank}: {', '.join(said)}{more} tensors"
 
 
+def _nbddp_plain(value, depth=0) -> bool:
+    """A number, a string, or a container of them not too big to compare."""
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    return value is None or isinstance(value, (bool, int, float, complex, str, bytes)) or depth < 3 and isinstance(
+        value, (tuple, list, set, frozenset, dict)) and len(value) <= 10_000 and all(_nbddp_plain(item, depth + 1)
+                                                                                      for item in items)
+
+
+def nbddp_notebook_values():
+    """{name: digest} of the notebook's plain values (`__main__`'s, not nbddp's); "rank" for an int equal to this
+    process's rank (each rank's own number differs on purpose)."""
+    found = {}
+    for name, value in list(vars(sys.modules["__main__"]).items()):
+        if not name.startswith(("_", "nbddp_", "NBDDP_")) and _nbddp_plain(value):
+            text = repr(sorted(map(repr, value))) if isinstance(value, (set, frozenset)) else repr(value)
+            found[name] = "rank" if type(value) is int and value == NBDDP_RANK else \
+                hashlib.sha1(text.encode(errors="replace")).hexdigest()[:16]
+    return found
+
+
+def _nbddp_values_that_differ(store, key, rank, shown=5):
+    mine, first = (json.loads(store.get(f"{key}/{r}/values")) for r in (rank, 0))
+    names = sorted(name for name in mine.keys() & first.keys() if mine[name] != first[name])
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"; the notebook's values that differ on rank {rank}: {', '.join(names[:shown])}{more}" if names else ""
+
+
 def nbddp_check_agreement(params, when):
     """Every rank calls it at the same point; rank 0 says whether the ranks hold the same `params` ((name, tensor)
     pairs, or tensors: then named by their place and shape), and where they differ, which ones."""
@@ -86,6 +116,7 @@ def nbddp_check_agreement(params, when):
     except Exception as exc:
         mine = f"rank {torch.distributed.get_rank()}: {type(exc).__name__}: {exc}"
     store.set(f"{key}/{torch.distributed.get_rank()}", json.dumps(mine))
+    store.set(f"{key}/{torch.distributed.get_rank()}/values", json.dumps(nbddp_notebook_values()))
     nbddp_store_barrier("the check that the ranks agree")
     if not NBDDP_IS_MAIN:
         return None
@@ -99,7 +130,8 @@ def nbddp_check_agreement(params, when):
     size = f"{sum(p.numel() for p in unique):,} trained values in {len(unique)} tensors"
     if differ:
         ranks = f"ranks {', '.join(map(str, differ))} hold" if len(differ) > 1 else f"rank {differ[0]} holds"
-        which = "; ".join(nbddp_what_differs(stats, names, rank) for rank in differ[:2])
+        which = "; ".join(nbddp_what_differs(stats, names, rank) + _nbddp_values_that_differ(store, key, rank)
+                          for rank in differ[:2])
         nbddp_say(key, f"warning: after {when}, {ranks} other weights than rank 0 ({size}): {which}. Usual causes: "
                        "training outside DDP or the Trainer (a loop of the notebook's own on each rank), or data or "
                        "seeds that differ by rank. Rank 0's copy is the one saved (NBDDP_CHECK_AGREEMENT=0: no check)")
