@@ -5,8 +5,10 @@ itself, is removed with a line that says so."""
 from __future__ import annotations
 
 import nbformat
+import pytest
 
 from conftest import make_notebook
+from nbddp.errors import ConversionError
 from nbddp.pipeline import convert_notebook
 
 TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows[:BATCH])\ntrainer.train()\n"
@@ -89,3 +91,12 @@ def test_a_notebook_run_inside_a_function_that_uses_its_names_as_its_own_is_said
                              setup=SETUP)
     assert "global" not in cells[0] and "# %run setup" not in cells[0], cells[0]
     assert "`%run setup.ipynb` inside a function: its cells bind names the function also uses" in report, report
+
+
+def test_a_cell_of_the_notebook_it_runs_that_is_not_python_stops_the_conversion_naming_that_cell(tmp_path):
+    broken = [("markdown", "# set-up"), "x = 1\n", "def broken(:\n    pass\n"]
+    for cell in ("%run broken.ipynb\n", "if True:\n    %run broken.ipynb\n"):
+        with pytest.raises(ConversionError) as stop:
+            _convert(tmp_path, cell, broken=broken)
+        assert str(stop.value) == "cell 1: `%run broken.ipynb`: cell 3 of broken.ipynb, line 1: not valid Python " \
+                                  "(invalid syntax); fix it in broken.ipynb", str(stop.value)

@@ -20,6 +20,8 @@ import nbformat
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..cells import cell_number
+from ..cst_helpers import parse
+from ..errors import ConversionError
 from ..reads_writes import reads_writes
 from .base import Context, Transform
 from .ipython_calls import is_ipython_call
@@ -141,7 +143,8 @@ class RanNotebooks(Transform):
             cells = self._cells(path, ctx, running) if path else None
             if cells is None:
                 continue
-            ran = [(f"%run {path}, cell {n}", self.expand(code, cell, ctx, (*running, path))) for n, code in cells]
+            ran = [(f"%run {path}, cell {n}", self._valid(self.expand(code, cell, ctx, (*running, path)), path, n,
+                                                          cell)) for n, code in cells]
             if depth:
                 indent = lines[number - 1][:len(lines[number - 1]) - len(lines[number - 1].lstrip())]
                 ran = [(label, ipython_to_python(code)) for label, code in ran]
@@ -161,6 +164,17 @@ class RanNotebooks(Transform):
                 ctx.report.change(cell, f"`%run {path}`: its {count} converted in its place{where}, as IPython runs "
                                         "them in the notebook's namespace")
         return "".join(lines)
+
+    def _valid(self, code: str, path: str, number: int, cell: int) -> str:
+        """The ran notebook's cell, where IPython makes Python of it; else the conversion stops, naming that cell."""
+        try:
+            parse(ipython_to_python(code))
+        except ConversionError as error:
+            where = f", line {error.line}" if error.line is not None else ""
+            said = error.message.split(";")[0]
+            raise ConversionError(f"`%run {path}`: cell {number} of {path}{where}: {said}; fix it in {path}",
+                                  step=self.name, cell=cell) from None
+        return code
 
     @staticmethod
     def _cells(path: str, ctx: Context, running: tuple):
