@@ -22,6 +22,8 @@
                   names training reads, those libraries); the report says so, an effect there happens on every rank
     plan.alone -> the statements that only act outside the process (nbddp.alone): rank 0 runs them where there is
                   no training's end to plan by (a notebook that does not train, a `%ddp` session's cells)
+    plan.results -> the lines that keep what a program they start gives back (nbddp.alone.program_results): there,
+                  rank 0 runs them and every rank gets the names they bind
 
 The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
 collectives, nbddp's own helpers, what reads the rank or the world size by meaning: `open(f"log-{dist.get_rank()}.txt",
@@ -82,6 +84,7 @@ class Plan:
     packages: set = field(default_factory=set)  # the packages the notebook imports
     unread: dict = field(default_factory=dict)  # id of a `%run` line whose file cannot be read -> the line
     alone: dict = field(default_factory=dict)  # id of a statement that only acts outside the process -> its paths
+    results: dict = field(default_factory=dict)  # id of a line that keeps a program's result -> the names it binds
 
 
 class _Scan:
@@ -259,9 +262,7 @@ def training_needs(body, names, effects, folder=None) -> Plan:
     if plan.end is None:  # no training seen: training's libraries, as far as the vocabulary knows them
         scan.libraries |= frozenset().union(*VALUE_HOMES.values()) - NOT_LIBRARIES
         scan.learn_libraries(body)
-        plan.alone = acts_alone(body, scan, names)
-        plan.shares = program_results(body, scan, names)
-        plan.alone.update(dict.fromkeys(plan.shares, []))
+        plan.alone, plan.results = acts_alone(body, scan, names), program_results(body, scan, names)
         return plan
     scan.learn_libraries(body[:plan.end + 1])
     plan.libraries, plan.packages = scan.libraries, scan.packages
@@ -292,5 +293,5 @@ def training_needs(body, names, effects, folder=None) -> Plan:
         elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).calls:
             plan.once.add(id(stmt))  # one that calls nothing (`x = 5`) follows what it reads
     plan.nested_once = nested_effects([s for s in body[:plan.end + 1] if id(s) not in plan.once], scan, names)
-    plan.alone = acts_alone(body, scan, names)
+    plan.alone, plan.results = acts_alone(body, scan, names), program_results(body, scan, names)
     return plan

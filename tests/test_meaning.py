@@ -817,11 +817,12 @@ def test_without_training_a_program_whose_result_is_kept_runs_once_and_every_ran
     assert out[-2].endswith(f'nbddp_share_values(globals(), "{name}")\n'), out[-2]
     assert out[-1] == f"size = len(str({name}))\n"  # every rank has it
     assert f"every rank gets rank 0's {name}" in str(report), str(report)
-    session = History()
-    for cell in cells:
-        converted = session.convert(cell)
-        session.accept(cell, converted)
-    assert f'nbddp_share_values(globals(), "{name}")' in converted.code, converted.code
+    for before in ([], [TRAIN]):  # `%ddp`, also after a cell that trains
+        session = History()
+        for cell in before + cells:
+            converted = session.convert(cell)
+            session.accept(cell, converted)
+        assert f'nbddp_share_values(globals(), "{name}")' in converted.code, converted.code
 
 
 def test_a_ddp_sessions_cells_run_what_only_acts_outside_the_process_once():

@@ -103,8 +103,7 @@ def alone(guards, plan):
     only acts outside the process (nbddp.alone) is rank-0 work, and the files it is given go to machines without rank
     0's storage."""
     guards.once, guards.files = set(plan.alone), {key: paths for key, paths in plan.alone.items() if paths}
-    guards.shares = {key: given for key, given in plan.shares.items() if key in plan.alone}  # a program's result
-    # (nbddp.alone.program_results): rank 0's, given to every rank
+    guards.shares = plan.results  # a program's result (nbddp.alone.program_results): rank 0's, given to every rank
 
 
 def on_body(plan, read, body, names, hoisted) -> Plan:
@@ -121,13 +120,13 @@ def on_body(plan, read, body, names, hoisted) -> Plan:
         first.setdefault(id(names.orig(stmt)), id(stmt))
     new.unread = {first[key]: value for key, value in plan.unread.items() if key in first}
     new.alone = {id(stmt): plan.alone[id(names.orig(stmt))] for stmt in body if id(names.orig(stmt)) in plan.alone}
-    new.shares = {first[key]: value for key, value in plan.shares.items() if key in first}
+    new.results = {first[key]: value for key, value in plan.results.items() if key in first}
     if plan.end is None:
         return new
     for stmt in body:
         if id(names.orig(stmt)) in plan.once:
             new.once.add(id(stmt))
-    for name in ("files", "differs", "setup", "outside"):
+    for name in ("files", "shares", "differs", "setup", "outside"):
         setattr(new, name, {first[key]: value for key, value in getattr(plan, name).items() if key in first})
     ends = [i for i, w in enumerate(where) if w is not None and w <= plan.end and id(body[i].body) not in hoisted]
     new.end = ends[-1] if ends else None
