@@ -10,6 +10,9 @@ needs makes its folders without exist_ok, on every rank; another sets a global t
 features and returns their path, which training reads; another moves a file it then reads.
 It writes a training script with `%%writefile` and runs it with `!python`, and starts it again through subprocess
 from its own function, with a copy of its environment, and through os.spawnv: the script would join a process group of WORLD_SIZE processes if it saw this job's.
+Its own multiprocessing starts processes with spawn and forkserver (a Pool, a ProcessPoolExecutor in a function,
+Processes with a queue), which must run what they are given, not the script again. A notebook that trains nothing
+keeps what programs it starts give back: each program runs once, and every rank gets its result.
 """
 from __future__ import annotations
 
@@ -141,3 +144,21 @@ def test_a_script_the_notebook_starts_is_one_process_of_its_own(job):
         assert (done.cwd / f"child-{how}.txt").read_text() == "alone\n", done.explain()  # once, not in the job
     assert "`!python child.py shell` runs a Python program: it starts in one process of its own" in \
         conversion.report.format()
+
+
+PROGRAMS = [
+    "%%writefile prep.py\nimport os\nfd = os.open('ran.log', os.O_WRONLY | os.O_APPEND | os.O_CREAT)\n"
+    "os.write(fd, b'ran\\n')\nprint('prepared')\n",
+    "import json, os, subprocess, sys\nrc = subprocess.run([sys.executable, 'prep.py'], capture_output = True, text = True)\n",
+    "from subprocess import check_output as co\nout = co([sys.executable, 'prep.py'], text = True)\n",
+    "with open(f\"seen-{os.environ['RANK']}.json\", 'w') as fh:\n"
+    "    json.dump([rc.returncode, rc.stdout, out], fh)\n",
+]
+
+
+def test_without_training_a_programs_result_is_rank_0s_on_every_rank(tmp_path):
+    done, _ = run_notebook(PROGRAMS, tmp_path, timeout=120)
+    assert_clean_exit(done)
+    assert (tmp_path / "ran.log").read_text() == "ran\nran\n", done.explain()  # each program once, not per rank
+    for rank in range(2):
+        assert json.loads((tmp_path / f"seen-{rank}.json").read_text()) == [0, "prepared\n", "prepared\n"]
