@@ -162,3 +162,22 @@ def test_without_training_a_programs_result_is_rank_0s_on_every_rank(tmp_path):
     assert (tmp_path / "ran.log").read_text() == "ran\nran\n", done.explain()  # each program once, not per rank
     for rank in range(2):
         assert json.loads((tmp_path / f"seen-{rank}.json").read_text()) == [0, "prepared\n", "prepared\n"]
+
+
+NAMED = [
+    "import os, namer\nrun = 'runs/' + namer.slug()\n",
+    "import torch, torch.distributed as dist\nwidth = torch.ones(len(run))\ndist.all_reduce(width)\n",
+    "with open(f'seen-{dist.get_rank()}.txt', 'w') as fh:\n    fh.write(run)\n",
+]
+
+
+def test_a_plain_value_another_library_makes_is_rank_0s_on_every_rank(tmp_path):
+    """`namer` is a library nbddp has no entries for (installed, not beside the notebook): its slug is each
+    process's own; training reads it, so every rank takes rank 0's."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "nb").mkdir()
+    (tmp_path / "lib" / "namer.py").write_text("import os\n\ndef slug():\n    return os.urandom(4).hex()\n")
+    done, _ = run_notebook(NAMED, tmp_path / "nb", timeout=120, env={"PYTHONPATH": str(tmp_path / "lib")})
+    assert_clean_exit(done)
+    seen = [(tmp_path / "nb" / f"seen-{rank}.txt").read_text() for rank in range(2)]
+    assert seen[0] == seen[1] and seen[0].startswith("runs/"), seen

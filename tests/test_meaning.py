@@ -462,6 +462,33 @@ def test_a_value_training_needs_from_another_library_is_reported_as_every_ranks(
            "objects do not come from" in report.format()
 
 
+SAME = 'nbddp_same_values(globals(), "run")\n'
+USES_RUN = "from trl import SFTConfig\nargs = SFTConfig(output_dir=run)\n" + TRAIN.replace("ds)", "ds, args=args)")
+
+
+@pytest.mark.parametrize("cell", [
+    "import namer\nrun = 'runs/' + namer.slug()\n",                              # a module function
+    "from namer import slug as make\nrun: str = f'runs/{make()}'\n",             # an alias, annotated
+    "import namer\ndef name_it():\n    return namer.Namer().next()\nrun = name_it()\n",  # in a function
+])
+def test_a_plain_value_training_reads_from_another_library_is_rank_0s_on_every_rank(cell):
+    """A value training reads that every rank makes with a library nbddp has no entries for (a run name, an id) may
+    differ by rank: after the line, every rank takes rank 0's where it is plain (nbddp_same_values, at run time)."""
+    out, report = convert(cell, USES_RUN)
+    assert out[0] == cell + SAME, out[0]
+    assert "every rank takes rank 0's" in report.format()
+
+
+@pytest.mark.parametrize("cell", [
+    "import namer\nrun = namer.Namer()\nrun.reset()\n",            # an object: the notebook reads its attributes
+    "import namer\nrun = 'runs'\nnamer.decorate(run)\n",           # a literal (the call reads it: rank 0's)
+    "import numpy as np\nrun = str(np.random.randint(9))\n",        # a computing library (the same random state)
+])
+def test_other_values_training_reads_are_left_as_they_are(cell):
+    out, _ = convert(cell, USES_RUN)
+    assert "nbddp_same_values" not in out[0], out[0]
+
+
 def test_values_of_the_standard_library_or_trainings_libraries_are_not_reported_so():
     _, report = convert("import json, datasets\nmeta = json.load(open('m.json'))\nrows = datasets.load_dataset('x')\n",
                         "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows, args=meta)\n"

@@ -99,7 +99,8 @@ def test_what_may_matter_inside_what_trains_stays_on_every_rank(line):
     cell = ("import time, yaml, torch, rowlib\nimport numpy as np\nfrom transformers import Trainer\n"
             "rows = rowlib.Rows('r')\ntr = Trainer(model=model, train_dataset=rows)\nfor i in range(2):\n"
             "    tr.train()\n" + line)
-    assert convert(cell)[0] == [cell]
+    out = convert(cell)[0]  # the only line added: every rank takes rank 0's rows where they are plain values
+    assert [out[0].replace('nbddp_same_values(globals(), "rows")\n', "")] == [cell], out
 
 
 @pytest.mark.parametrize("setup", [

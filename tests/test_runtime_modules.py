@@ -2,6 +2,7 @@
 runtime, as scripts carry it, are in test_runtime_ddp.py)."""
 import contextlib
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -1052,3 +1053,27 @@ def test_handlers_that_send_records_away_send_them_from_rank_0_only():
         for kind in kinds.values():
             kind.emit(object.__new__(kind), record)
     assert sent == list(kinds)
+
+
+SAME_VALUES = """
+import json, os, torch.distributed as dist
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=rank, world_size=2)
+from nbddp.runtime import share
+os.makedirs(f"machine{rank}", exist_ok=True)
+os.chdir(f"machine{rank}")  # each rank a folder of its own, as on machines of their own
+open(f"made-by-{rank}.txt", "w").close()
+ns = {"run": f"runs/{os.getpid()}", "sizes": [rank, 2], "kept": object(), "path": f"made-by-{rank}.txt"}
+share.nbddp_same_values(ns, "run", "sizes", "kept", "path", "absent")
+print(json.dumps({"rank": rank, "run": ns["run"], "sizes": ns["sizes"], "path": ns["path"], "pid": os.getpid(),
+                  "kept": type(ns["kept"]).__name__}))
+dist.destroy_process_group()
+"""
+
+
+def test_same_values_are_rank_0s_where_plain_and_a_path_this_machine_lacks_stays_its_own(tmp_path):
+    out = [json.loads(next(line for line in text.splitlines() if line.startswith("{"))) for text in
+           _ranks(SAME_VALUES, tmp_path)]
+    assert out[0]["run"] == out[1]["run"] == f"runs/{out[0]['pid']}", out
+    assert out[0]["sizes"] == out[1]["sizes"] == [0, 2] and out[1]["kept"] == "object", out
+    assert [o["path"] for o in out] == ["made-by-0.txt", "made-by-1.txt"], out  # rank 0's file is not there

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 # Inlining order where no import decides it; a module's `from .x import` lines put x before it.
 MODULES = ("hash_seed", "recipe", "launcher", "wait", "group", "same_random", "fit", "hooks", "one_writer", "files",
-           "file_races", "share", "agree", "stdin_fd", "owner", "ask", "ipython_forms", "unsloth_group",
+           "file_races", "agree", "share", "stdin_fd", "owner", "ask", "ipython_forms", "unsloth_group",
            "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance",
            "loop", "shard_host", "shard", "shard_load", "shard_quant",
            "shard_mode")
@@ -55,6 +55,8 @@ HELPERS = {
                                 "storage", True),
     "nbddp_share_values": Helper("share", "rank 0's values of a line training needs that generates or reads the "
                                  "clock, given to every rank", True),
+    "nbddp_same_values": Helper("share", "rank 0's plain values of a line every rank runs that another library made "
+                                "(an id, a run name), on every rank", True),
     "nbddp_getoutput": Helper("files", "a shell command's output as a value"),
     "nbddp_expand": Helper("ipython_forms", _FORMS + ": $name and {expr} in a shell or magic line"),
     "nbddp_env": Helper("ipython_forms", _FORMS + ": %env of a computed line; every rank sets its own environment",

@@ -1,14 +1,18 @@
 """What rank 0 made and every rank needs. Values: a statement training needs that generates, or reads the clock, a
-uuid or the OS's entropy, runs on rank 0, and every rank gets the values it bound (nbddp_share_values). Files: a notebook that builds or downloads a model, saves
+uuid or the OS's entropy, runs on rank 0, and every rank gets the values it bound (nbddp_share_values); a value
+training reads that every rank made with a library nbddp has no entries for (a run name, an id) is rank 0's on every
+rank where it is plain and small (nbddp_same_values). Files: a notebook that builds or downloads a model, saves
 it and loads it back (`save_pretrained("./base")`, then `from_pretrained("./base")`) saves it on rank 0 once; where a
 machine of the job does not see rank 0's working folder (no shared storage: group._nbddp_check_shared_folder), the
 saved files go to that machine's first rank over the process group, in chunks, after the others have waited for
 rank 0's save. On one machine, or where every machine shares rank 0's storage, it does nothing."""
 import os
+import pickle
 
 import torch
 import torch.distributed
 
+from .agree import _nbddp_plain
 from .group import (NBDDP_CHECKED, NBDDP_CHECKED_KEY, NBDDP_IS_LOCAL_MAIN, NBDDP_IS_MAIN, NBDDP_LOCAL_RANK,
                     NBDDP_OWN_STORAGE, NBDDP_OWN_STORAGE_KEY, NBDDP_WORLD_SIZE, nbddp_barrier, nbddp_dist)
 from .wait import nbddp_store, nbddp_wait_until
@@ -76,3 +80,20 @@ def nbddp_share_values(namespace, *names):
     values = [{name: namespace[name] for name in names if name in namespace} if NBDDP_IS_MAIN else None]
     torch.distributed.broadcast_object_list(values, src=0)
     namespace.update(values[0])
+
+
+def nbddp_same_values(namespace, *names):
+    """Every rank calls it after a line every rank ran whose values of `names` a library made that nbddp has no
+    entries for (`run = namer.slug()`): rank 0's, where plain (numbers, strings, their containers) and under 1 MiB
+    pickled, replace each rank's own, so that what training reads is the same on every rank; a path that exists on
+    rank 0 and not on this rank's machine stays this rank's own."""
+    if not nbddp_dist():
+        return
+    sent = [None]
+    if NBDDP_IS_MAIN:
+        plain = {name: namespace[name] for name in names if name in namespace and _nbddp_plain(namespace[name])}
+        paths = {name for name, value in plain.items() if isinstance(value, str) and os.path.exists(value)}
+        sent = [(plain, paths) if len(pickle.dumps(plain)) < 2 ** 20 else ({}, set())]
+    torch.distributed.broadcast_object_list(sent, src=0)
+    plain, paths = sent[0]
+    namespace.update({name: value for name, value in plain.items() if name not in paths or os.path.exists(value)})

@@ -29,7 +29,7 @@ from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_
 from .base import TreeStep
 from .callbacks import callback
 from .hoist import hoist
-from .whole import GIVE, GIVEN, SHARE, after_guard, alone, apply_plan, given_names, on_body, take_given
+from .whole import GIVE, GIVEN, SAME, SHARE, after_guard, alone, apply_plan, given_names, on_body, take_given
 
 USES = "uses"
 ONCE = "once"  # training does not need it (nbddp.needs)
@@ -272,7 +272,7 @@ class _Guards:
 
 class RankGuards(TreeStep):
     name = "rank-guards"
-    inserts = ("NBDDP_IS_MAIN", "nbddp_barrier", "nbddp_no_context", SHARE, GIVE, REST, IN_RANK_BLOCK)
+    inserts = ("NBDDP_IS_MAIN", "nbddp_barrier", "nbddp_no_context", SHARE, GIVE, SAME, REST, IN_RANK_BLOCK)
 
     def run(self, tree, ctx):
         guards = _Guards(tree, ctx)

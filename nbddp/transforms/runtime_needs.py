@@ -198,7 +198,7 @@ def needs(facts: _Facts) -> dict[str, str]:
     if used:
         why["files"] += f"; the notebook calls {', '.join(used)}: once per machine, the other ranks wait"
     if helpers["share"]:
-        why["share"] = "the notebook loads what it saved: machines that do not see rank 0's storage get a copy"
+        why["share"] = f"rank 0's values or saved files, which every rank needs ({', '.join(helpers['share'])})"
     if facts.trainer and (facts.checkpointing or unsloth) and facts.own_ddp:
         why["strategy"] = (f"gradient checkpointing and {facts.own_ddp[0]}: DDP's graph settings chosen at run time "
                            "from the checkpointing mode")

@@ -12,9 +12,11 @@ from ..needs import Plan
 from ..reads_writes import reads_writes
 from ..training_end import REST
 from ..vocabulary import OWN_VALUE, parts
+from ..walk import walk
 
 GIVE, GIVEN = "nbddp_share_values", "given"  # rank 0's values, to every rank (nbddp.needs' shares)
 SHARE = "nbddp_share_files"  # what rank 0 saved, to the machines that do not see its storage
+SAME = "nbddp_same_values"  # rank 0's plain values of a line every rank runs that another library made
 
 
 def quoted(text: str) -> cst.SimpleString:
@@ -51,8 +53,9 @@ def apply_plan(body, guards, tree, ctx) -> list:
     guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
     guards.nested_once = plan.nested_once
     guards.libraries, guards.packages = plan.libraries, plan.packages
-    cell, outside = None, {}
-    for stmt in body:
+    cell, outside, kept, end, objects = None, {}, [], None, None
+    for at, stmt in enumerate(body):
+        kept.append(stmt)
         cell = starts_cell(stmt) or cell
         if id(stmt) in plan.setup:
             ctx.report.change(cell, f"runs on every rank: it calls {' and '.join(plan.setup[id(stmt)])} for its effect, "
@@ -63,6 +66,11 @@ def apply_plan(body, guards, tree, ctx) -> list:
             found = outside.setdefault(cell, ({}, {}))
             found[0].update(dict.fromkeys(given))
             found[1].update(dict.fromkeys(libraries))
+            objects = _objects(tree.first) if objects is None else objects
+            bound = [name for name in given if name in _assigned(stmt) - objects]  # a value made, not one changed
+            if bound and not (at + 1 < len(body) and _calls(body[at + 1], SAME)):  # (converted code: there already)
+                kept.append(_line(SAME, cst.Call(cst.Name("globals")), *(cst.SimpleString(f'"{n}"') for n in bound)))
+        end = len(kept) - 1 if at == plan.end else end
         if id(stmt) in plan.differs:
             ctx.report.warn(cell, f"`{code_of(plan.differs[id(stmt)].func)}()` gives each rank a value of its own (the "
                             "clock, a uuid, the OS's entropy) and training needs what this line does with it: the "
@@ -70,13 +78,15 @@ def apply_plan(body, guards, tree, ctx) -> list:
     for cell, (given, libraries) in outside.items():
         ctx.report.change(cell, f"runs on every rank: training reads {', '.join(given)}, made by calls of "
                                 f"{' and '.join(libraries)}, which training's own objects do not come from: what "
-                                "those calls do happens on every rank (to have it once: compute the value under "
+                                "those calls do happens on every rank, and where the values are plain (numbers, "
+                                "strings), every rank takes rank 0's (to have the calls once: compute the value under "
                                 "`if NBDDP_IS_MAIN:`, save it, load it on every rank)")
-    rest = body[plan.end + 1:]
+    body = kept
+    rest = body[end + 1:]
     guards.rest = {id(stmt) for stmt in rest}
     if plan.marked or not rest:
         return body
-    cells = [starts_cell(stmt) for stmt in body[:plan.end + 1] if starts_cell(stmt) is not None]
+    cells = [starts_cell(stmt) for stmt in body[:end + 1] if starts_cell(stmt) is not None]
     later = sorted({c for c in map(starts_cell, rest) if c is not None})
     ctx.report.change(cells[-1] if cells else None,
                       "training ends here: the rest of the notebook" + (
@@ -86,7 +96,7 @@ def apply_plan(body, guards, tree, ctx) -> list:
     comment = cst.EmptyLine(comment=cst.Comment("# nbddp: training ends here; rank 0 runs the rest alone, the other "
                                                 "ranks wait for it"))
     line = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(REST)))], leading_lines=[comment])
-    return body[:plan.end + 1] + [line] + rest
+    return body[:end + 1] + [line] + rest
 
 
 def _unread(body, plan, ctx):
@@ -151,6 +161,34 @@ def take_given(guards, stmt):
             why else f"({word}() starts a program: once)"))
     guards.tainted |= reads_writes(stmt)[1] - set(names)
     return TAKE
+
+
+def _assigned(stmt) -> set[str]:
+    """The names a line binds by assignment (`run = namer.slug()`), not those a call or an attribute changes."""
+    smalls = stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ()
+    return {t.target.value for small in smalls if isinstance(small, cst.Assign) for t in small.targets
+            if isinstance(t.target, cst.Name)} | {small.target.value for small in smalls if isinstance(
+                small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None}
+
+
+def _objects(module) -> set[str]:
+    """The names whose attributes the notebook reads (`metric.compute`, `codec.to(...)`): objects, no plain values."""
+    found: set[str] = set()
+
+    class _Bases(cst.CSTVisitor):
+        def visit_Attribute(self, node):
+            if isinstance(node.value, cst.Name):
+                found.add(node.value.value)
+
+    walk(module, _Bases())
+    return found
+
+
+def _calls(stmt, name) -> bool:
+    """The statement is a call of the runtime's `name` alone."""
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and \
+        isinstance(small.value.func, cst.Name) and small.value.func.value == name
 
 
 def given_names(stmt) -> set[str]:
