@@ -207,7 +207,7 @@ class Tree:
             before = first.get(cell, [])
             if all(map(operator.is_, statements, before)) and len(statements) == len(before):
                 continue  # no step touched the cell
-            (now_at, now_cells), (then_at, then_cells) = _positions(statements), _positions(before)
+            (now_at, now_cells), (then_at, then_cells) = statement_lines(statements), statement_lines(before)
             for node, where in now_at.items():
                 origin = self.names.orig(node)
                 if not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) or origin not in then_at:
@@ -238,7 +238,7 @@ def _by_cell(body) -> dict:
     return found
 
 
-def _positions(statements):
+def statement_lines(statements):
     """The first line of each statement of these, in a module of them alone, and that module's cells' index: one
     code generation that counts lines (libcst's PositionProvider places every node, at several times the cost)."""
     module = cst.Module(body=statements)

@@ -288,8 +288,8 @@ def test_a_clock_read_training_does_not_need_is_left_to_rank_0():
 def test_set_up_of_a_library_training_comes_from_says_why_it_runs_on_every_rank():
     _, report = convert("from unsloth import PatchFastRL, UnslothTrainer\nPatchFastRL('GRPO', None)\n" + "x = 1\n",
                         "trainer = UnslothTrainer(model=model)\nstats = trainer.train()\n")
-    assert "cell 1: runs on every rank: it calls unsloth for its effect, a library training's own objects come " \
-           "from" in report.format()
+    assert "cell 1, line 2: runs on every rank: it calls unsloth for its effect, a library training's own objects " \
+           "come from" in report.format()  # the cell and the line where nbddp chose
 
 
 @pytest.mark.parametrize("hook", [
@@ -458,8 +458,9 @@ def test_a_value_training_needs_from_another_library_is_reported_as_every_ranks(
     out, report = convert(cell, "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows, "
                                 "args=meta)\ntrainer.train()\n")
     assert "NBDDP_IS_MAIN" not in out[0]
-    assert f"cell 1: runs on every rank: training reads {names}, made by calls of {libraries}, which training's own " \
-           "objects do not come from" in report.format()
+    line = {"meta": 2, "rows": 4}[names] - ("for part" in cell)  # the line that makes (or fills) the value
+    assert f"cell 1, line {line}: runs on every rank: training reads {names}, made by calls of {libraries}, which " \
+           "training's own objects do not come from" in report.format()
 
 
 SAME = 'nbddp_same_values(globals(), "run")\n'

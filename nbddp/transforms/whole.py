@@ -11,6 +11,7 @@ from ..cst_helpers import TAKE, code_of, live_calls, statements_in
 from ..needs import Plan
 from ..reads_writes import reads_writes
 from ..training_end import REST
+from ..tree import statement_lines
 from ..vocabulary import OWN_VALUE, parts
 from ..walk import walk
 
@@ -53,19 +54,21 @@ def apply_plan(body, guards, tree, ctx) -> list:
     guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
     guards.nested_once = plan.nested_once
     guards.libraries, guards.packages = plan.libraries, plan.packages
-    cell, outside, kept, end, objects = None, {}, [], None, None
+    cell, kept, end, objects, line = None, [], None, None, _line_of(tree)
     for at, stmt in enumerate(body):
         kept.append(stmt)
         cell = starts_cell(stmt) or cell
         if id(stmt) in plan.setup:
             ctx.report.change(cell, f"runs on every rank: it calls {' and '.join(plan.setup[id(stmt)])} for its effect, "
                                     "a library training's own objects come from (set-up; a library they do not come "
-                                    "from would run once)")
+                                    "from would run once)", line(stmt))
         if id(stmt) in plan.outside:
             given, libraries = plan.outside[id(stmt)]
-            found = outside.setdefault(cell, ({}, {}))
-            found[0].update(dict.fromkeys(given))
-            found[1].update(dict.fromkeys(libraries))
+            ctx.report.change(cell, f"runs on every rank: training reads {', '.join(given)}, made by calls of "
+                                    f"{' and '.join(libraries)}, which training's own objects do not come from: what "
+                                    "those calls do happens on every rank, and where the values are plain (numbers, "
+                                    "strings), every rank takes rank 0's (to have the calls once: compute the value "
+                                    "under `if NBDDP_IS_MAIN:`, save it, load it on every rank)", line(stmt))
             objects = _objects(tree.first) if objects is None else objects
             bound = [name for name in given if name in _assigned(stmt) - objects]  # a value made, not one changed
             if bound and not (at + 1 < len(body) and _calls(body[at + 1], SAME)):  # (converted code: there already)
@@ -74,13 +77,8 @@ def apply_plan(body, guards, tree, ctx) -> list:
         if id(stmt) in plan.differs:
             ctx.report.warn(cell, f"`{code_of(plan.differs[id(stmt)].func)}()` gives each rank a value of its own (the "
                             "clock, a uuid, the OS's entropy) and training needs what this line does with it: the "
-                            "ranks differ; bind the value to a name first (nbddp gives rank 0's to every rank)")
-    for cell, (given, libraries) in outside.items():
-        ctx.report.change(cell, f"runs on every rank: training reads {', '.join(given)}, made by calls of "
-                                f"{' and '.join(libraries)}, which training's own objects do not come from: what "
-                                "those calls do happens on every rank, and where the values are plain (numbers, "
-                                "strings), every rank takes rank 0's (to have the calls once: compute the value under "
-                                "`if NBDDP_IS_MAIN:`, save it, load it on every rank)")
+                            "ranks differ; bind the value to a name first (nbddp gives rank 0's to every rank)",
+                            line(stmt))
     body = kept
     rest = body[end + 1:]
     guards.rest = {id(stmt) for stmt in rest}
@@ -169,6 +167,18 @@ def _assigned(stmt) -> set[str]:
     return {t.target.value for small in smalls if isinstance(small, cst.Assign) for t in small.targets
             if isinstance(t.target, cst.Name)} | {small.target.value for small in smalls if isinstance(
                 small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None}
+
+
+def _line_of(tree):
+    """stmt -> the line in its cell where a statement the plan read starts (one code generation, when first asked)."""
+    found = []
+
+    def line(stmt):
+        found[:] = found or [statement_lines(tree.first.body)]
+        starts, cells = found[0]
+        where = cells.at(starts.get(tree.names.orig(stmt), 0))
+        return where[1] if where else None
+    return line
 
 
 def _objects(module) -> set[str]:
