@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 import libcst as cst
 
 from .changes import SHOWS
-from .cst_helpers import names_in
-from .entries import STANDARD, WAITS_FOR_PROGRAM
+from .cst_helpers import live_calls, names_in
+from .entries import STANDARD, STARTS_PROGRAMS, WAITS_FOR_PROGRAM
 from .inside import effect_only
 from .rank_conditions import is_rank_test
 from .vocabulary import MAIN_ONLY, prompt
@@ -93,8 +93,9 @@ def acts_alone(body, scan, names) -> dict:
 
 def program_results(body, scan, names) -> dict:
     """{id: the names it binds} of the top-level lines that bind only what a program they start gives back once it
-    has ended (`rc = subprocess.run([...])`, `out = subprocess.check_output(...)`: nbddp.entries.WAITS_FOR_PROGRAM; not
-    an install, nor a command the converter cannot read), calling Python's own modules alone. Where there is no
+    has ended (`rc = subprocess.run([...])`, `out = subprocess.check_output(...)`: nbddp.entries.WAITS_FOR_PROGRAM,
+    also through a function of the notebook's that starts only such programs; not an install, nor a command the
+    converter cannot read), calling Python's own modules alone. Where there is no
     training's end to say whether training needs the result, rank 0 starts the program and every rank gets it."""
     found = {}
     for stmt in body:
@@ -103,8 +104,17 @@ def program_results(body, scan, names) -> dict:
             continue
         reads, changes, seed, whole = scan.facts(stmt)
         seen = scan.seen(stmt)
-        starts = [c for c in seen.calls if names.meanings(c.func) & WAITS_FOR_PROGRAM]
-        if starts and seen.reaches and whole and not seed and seen.packages <= STANDARD | {"builtins"} and \
-                not any(_handed(call, names) for call in seen.calls):
+        starts = set().union(*(_starts(call, names) for call in seen.calls))
+        if starts and starts <= WAITS_FOR_PROGRAM and seen.reaches and whole and not seed and \
+                seen.packages <= STANDARD | {"builtins", "__main__"} and not any(_handed(c, names) for c in seen.calls):
             found[id(stmt)] = sorted(changes)
+    return found
+
+
+def _starts(call, names) -> set:
+    """The programs a call starts (nbddp.entries.STARTS_PROGRAMS): its own meaning's, or, for a function of the
+    notebook's (`rc = launch()`), those its body calls."""
+    found = names.meanings(call.func) & STARTS_PROGRAMS
+    for definition in names.definitions(call.func):
+        found |= set().union(*(names.meanings(c.func) & STARTS_PROGRAMS for c in live_calls(definition.body)))
     return found

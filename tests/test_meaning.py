@@ -806,6 +806,7 @@ STAYS = ["import mylib\nrows = mylib.fetch()\n", "from unsloth import PatchFastR
          "import mylib\ndef fit():\n    trainer.train()\nmylib.run(fit)\n",        # it may run what it is given
          "import subprocess, sys\nsubprocess.check_call([sys.executable, '-m', 'pip', 'install', 'x'])\n",  # installs
          "import subprocess\nproc = subprocess.Popen(['python', '-m', 'http.server'])\n",  # a handle, not a result
+         "import subprocess as sp\ndef serve():\n    return sp.Popen(['python', '-m', 'http.server'])\nproc = serve()\n",
          "import subprocess, sys\nlog = subprocess.check_output([sys.executable, '-m', 'pip', 'install', 'x'])\n",
          "import mylib, subprocess\nrows = mylib.parse(subprocess.check_output(['ls']))\n",  # another library's value
          "import subprocess\ncmd = input()\nsubprocess.run(cmd, shell=True)\n",  # a command it cannot read
@@ -830,6 +831,8 @@ RESULTS = [
     (["import subprocess, sys\nrc = subprocess.run([sys.executable, 'prep.py'], capture_output=True)\n"], "rc"),
     (["from subprocess import check_output as co\n", "rev: bytes = co(['git', 'rev-parse', 'HEAD'])\n"], "rev"),
     (["import os\nname = 'a'\n", "status = os.system(f'python prep.py {name}')\n"], "status"),  # over cells
+    (["import subprocess as sp, sys\ndef launch():\n    return sp.run([sys.executable, 'prep.py'], check=True)\n",
+      "rc = launch()\n"], "rc"),                                                    # the notebook's own function
 ]
 
 
