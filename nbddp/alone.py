@@ -95,8 +95,8 @@ def program_results(body, scan, names) -> dict:
     """{id: the names it binds} of the top-level lines that bind only what a program they start gives back once it
     has ended (`rc = subprocess.run([...])`, `out = subprocess.check_output(...)`: nbddp.entries.WAITS_FOR_PROGRAM,
     also through a function of the notebook's that starts only such programs; not an install, nor a command the
-    converter cannot read), calling Python's own modules alone. Where there is no
-    training's end to say whether training needs the result, rank 0 starts the program and every rank gets it."""
+    converter cannot read), calling Python's own modules alone. Where there is no training's end to say whether
+    training needs the result, rank 0 starts the program and every rank gets it."""
     found = {}
     for stmt in body:
         small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None

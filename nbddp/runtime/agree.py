@@ -70,10 +70,12 @@ def nbddp_what_differs(stats, names, rank, shown=3):
 
 def _nbddp_plain(value, depth=0) -> bool:
     """A number, a string, or a container of them not too big to compare."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return True
+    if depth >= 3 or not isinstance(value, (tuple, list, set, frozenset, dict)) or len(value) > 10_000:
+        return False
     items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
-    return value is None or isinstance(value, (bool, int, float, complex, str, bytes)) or depth < 3 and isinstance(
-        value, (tuple, list, set, frozenset, dict)) and len(value) <= 10_000 and all(_nbddp_plain(item, depth + 1)
-                                                                                      for item in items)
+    return all(_nbddp_plain(item, depth + 1) for item in items)
 
 
 def nbddp_notebook_values():

@@ -33,9 +33,9 @@ from .devices import TidiedMarkers
 from .markers import marker
 from .shell import is_launch, launch_inside, one_line, program_command
 
+# the names a statement must hold for this step to read it, and names bound from them (tree.visit)
 MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel", "notebook_launcher", "spawn",
-                      "start_processes", *(m.rsplit(".", 1)[1] for m in STARTS_PROGRAMS)})  # and names bound from
-# them (tree.visit)
+                      "start_processes", *(m.rsplit(".", 1)[1] for m in STARTS_PROGRAMS)})
 NOTEBOOK_LAUNCHERS = frozenset({"accelerate.notebook_launcher", "accelerate.launchers.notebook_launcher"})
 SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
                     "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.spawn.start_processes"})
@@ -91,7 +91,6 @@ class _ProcessControl(TreeTransformer):
                                       "trains on its own GPU, DataParallel would spread it over the others' GPUs")
         self.dropped.append(self.cell)
         return model
-
 
     def _stop(self, node, text):
         cell, line = self.tree.where(node)

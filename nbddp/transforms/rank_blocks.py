@@ -35,20 +35,21 @@ def _picks_rank_0(test, names, depth=0) -> bool:
     if isinstance(test, cst.Name) and depth < 4:  # any other name: by the value it holds
         value = names.value(test)
         return value is not None and _picks_rank_0(value, names, depth + 1)
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
-            isinstance(test.comparisons[0].operator, cst.Equal):
-        sides = (test.left, test.comparisons[0].comparator)
-        return any(isinstance(side, cst.Integer) and side.value == "0" for side in sides)
-    return False
+    return _with_0(test, cst.Equal)
+
+
+def _with_0(test, operator) -> bool:
+    """`<x> == 0` (or `0 != <x>`, as the operator says)."""
+    return isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+        isinstance(test.comparisons[0].operator, operator) and \
+        any(isinstance(side, cst.Integer) and side.value == "0" for side in (test.left, test.comparisons[0].comparator))
 
 
 def _leaves_rank_0(test, names) -> bool:
     """The `else` of a test that leaves only rank 0 out (`not acc.is_main_process`, `rank != 0`): rank 0's branch."""
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         return _picks_rank_0(test.expression, names)
-    return isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
-        isinstance(test.comparisons[0].operator, cst.NotEqual) and \
-        any(isinstance(side, cst.Integer) and side.value == "0" for side in (test.left, test.comparisons[0].comparator))
+    return _with_0(test, cst.NotEqual)
 
 
 def _blocked(body) -> bool:
