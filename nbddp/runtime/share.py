@@ -84,14 +84,16 @@ def nbddp_share_values(namespace, *names):
 
 def nbddp_same_values(namespace, *names):
     """Every rank calls it after a line every rank ran whose values of `names` a library made that nbddp has no
-    entries for (`run = namer.slug()`): rank 0's, where plain (numbers, strings, their containers) and under 1 MiB
-    pickled, replace each rank's own, so that what training reads is the same on every rank; a path that exists on
-    rank 0 and not on this rank's machine stays this rank's own."""
+    entries for (`run = namer.slug()`): rank 0's, where plain (strings, floats, containers of plain values) and under
+    1 MiB pickled, replace each rank's own, so that what training reads is the same on every rank. An int or a flag
+    stays each rank's (it may be the rank, or this rank's device, read through that library), and so does a path that
+    exists on rank 0's machine and not on this rank's."""
     if not nbddp_dist():
         return
     sent = [None]
     if NBDDP_IS_MAIN:
-        plain = {name: namespace[name] for name in names if name in namespace and _nbddp_plain(namespace[name])}
+        plain = {name: namespace[name] for name in names if name in namespace and _nbddp_plain(namespace[name])
+                 and type(namespace[name]) not in (int, bool)}
         paths = {name for name, value in plain.items() if isinstance(value, str) and os.path.exists(value)}
         sent = [(plain, paths) if len(pickle.dumps(plain)) < 2 ** 20 else ({}, set())]
     torch.distributed.broadcast_object_list(sent, src=0)

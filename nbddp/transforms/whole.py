@@ -66,8 +66,8 @@ def apply_plan(body, guards, tree, ctx) -> list:
             given, libraries = plan.outside[id(stmt)]
             ctx.report.change(cell, f"runs on every rank: training reads {', '.join(given)}, made by calls of "
                                     f"{' and '.join(libraries)}, which training's own objects do not come from: what "
-                                    "those calls do happens on every rank, and where the values are plain (numbers, "
-                                    "strings), every rank takes rank 0's (to have the calls once: compute the value "
+                                    "those calls do happens on every rank, and where the values are plain (strings, "
+                                    "floats), every rank takes rank 0's (to have the calls once: compute the value "
                                     "under `if NBDDP_IS_MAIN:`, save it, load it on every rank)", line(stmt))
             objects = _objects(tree.first) if objects is None else objects
             bound = [name for name in given if name in _assigned(stmt) - objects]  # a value made, not one changed
