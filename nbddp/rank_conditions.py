@@ -27,7 +27,13 @@ OWN = {"NBDDP_IS_MAIN": RANK, "NBDDP_RANK": RANK, "NBDDP_LOCAL_RANK": RANK, "NBD
 GPUS = "gpus"  # the GPUs a one-process notebook spreads its batch over (a Trainer's n_gpu): the world, for the batch
 DISTRIBUTED = {"torch.distributed.get_rank": RANK, "torch.distributed.get_node_local_rank": RANK,
                "torch.distributed.get_world_size": WORLD,
-               "torch.cuda.device_count": GPUS}
+               "torch.cuda.device_count": GPUS,
+               # other libraries' readers of the same group's rank and size (they read torch.distributed or the
+               # launcher's environment)
+               "deepspeed.comm.get_rank": RANK, "deepspeed.comm.get_local_rank": RANK,
+               "deepspeed.comm.get_world_size": WORLD, "ignite.distributed.get_rank": RANK,
+               "ignite.distributed.get_local_rank": RANK, "ignite.distributed.get_world_size": WORLD,
+               "horovod.torch.rank": RANK, "horovod.torch.local_rank": RANK, "horovod.torch.size": WORLD}
 ENVIRONMENT = {"RANK": RANK, "LOCAL_RANK": RANK, "GROUP_RANK": RANK, "NODE_RANK": RANK, "WORLD_SIZE": WORLD,
                "LOCAL_WORLD_SIZE": WORLD}  # what torchrun sets
 ENVIRONMENT_READS = frozenset({"os.environ", "os.environ.get", "os.getenv", "os.environ.__getitem__"})

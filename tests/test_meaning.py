@@ -490,6 +490,20 @@ def test_other_values_training_reads_are_left_as_they_are(cell):
     assert "nbddp_same_values" not in out[0], out[0]
 
 
+@pytest.mark.parametrize("cell", [
+    "import ignite.distributed as idist\nlog = f'log_{idist.get_rank()}.txt'\nopen(log, 'w').write('x')\n",
+    "from deepspeed import comm as dc\nif dc.get_rank() == 1:\n    open('one.txt', 'w').write('x')\n",
+    "import horovod.torch as hvd\ndef mine():\n    return hvd.local_rank()\nwith open(f'r{mine()}.json', 'w') as fh:\n"
+    "    fh.write('x')\n",
+])
+def test_the_rank_read_through_another_distributed_library_is_each_ranks(cell):
+    """deepspeed's, ignite's and horovod's readers of the group's rank are read as torch.distributed's: the line is
+    the notebook's own per-rank code (every rank, after training too), never rank 0's value given to the others."""
+    out, _ = convert(TRAIN, cell)
+    assert "NBDDP_IS_MAIN" not in out[1] and "nbddp_same_values" not in out[1], out[1]
+    assert REST not in out[0], out[0]  # training's end moves to the line that reads the rank: every rank runs it
+
+
 def test_values_of_the_standard_library_or_trainings_libraries_are_not_reported_so():
     _, report = convert("import json, datasets\nmeta = json.load(open('m.json'))\nrows = datasets.load_dataset('x')\n",
                         "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows, args=meta)\n"
