@@ -57,7 +57,7 @@ from .inside import nested_effects
 from .rank_conditions import is_rank_test
 from .reads_writes import free_reads, imported_names, imported_packages, imported_values, reads_writes
 from .training_end import is_own_guard, training_end
-from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT, PUSH, SAVE
+from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT, PUSH, SAVE, TRACK
 from .walk import walk
 from .written import OwnModules
 
@@ -231,11 +231,12 @@ class _Scan:
 
 
 def _share(plan, stmt, scan, names):
-    """A statement training needs that generates or computes a value of its own process, or saves or pushes (rank-0
-    work) and gives back what training reads (`path = save_features(...)`): rank 0's values of `names`, given to
-    every rank (plan.shares), or where it binds none, a line in the report (plan.differs)."""
+    """A statement training needs that generates or computes a value of its own process, or saves, pushes or calls a
+    tracker (rank-0 work) and gives back what training reads (`path = save_features(...)`, `run_id =
+    wandb.util.generate_id()`): rank 0's values of `names`, given to every rank (plan.shares), or where it binds none,
+    a line in the report (plan.differs)."""
     found = scan.kinds(stmt)
-    if not found & {GENERATE, OWN_VALUE, SAVE, PUSH} or COLLECTIVE in found:
+    if not found & {GENERATE, OWN_VALUE, SAVE, PUSH, TRACK} or COLLECTIVE in found:
         return
     changes = scan.seen(stmt)
     names = [name for name in names if name in changes.mutated or name in reads_writes(stmt)[1]]

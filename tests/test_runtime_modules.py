@@ -1066,16 +1066,22 @@ open(f"made-by-{rank}.txt", "w").close()
 ns = {"run": f"runs/{os.getpid()}", "sizes": [rank, 2], "kept": object(), "path": f"made-by-{rank}.txt",
       "mine": rank, "main": rank == 0}  # the rank and a flag, as a library of the notebook's may give them
 share.nbddp_same_values(ns, "run", "sizes", "kept", "path", "absent", "mine", "main")
+import threading
+given = {"lock": threading.Lock(), "rows": [1, 2]} if rank == 0 else {}  # what rank 0 alone ran
+share.nbddp_share_values(given, "lock", "rows")
+ns["given"] = sorted(given)
 print(json.dumps({"rank": rank, "run": ns["run"], "sizes": ns["sizes"], "path": ns["path"], "pid": os.getpid(),
-                  "kept": type(ns["kept"]).__name__, "mine": ns["mine"], "main": ns["main"]}))
+                  "kept": type(ns["kept"]).__name__, "mine": ns["mine"], "main": ns["main"], "given": ns["given"]}))
 dist.destroy_process_group()
 """
 
 
-def test_same_values_are_rank_0s_where_plain_but_an_int_a_flag_or_a_path_this_machine_lacks(tmp_path):
-    out = [json.loads(next(line for line in text.splitlines() if line.startswith("{"))) for text in
-           _ranks(SAME_VALUES, tmp_path)]
+def test_rank_0s_values_go_to_every_rank_where_they_can_and_should(tmp_path):
+    texts = _ranks(SAME_VALUES, tmp_path)
+    out = [json.loads(next(line for line in text.splitlines() if line.startswith("{"))) for text in texts]
     assert out[0]["run"] == out[1]["run"] == f"runs/{out[0]['pid']}", out
     assert out[0]["sizes"] == out[1]["sizes"] == [0, 2] and out[1]["kept"] == "object", out
     assert [o["path"] for o in out] == ["made-by-0.txt", "made-by-1.txt"], out  # rank 0's file is not there
     assert [(o["mine"], o["main"]) for o in out] == [(0, True), (1, False)], out  # each rank's own
+    assert [o["given"] for o in out] == [["lock", "rows"], ["rows"]], out  # a lock cannot be sent: rank 0 says so
+    assert "nbddp: rank 0's lock (a lock) cannot be sent to the other ranks: they have none" in texts[0], texts[0]

@@ -15,6 +15,7 @@ import torch.distributed
 from .agree import _nbddp_plain
 from .group import (NBDDP_CHECKED, NBDDP_CHECKED_KEY, NBDDP_IS_LOCAL_MAIN, NBDDP_IS_MAIN, NBDDP_LOCAL_RANK,
                     NBDDP_OWN_STORAGE, NBDDP_OWN_STORAGE_KEY, NBDDP_WORLD_SIZE, nbddp_barrier, nbddp_dist)
+from .hooks import nbddp_say
 from .wait import nbddp_store, nbddp_wait_until
 
 NBDDP_CHUNK = 64 * 2 ** 20  # bytes per broadcast
@@ -74,12 +75,23 @@ def nbddp_share_files(*paths):
 
 def nbddp_share_values(namespace, *names):
     """Every rank calls it after rank 0 ran a statement for every rank and the others waited: rank 0's values of
-    `names` in `namespace` (the notebook's globals), given to every rank (pickled over the process group)."""
+    `names` in `namespace` (the notebook's globals), given to every rank (pickled over the process group). A value
+    that cannot be pickled (a tracker's live run, a thread) stays rank 0's alone, and rank 0 says so."""
     if not nbddp_dist():
         return
-    values = [{name: namespace[name] for name in names if name in namespace} if NBDDP_IS_MAIN else None]
-    torch.distributed.broadcast_object_list(values, src=0)
-    namespace.update(values[0])
+    sent = [None]
+    if NBDDP_IS_MAIN:
+        sent[0], unsent = {}, []
+        for name in (name for name in names if name in namespace):
+            try:
+                sent[0][name] = pickle.dumps(namespace[name])
+            except Exception:  # pickling fails in many ways (TypeError, PicklingError, AttributeError)
+                unsent.append(f"{name} (a {type(namespace[name]).__name__})")
+        if unsent:
+            nbddp_say(f"unsent {unsent}", f"rank 0's {', '.join(unsent)} cannot be sent to the other ranks: they have "
+                                          "none; make it on every rank if they need it")
+    torch.distributed.broadcast_object_list(sent, src=0)
+    namespace.update({name: pickle.loads(blob) for name, blob in sent[0].items()})
 
 
 def nbddp_same_values(namespace, *names):
