@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst_helpers import arguments, keyword, live_calls
-from .entries import CLOCK_BY_VALUE
+from .cst_helpers import LiveVisitor, arguments, keyword, live_calls
+from .entries import CLOCK_BY_VALUE, TRACKER_PACKAGES
 from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, OWN_VALUE, PEFT, PRINT, SAVE, STEP,
                          is_file_write, is_generation_pipeline)
+from .walk import walk
 
 FUNCTION_MAIN_ONLY = MAIN_ONLY - {PRINT}  # a helper that only prints still runs everywhere (it may compute too)
 
@@ -104,6 +105,18 @@ class Effects:
                 if COLLECTIVE in self.of_call(inner) and (DATA not in self.of_call(inner) or self.helper(inner)):
                     return False
         return bool(definitions)
+
+    def reads_tracker(self, node) -> bool:
+        """The node reads state a tracker keeps (`wandb.run.name`, `mlflow.active_run().info`): rank 0's alone, where
+        only rank 0 started the run."""
+        found = []
+
+        class _Attributes(LiveVisitor):  # (a def's body runs when called)
+            def visit_Attribute(inner, attribute):
+                found.append(attribute)
+
+        walk(node, _Attributes())
+        return any(m.split(".")[0] in TRACKER_PACKAGES for a in found for m in self.names.meanings(a))
 
     def helper(self, call) -> bool:
         """The callee is one of the notebook's own functions."""

@@ -235,7 +235,7 @@ def _share(plan, stmt, scan, names):
     tracker (rank-0 work) and gives back what training reads (`path = save_features(...)`, `run_id =
     wandb.util.generate_id()`): rank 0's values of `names`, given to every rank (plan.shares), or where it binds none,
     a line in the report (plan.differs)."""
-    found = scan.kinds(stmt)
+    found = scan.kinds(stmt) | ({TRACK} if scan.effects.reads_tracker(stmt) else set())
     if not found & {GENERATE, OWN_VALUE, SAVE, PUSH, TRACK} or COLLECTIVE in found:
         return
     changes = scan.seen(stmt)
@@ -249,7 +249,7 @@ def _share(plan, stmt, scan, names):
 def _outside(stmt, scan) -> list[str]:
     """The libraries a statement's calls come from that neither training's objects nor Python's standard library
     do (module functions and the values they made: `mylib.fetch(url)`, `requests.get(url).json()`)."""
-    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or scan.kinds(stmt) & MAKES:  # (training's own objects)
         return []
     return sorted(scan.seen(stmt).packages & scan.packages - scan.libraries - STANDARD - COMPUTES)
 

@@ -490,19 +490,21 @@ def test_other_values_training_reads_are_left_as_they_are(cell):
     assert "nbddp_same_values" not in out[0], out[0]
 
 
-@pytest.mark.parametrize("cell, name", [
-    ("import wandb\nrun_id = wandb.util.generate_id()\n", "run_id"),
-    ("import mlflow as mf\nexp = mf.set_experiment('x')\n", "exp"),
-    ("from wandb.util import generate_id as gid\ndef new_id():\n    return 'run-' + gid()\nrun_id = new_id()\n", "run_id"),
+@pytest.mark.parametrize("cells, name", [
+    (["import wandb\nrun_id = wandb.util.generate_id()\n"], "run_id"),
+    (["import mlflow as mf\nexp = mf.set_experiment('x')\n"], "exp"),
+    (["from wandb.util import generate_id as gid\ndef new_id():\n    return 'run-' + gid()\nrun_id = new_id()\n"], "run_id"),
+    (["import wandb\nwandb.init(project='x')\nrun_id = wandb.run.name\n"], "run_id"),  # the state a tracker keeps
+    (["import wandb as wb\nrun = wb.init(project='x')\n", "run_id = run.id\n"], "run_id"),  # over cells
 ])
-def test_a_trackers_value_training_reads_is_rank_0s_given_to_every_rank(cell, name):
-    """A tracker's call is rank-0 work; where training reads what it gives (a run id in the trainer's config), rank 0
-    runs it and every rank gets the value. Before, the config was guarded to rank 0 too and the trainer on rank 1
-    read a name it never had."""
-    out, report = convert(cell, f"from trl import SFTConfig\nargs = SFTConfig(output_dir=str({name}))\n" +
+def test_a_trackers_value_training_reads_is_rank_0s_given_to_every_rank(cells, name):
+    """A tracker's call is rank-0 work, and so is reading what its run keeps; where training reads what they give (a
+    run id in the trainer's config), rank 0 runs the line and every rank gets the value. Before, the config was
+    guarded to rank 0 too and the trainer on rank 1 read a name it never had (or `wandb.run` was None there)."""
+    out, report = convert(*cells, f"from trl import SFTConfig\nargs = SFTConfig(output_dir=str({name}))\n" +
                           TRAIN.replace("ds)", "ds, args=args)"))
-    assert out[0].endswith(f'nbddp_share_values(globals(), "{name}")\n'), out[0]
-    assert "NBDDP_IS_MAIN" not in out[1], out[1]
+    assert out[-2].endswith(f'nbddp_share_values(globals(), "{name}")\n'), out[-2]
+    assert "NBDDP_IS_MAIN" not in out[-1], out[-1]
     assert f"every rank gets rank 0's {name}" in report.format()
 
 

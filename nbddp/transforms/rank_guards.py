@@ -78,12 +78,13 @@ class _Guards:
         self.for_machines: dict = {}  # id of the body of such a save, taken -> its paths
         self.machine_cells: set = set()  # cells with such a save
         self.rest: set = set()  # ids of the statements after training's end: rank 0 runs them alone
-        self.unneeded: set = set()  # cells with statements training does not need
+        self.unneeded: dict = {}  # cell -> what its statements training does not need do (the report's words)
         self.calls: dict = {}  # id of a top-level statement -> its live calls (nbddp.needs read them)
         self.libraries: set = set()  # where training's own objects come from (nbddp.needs), empty without a plan
         self.packages: set = set()  # what the notebook imports (nbddp.needs)
         self.shares: dict = {}  # id of a top-level statement rank 0 runs for every rank -> the names it gives them
         self.sharing: dict = {}  # id of the body of such a statement, taken -> those names
+        self.results: dict = {}  # of those, the lines that keep a program's result (no training's end)
 
     def reason(self, call):
         """(kinds, what the report says, the barrier's word) of a call that is rank-0 work, else None."""
@@ -198,7 +199,7 @@ class _Guards:
         if id(stmt) in self.files:
             self.for_machines[id(stmt.body)] = self.files[id(stmt)]
         self.reasons.setdefault(self.cell, []).extend(named)
-        self.unneeded.add(self.cell)
+        self.unneeded.setdefault(self.cell, set()).update(named)
         self.tainted |= reads_writes(stmt)[1]
         return TAKE
 
@@ -259,9 +260,11 @@ class _Guards:
 
     def say(self):
         for cell in sorted(set(self.reasons) | set(self.used), key=lambda c: c or 0):
-            shown = ", ".join(dict.fromkeys(self.reasons.get(cell, ())))
-            text = "rank 0 only" + (" (training does not need it)" if cell in self.unneeded else "") + (
-                f": {shown}" if shown else "")
+            said, once = list(dict.fromkeys(self.reasons.get(cell, ()))), self.unneeded.get(cell)
+            alike = once is not None and all(text in once for text in said)  # else each says which it is
+            shown = ", ".join(text + (" (training does not need it)" if once and text in once and not alike else "")
+                              for text in said)
+            text = "rank 0 only" + (" (training does not need it)" if alike else "") + (f": {shown}" if shown else "")
             if self.used.get(cell):
                 text += f"; also what reads {', '.join(sorted(self.used[cell]))} (exists on rank 0 only)"
             if cell in self.machine_cells:

@@ -111,7 +111,8 @@ def alone(guards, plan):
     only acts outside the process (nbddp.alone) is rank-0 work, and the files it is given go to machines without rank
     0's storage."""
     guards.once, guards.files = set(plan.alone), {key: paths for key, paths in plan.alone.items() if paths}
-    guards.shares = plan.results  # a program's result (nbddp.alone.program_results): rank 0's, given to every rank
+    guards.shares = guards.results = plan.results  # a program's result (nbddp.alone.program_results): rank 0's,
+    # given to every rank
 
 
 def on_body(plan, read, body, names, hoisted) -> Plan:
@@ -149,14 +150,14 @@ def take_given(guards, stmt):
     calls = guards.calls.get(id(stmt)) or live_calls(stmt)
     why = [r for r in map(guards.reason, calls) if r]
     own = [parts(code_of(c.func))[-1] for c in calls if OWN_VALUE in guards.effects.of_call(c)]
-    word = why[0][2] if why else own[0] if own else parts(code_of(calls[0].func))[-1]
+    word = why[0][2] if why else own[0] if own else parts(code_of(calls[0].func))[-1] if calls else "rank 0"
     guards.taken[id(stmt.body)] = (frozenset().union(*(k for k, _, _ in why)) | {GIVEN}, word)
     guards.sharing[id(stmt.body)] = names
     them = "it" if len(names) == 1 else "them"
     guards.reasons.setdefault(guards.cell, []).append(
         f"{why[0][1] + ', ' if why else ''}every rank gets rank 0's {', '.join(names)} " + (
-            f"(training reads {them}; each rank would compute {'its' if len(names) == 1 else 'their'} own)" if own or
-            why else f"({word}() starts a program: once)"))
+            f"({word}() starts a program: once)" if id(stmt) in guards.results else
+            f"(training reads {them}; each rank would compute {'its' if len(names) == 1 else 'their'} own)"))
     guards.tainted |= reads_writes(stmt)[1] - set(names)
     return TAKE
 
