@@ -19,6 +19,7 @@ from .entry_match import Table
 from .rank_conditions import node_reads
 from .ran_files import RUN_FILE, ran_file, said
 from .reads_writes import file_of, files_named
+from .transforms.shell import may_install
 from .runtime import HELPERS
 from .vocabulary import CONFIG, MAIN_ONLY, SAVE, known
 
@@ -123,13 +124,6 @@ class Changes(LiveVisitor):
         self.packages |= ran.packages
         self.loads |= ran.loads
 
-    def _may_install(self, node) -> bool:
-        """The program is a package manager's install (`pip install x`), or one the converter cannot read: what it
-        does stays every rank's (each machine needs the packages)."""
-        from .transforms.shell import is_install, program_command
-        command = program_command(node, self.names)
-        return command is None or is_install(command)
-
     def _runs_handed(self, node, meanings):
         """A function the call is handed to run (`Thread(target=requests.post)`, `pool.submit(note, text)`): its
         packages are the line's; the carrier's own (threading's, a pool's) only run it (`carriers`). True if handed."""
@@ -176,7 +170,7 @@ class Changes(LiveVisitor):
             self.loads |= files_named(node, self.names)  # command line is no path)
         self.packages |= self.scan.homes(meanings)
         self.reaches |= {m.split(".", 1)[0] for m in meanings if m.startswith(REACHES_OUT)}
-        if meanings & STARTS_PROGRAMS and not self._may_install(node):  # a program started: outside the process
+        if meanings & STARTS_PROGRAMS and not may_install(node, self.names):  # a program started: outside the process
             self.reaches |= {m.split(".", 1)[0] for m in meanings & STARTS_PROGRAMS}
         carrier = self._runs_handed(node, meanings)
         for definition in definitions:  # the notebook's own function: what its body saves, sets up and calls

@@ -827,6 +827,7 @@ ALONE = [
     ["import subprocess, sys\nsubprocess.run([sys.executable, 'prep.py'], check=True)\n"],  # a program started
     ["import subprocess as sp\ndef prep():\n    sp.run(['python', 'prep.py'])\n", "prep()\n"],  # alias, function
     ["import os\nname = 'a'\n", "os.system(f'python prep.py {name}')\n"],  # an f-string command (no path shared)
+    ["import os\nos.system('python prep.py')\n"],                              # a command in one string
     ["import requests as rq\nurls = ['a', 'b']\n", "for u in urls:\n    rq.post('https://x/' + u)\n"],  # a loop
     ["import urllib.request as ur, os\nif not os.path.exists('d.csv'):\n    ur.urlretrieve('https://x/d', 'd.csv')\n"
      "else:\n    pass\n"],                                                      # a test around a download
@@ -865,6 +866,7 @@ RESULTS = [
     (["import os\nname = 'a'\n", "status = os.system(f'python prep.py {name}')\n"], "status"),  # over cells
     (["import subprocess as sp, sys\ndef launch():\n    return sp.run([sys.executable, 'prep.py'], check=True)\n",
       "rc = launch()\n"], "rc"),                                                    # the notebook's own function
+    (["log = !python prep.py --epochs 1\n"], "log"),                              # IPython's `x = !cmd`
 ]
 
 
@@ -875,8 +877,7 @@ def test_without_training_a_program_whose_result_is_kept_runs_once_and_every_ran
     Before, every rank started the program (each its own result)."""
     from nbddp.cellwise.history import History
     out, report = convert(*cells, f"size = len(str({name}))\n")
-    line = cells[-1].splitlines()[-1]
-    assert f"if NBDDP_IS_MAIN:\n    {line}\n" in out[-2], out[-2]
+    assert f"if NBDDP_IS_MAIN:\n    {name}" in out[-2], out[-2]
     assert out[-2].endswith(f'nbddp_share_values(globals(), "{name}")\n'), out[-2]
     assert out[-1] == f"size = len(str({name}))\n"  # every rank has it
     assert f"every rank gets rank 0's {name}" in str(report), str(report)

@@ -80,6 +80,7 @@ def test_reading_module_of_the_dropped_wrapper_is_warned():
     ("import sys\nfrom subprocess import check_call as sh\n\ndef go():\n"
      "    sh([sys.executable, '-m', 'torch.distributed.run', 'train.py'])\n", 5),
     ("import os\nn = 2\nos.system(f'accelerate launch --num_processes {n} train.py')\n", 3),
+    ("import subprocess\nsubprocess.call('torchrun --nproc_per_node=2 train.py', shell=True)\n", 2),  # one string
 ])
 def test_a_launcher_that_starts_its_own_processes_stops_the_conversion_naming_its_line(cell, line):
     with pytest.raises(ConversionError) as stop:

@@ -49,7 +49,8 @@ MAGICS = [
          "x = 1\nos.environ['K'] = 'V'\nos.environ['HF_HOME'] = '/tmp/hf'\n"),
     case("%env K = 1 # why\n", "os.environ['K'] = '1 # why'\n"),  # what IPython sets too (and a warning)
     case("%cd /tmp/work\nx = 1\n", "os.chdir(os.path.expanduser('/tmp/work'))\nx = 1\n"),
-    case("files = !ls\n", "files = nbddp_getoutput('ls')\n"),
+    case("files = !ls\n", "if NBDDP_IS_MAIN:\n    files = nbddp_getoutput('ls')\nnbddp_barrier(\"!ls\")\n"
+                           "nbddp_share_values(globals(), \"files\")\n"),  # no training: run once, given to all
     case("%run prep.py --rows 3\nx = ROWS\n", "nbddp_run_file('prep.py --rows 3', globals())\nx = ROWS\n"),
     case("def go(n):\n    %run -i prep --rows {n}\n",
          "def go(n):\n    nbddp_run_file(nbddp_expand('-i prep --rows {n}'), globals())\n"),

@@ -98,9 +98,10 @@ def program_command(call: cst.Call, names) -> str | None:
     `os.system("pip install x")`): its literal words (an f-string's text with `x` for each value, `python` for
     `sys.executable`), joined; None where a word is a value the converter cannot read."""
     value = call.args[0].value if call.args else None
-    parts = value.elements if isinstance(value, (cst.List, cst.Tuple)) else [value] if value is not None else []
+    nodes = [e.value for e in value.elements] if isinstance(value, (cst.List, cst.Tuple)) else \
+        [value] if value is not None else []
     words = []
-    for node in (getattr(part, "value", part) for part in parts):
+    for node in nodes:
         if isinstance(node, cst.FormattedString):
             words.append("".join(p.value if isinstance(p, cst.FormattedStringText) else "x" for p in node.parts))
             continue
@@ -108,3 +109,10 @@ def program_command(call: cst.Call, names) -> str | None:
         words.append(text if isinstance(text, str) else "python" if names.meanings(node) == {"sys.executable"} else
                      None)
     return None if not words or None in words else " ".join(words)
+
+
+def may_install(call: cst.Call, names) -> bool:
+    """The program a call starts is a package manager's install (`pip install x`), or one the converter cannot read:
+    what it does stays every rank's (each machine needs the packages)."""
+    command = program_command(call, names)
+    return command is None or is_install(command)
