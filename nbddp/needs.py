@@ -231,12 +231,12 @@ class _Scan:
 
 
 def _share(plan, stmt, scan, names):
-    """A statement training needs that generates or computes a value of its own process, or saves, pushes or calls a
-    tracker (rank-0 work) and gives back what training reads (`path = save_features(...)`, `run_id =
-    wandb.util.generate_id()`): rank 0's values of `names`, given to every rank (plan.shares), or where it binds none,
-    a line in the report (plan.differs)."""
+    """A statement training needs that generates, computes a value of its own process, keeps a program's result, or
+    saves, pushes or calls a tracker (rank-0 work) and gives back what training reads (`path = save_features(...)`,
+    `run_id = wandb.util.generate_id()`): rank 0's values of `names`, given to every rank (plan.shares), or where it
+    binds none, a line in the report (plan.differs)."""
     found = scan.kinds(stmt) | ({TRACK} if scan.effects.reads_tracker(stmt) else set())
-    if not found & {GENERATE, OWN_VALUE, SAVE, PUSH, TRACK} or COLLECTIVE in found:
+    if not found & {GENERATE, OWN_VALUE, SAVE, PUSH, TRACK} and id(stmt) not in plan.results or COLLECTIVE in found:
         return
     changes = scan.seen(stmt)
     names = [name for name in names if name in changes.mutated or name in reads_writes(stmt)[1]]
@@ -267,6 +267,7 @@ def training_needs(body, names, effects, folder=None) -> Plan:
         return plan
     scan.learn_libraries(body[:plan.end + 1])
     plan.libraries, plan.packages = scan.libraries, scan.packages
+    plan.results = program_results(body, scan, names)  # (one training needs is rank 0's too, given to every rank)
     needed: set[str] = set()
     for stmt in reversed(body[:plan.end + 1]):
         if is_if_false(stmt) or isinstance(stmt, cst.SimpleStatementLine) and \
@@ -294,5 +295,5 @@ def training_needs(body, names, effects, folder=None) -> Plan:
         elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).calls:
             plan.once.add(id(stmt))  # one that calls nothing (`x = 5`) follows what it reads
     plan.nested_once = nested_effects([s for s in body[:plan.end + 1] if id(s) not in plan.once], scan, names)
-    plan.alone, plan.results = acts_alone(body, scan, names), program_results(body, scan, names)
+    plan.alone = acts_alone(body, scan, names)
     return plan

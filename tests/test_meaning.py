@@ -871,6 +871,16 @@ RESULTS = [
 
 
 @pytest.mark.parametrize("cells, name", RESULTS)
+def test_a_programs_result_training_reads_is_rank_0s_given_to_every_rank(cells, name):
+    """Where training reads what a program gave back (its output names the data), rank 0 starts it once and every
+    rank gets the result. Before, every rank started the program (a download script run twice)."""
+    out, report = convert(*cells, f"from trl import SFTConfig\nargs = SFTConfig(output_dir=str({name}))\n" +
+                          TRAIN.replace("ds)", "ds, args=args)"))
+    assert f"if NBDDP_IS_MAIN:\n    {name}" in out[-2] and out[-2].endswith(f'nbddp_share_values(globals(), "{name}")\n')
+    assert "NBDDP_IS_MAIN" not in out[-1], out[-1]
+
+
+@pytest.mark.parametrize("cells, name", RESULTS)
 def test_without_training_a_program_whose_result_is_kept_runs_once_and_every_rank_gets_the_result(cells, name):
     """A notebook with no training the analysis can see, and `%ddp`'s cells: a line that keeps what a program it
     starts gives back once it has ended (its exit status, its output) runs on rank 0, and every rank gets the value.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cells import starts_cell
+from ..entries import STARTS_PROGRAMS
 from ..cst_helpers import TAKE, code_of, live_calls, statements_in
 from ..alone import CAPTURED
 from ..needs import Plan
@@ -151,24 +152,27 @@ def take_given(guards, stmt):
     calls = guards.calls.get(id(stmt)) or live_calls(stmt)
     why = [r for r in map(guards.reason, calls) if r]
     own = [parts(code_of(c.func))[-1] for c in calls if OWN_VALUE in guards.effects.of_call(c)]
-    word = why[0][2] if why else own[0] if own else _started(calls).removesuffix("()") if calls else "rank 0"
+    word = why[0][2] if why else own[0] if own else _started(calls, guards.names).removesuffix("()") if calls \
+        else "rank 0"
     guards.taken[id(stmt.body)] = (frozenset().union(*(k for k, _, _ in why)) | {GIVEN}, word)
     guards.sharing[id(stmt.body)] = names
     them = "it" if len(names) == 1 else "them"
     guards.reasons.setdefault(guards.cell, []).append(
         f"{why[0][1] + ', ' if why else ''}every rank gets rank 0's {', '.join(names)} " + (
-            f"(`{_started(calls)}` starts a program: once)" if id(stmt) in guards.results else
+            f"(`{_started(calls, guards.names)}` starts a program: once)" if id(stmt) in guards.results else
             f"(training reads {them}; each rank would compute {'its' if len(names) == 1 else 'their'} own)"))
     guards.tainted |= reads_writes(stmt)[1] - set(names)
     return TAKE
 
 
-def _started(calls) -> str:
-    """How the report shows the program a line starts: `!cmd` for IPython's `x = !cmd`, else the call's name."""
+def _started(calls, names) -> str:
+    """How the report shows the program a line starts: `!cmd` for IPython's `x = !cmd`, else the starting call's
+    name (`check_output()`)."""
     captured = next((c for c in calls if isinstance(c.func, cst.Name) and c.func.value == CAPTURED and c.args), None)
     if captured is not None and isinstance(captured.args[0].value, cst.SimpleString):
         return f"!{captured.args[0].value.evaluated_value}"
-    return f"{parts(code_of(calls[0].func))[-1]}()"
+    start = next((c for c in calls if names.meanings(c.func) & STARTS_PROGRAMS), calls[0])
+    return f"{parts(code_of(start.func))[-1]}()"
 
 
 def _assigned(stmt) -> set[str]:
