@@ -22,8 +22,8 @@
                   names training reads, those libraries); the report says so, an effect there happens on every rank
     plan.alone -> the statements that only act outside the process (nbddp.alone): rank 0 runs them where there is
                   no training's end to plan by (a notebook that does not train, a `%ddp` session's cells)
-    plan.results -> the lines that keep what a program they start gives back (nbddp.alone.program_results): there,
-                  rank 0 runs them and every rank gets the names they bind
+    plan.results -> the lines that keep what a program they start gives back (nbddp.alone.program_results): rank 0
+                  runs them and every rank gets the names they bind, there and where training reads them
 
 The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
 collectives, nbddp's own helpers, what reads the rank or the world size by meaning: `open(f"log-{dist.get_rank()}.txt",
