@@ -25,15 +25,12 @@ from urllib.parse import urlsplit
 
 import libcst as cst
 
-from .changes import SHOWS
+from .changes import CAPTURED, SHOWS, started
 from .cst_helpers import live_calls, names_in
-from .entries import STANDARD, STARTS_PROGRAMS, WAITS_FOR_PROGRAM
+from .entries import STANDARD, WAITS_FOR_PROGRAM
 from .inside import effect_only
 from .rank_conditions import is_rank_test
-from .transforms.shell import may_install
 from .vocabulary import MAIN_ONLY, prompt
-
-CAPTURED = "nbddp_getoutput"  # the runtime's `x = !cmd` (nbddp.transforms.ipython_calls)
 
 
 def _shows_a_call(stmt) -> bool:
@@ -108,9 +105,7 @@ def program_results(body, scan, names) -> dict:
         reads, changes, seed, whole = scan.facts(stmt)
         seen = scan.seen(stmt)
         starts = set().union(*(_starts(call, names) for call in seen.calls))
-        captured = [c for c in seen.calls if names.meanings(c.func) == {CAPTURED}]  # `x = !cmd`, as IPython runs it
-        reaches = seen.reaches or captured and not any(may_install(c, names) for c in captured)
-        if (starts or captured) and starts <= WAITS_FOR_PROGRAM and reaches and whole and not seed and \
+        if starts and starts <= WAITS_FOR_PROGRAM and seen.reaches and whole and not seed and \
                 seen.packages - {CAPTURED} <= STANDARD | {"builtins", "__main__"} and \
                 not any(_handed(c, names) for c in seen.calls):
             found[id(stmt)] = sorted(changes)
@@ -120,7 +115,7 @@ def program_results(body, scan, names) -> dict:
 def _starts(call, names) -> set:
     """The programs a call starts (nbddp.entries.STARTS_PROGRAMS): its own meaning's, or, for a function of the
     notebook's (`rc = launch()`), those its body calls."""
-    found = names.meanings(call.func) & STARTS_PROGRAMS
+    found = started(names.meanings(call.func))
     for definition in names.definitions(call.func):
-        found |= set().union(*(names.meanings(c.func) & STARTS_PROGRAMS for c in live_calls(definition.body)))
+        found |= set().union(*(started(names.meanings(c.func)) for c in live_calls(definition.body)))
     return found

@@ -19,11 +19,17 @@ from .entry_match import Table
 from .rank_conditions import node_reads
 from .ran_files import RUN_FILE, ran_file, said
 from .reads_writes import file_of, files_named
-from .transforms.shell import may_install
 from .runtime import HELPERS
+from .transforms.shell import may_install
 from .vocabulary import CONFIG, MAIN_ONLY, SAVE, known
 
 SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
+CAPTURED = "nbddp_getoutput"  # IPython's `x = !cmd` in the script (ipython_calls): what subprocess.getoutput does
+
+
+def started(meanings) -> frozenset:
+    """The programs a call of these meanings starts (entries.STARTS_PROGRAMS, and the runtime's `x = !cmd`)."""
+    return meanings & STARTS_PROGRAMS | (frozenset({"subprocess.getoutput"}) if CAPTURED in meanings else frozenset())
 CHANGERS = Table(CHANGES_ARGUMENTS)
 READS_TEXT = frozenset({"builtins.open().read", "pathlib.Path().read_text"})  # a file's text, read whole
 
@@ -166,12 +172,12 @@ class Changes(LiveVisitor):
                 self.configures.add(CONFIG)
         if SAVE in effects and not definitions:  # a file saved by its path
             self.saves.update(filter(None, [file_of(node, meanings, self.names)]))
-        elif not meanings & STARTS_PROGRAMS:  # any other call given a path may read it, whatever its library (a
-            self.loads |= files_named(node, self.names)  # command line is no path)
+        elif not started(meanings):  # any other call given a path may read it, whatever its library (a command line
+            self.loads |= files_named(node, self.names)  # is no path)
         self.packages |= self.scan.homes(meanings)
         self.reaches |= {m.split(".", 1)[0] for m in meanings if m.startswith(REACHES_OUT)}
-        if meanings & STARTS_PROGRAMS and not may_install(node, self.names):  # a program started: outside the process
-            self.reaches |= {m.split(".", 1)[0] for m in meanings & STARTS_PROGRAMS}
+        if started(meanings) and not may_install(node, self.names):  # a program started: outside the process
+            self.reaches |= {m.split(".", 1)[0] for m in started(meanings)}
         carrier = self._runs_handed(node, meanings)
         for definition in definitions:  # the notebook's own function: what its body saves, sets up and calls
             self.saves |= self.scan.saved_by(definition)

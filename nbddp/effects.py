@@ -109,16 +109,20 @@ class Effects:
     def reads_tracker(self, node) -> bool:
         """The node reads state a tracker keeps (`wandb.run.name`, `mlflow.active_run().info`): rank 0's alone, where
         only rank 0 started the run."""
-        found = []
-
-        class _Attributes(LiveVisitor):  # (a def's body runs when called)
-            def visit_Attribute(inner, attribute):
-                found.append(attribute)
-
-        walk(node, _Attributes())
-        return any(m.split(".")[0] in TRACKER_PACKAGES for a in found for m in self.names.meanings(a))
+        attributes = _Attributes()
+        walk(node, attributes)
+        return any(m.split(".")[0] in TRACKER_PACKAGES for a in attributes.found for m in self.names.meanings(a))
 
     def helper(self, call) -> bool:
         """The callee is one of the notebook's own functions."""
         return bool(self.names.definitions(call.func))
 
+
+class _Attributes(LiveVisitor):
+    """The attribute reads in live code (a def's body runs when called)."""
+
+    def __init__(self):
+        self.found: list[cst.Attribute] = []
+
+    def visit_Attribute(self, node):
+        self.found.append(node)

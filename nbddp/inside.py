@@ -82,11 +82,16 @@ def is_handler(meaning: str) -> bool:
     return isinstance(cls, type) and issubclass(cls, logging.Handler)
 
 
+def is_handler_class(node: cst.ClassDef, names) -> bool:
+    """A class of the notebook's derived from a logging handler (through its bases' meanings)."""
+    return any(is_handler(m) for base in node.bases for m in names.meanings(base.value))
+
+
 def is_hooks(node: cst.ClassDef, names) -> bool:
     """A class of the notebook's derived from a trainer's callback class, Lightning's module or a logging handler
     (through its bases' meanings): a trainer (or logging) calls its methods on every rank."""
-    return any(is_entry(m, TRAINING_HOOKS) or is_handler(m) for base in node.bases
-               for m in names.meanings(base.value))
+    return is_handler_class(node, names) or any(is_entry(m, TRAINING_HOOKS) for base in node.bases
+                                                for m in names.meanings(base.value))
 
 
 def _called(body, scan, names) -> set:

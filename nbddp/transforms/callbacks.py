@@ -11,7 +11,7 @@ import libcst as cst
 
 from ..cst_helpers import TAKE, code_of, regroup
 from ..entries import parts
-from ..inside import is_handler
+from ..inside import is_handler_class
 from ..training_end import IN_RANK_BLOCK
 
 ONCE = "once"
@@ -19,7 +19,7 @@ ONCE = "once"
 
 def callback(guards, node: cst.ClassDef) -> cst.ClassDef:
     """The callback with each hook's effects under `if NBDDP_IS_MAIN:` (the lines nbddp.needs' plan found)."""
-    handler = any(is_handler(m) for base in node.bases for m in guards.names.meanings(base.value))
+    handler = is_handler_class(node, guards.names)
 
     def select(stmt, nested):  # the rank guards' own, but for the effects' wording
         if not (isinstance(stmt, cst.SimpleStatementLine) and id(stmt) in guards.nested_once):

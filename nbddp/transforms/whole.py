@@ -4,12 +4,13 @@ statements training does not need are rank-0 work, those that give rank 0's valu
 values that differ by rank are reported, and after training's end rank 0 goes on alone (`nbddp_rest_on_rank0()`)."""
 from __future__ import annotations
 
+import functools
+
 import libcst as cst
 
 from ..cells import starts_cell
-from ..entries import STARTS_PROGRAMS
+from ..changes import CAPTURED, started
 from ..cst_helpers import TAKE, code_of, live_calls, statements_in
-from ..alone import CAPTURED
 from ..needs import Plan
 from ..reads_writes import reads_writes
 from ..training_end import REST
@@ -171,7 +172,7 @@ def _started(calls, names) -> str:
     captured = next((c for c in calls if isinstance(c.func, cst.Name) and c.func.value == CAPTURED and c.args), None)
     if captured is not None and isinstance(captured.args[0].value, cst.SimpleString):
         return f"!{captured.args[0].value.evaluated_value}"
-    start = next((c for c in calls if names.meanings(c.func) & STARTS_PROGRAMS), calls[0])
+    start = next((c for c in calls if started(names.meanings(c.func))), calls[0])
     return f"{parts(code_of(start.func))[-1]}()"
 
 
@@ -185,11 +186,10 @@ def _assigned(stmt) -> set[str]:
 
 def _line_of(tree):
     """stmt -> the line in its cell where a statement the plan read starts (one code generation, when first asked)."""
-    found = []
+    lines = functools.cache(lambda: statement_lines(tree.first.body))
 
     def line(stmt):
-        found[:] = found or [statement_lines(tree.first.body)]
-        starts, cells = found[0]
+        starts, cells = lines()
         where = cells.at(starts.get(tree.names.orig(stmt), 0))
         return where[1] if where else None
     return line
