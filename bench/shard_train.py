@@ -373,7 +373,7 @@ def split(args):
     from accelerate.utils import get_balanced_memory
 
     t0 = time.time()
-    cuda, one = args.device == "cuda", args.mode == "one"
+    cuda, one, even = args.device == "cuda", args.mode == "one", args.mode == "split-even"
     devices = ([0] if one else [0, 1]) if cuda else ["cpu"]
     cap_memory(args, devices)
     config, model = meta_model(args)
@@ -382,6 +382,10 @@ def split(args):
     max_memory = {d: int(args.cap_gib * GIB) for d in range(len(devices))}
     if one:  # the whole model on GPU 0, whatever accelerate would say of it
         balanced, placed = max_memory, {"": 0}
+    elif even:  # nbddp's own split placement (nbddp/runtime/split_place.py), the activations of this batch
+        from nbddp.runtime.split_place import nbddp_split_map
+        balanced = max_memory
+        placed = nbddp_split_map(model, [max_memory[d] for d in range(len(devices))], tokens=args.batch * args.seq)[0]
     else:
         balanced = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=[layer], dtype=dtype)
         placed = infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=[layer], dtype=dtype)
@@ -396,7 +400,7 @@ def split(args):
     model = dispatch_model(model, device_map=device_map)
     built_s = time.time() - t0
     built = {str(d): round(torch.cuda.memory_allocated(d) / GIB, 3) for d in devices} if cuda else {}
-    print(f"{args.mode if one else 'split'} built in {built_s:.1f} s, allocated per GPU {built} GiB, "
+    print(f"{args.mode} built in {built_s:.1f} s, allocated per GPU {built} GiB, "
           f"rope {getattr(config, 'rope_parameters', None)}", flush=True)
     first = torch.device(device_map[next(iter(device_map))])
     opt, scaler = optimizer(args, model, first)
@@ -419,13 +423,13 @@ def split(args):
         scales.append(scaler.get_scale() if cuda else None)
         losses.append(sum(values) / len(values))
         micro_losses.append(values)
-        print(f"{args.mode if one else 'split'} step {step}: loss {losses[-1]:.6f} ({step_s[-1]:.3f} s)", flush=True)
+        print(f"{args.mode} step {step}: loss {losses[-1]:.6f} ({step_s[-1]:.3f} s)", flush=True)
     save_adapters(model, args.adapters)
     per_device = {}
     for name, d in device_map.items():
         per_device.setdefault(str(d), []).append(name)
     layers = {d: sum(1 for n in names if n.startswith(layers_name(model) + ".")) for d, names in per_device.items()}
-    return {"mode": "one" if one else "split", "losses": losses, "micro_batch_losses": micro_losses, "step_s": step_s,
+    return {"mode": args.mode, "losses": losses, "micro_batch_losses": micro_losses, "step_s": step_s,
             "rate": rate(args, step_s), "memory": memory(devices), "build_s": round(built_s, 1),
             "layers_per_device": layers, "balanced_max_memory_gib": {str(k): round(v / GIB, 2) for k, v in
                                                                        balanced.items()},
@@ -669,7 +673,7 @@ def child(args, mode, extra_env, log, limit):
               "--adapters", adapters, "--out", args.out, "--quant", args.quant, "--optim", args.optim,
               "--layers", str(args.layers)] + (["--bucket-view"] if args.bucket_view else [])
     me = os.path.abspath(__file__)
-    if mode in ("split", "one"):
+    if mode in ("split", "split-even", "one"):
         argv = [sys.executable, me, "split"] + common + ["--mode", mode]
     elif mode == "check":
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", me, "check"] + \
@@ -710,6 +714,14 @@ def compare(results):
     if not split or "losses" not in split:
         return row
     ref = torch.load(split["adapters_file"]) if split.get("adapters_file") else None
+    even = results.get("split-even")
+    if even and "losses" in even and even.get("memory"):  # nbddp's split placement against accelerate's
+        peaks = [v["peak_allocated_gib"] for v in even["memory"].values()]
+        row["split-even_vs_split"] = {
+            "samples_per_s_ratio": round(even["rate"]["samples_per_s"] / split["rate"]["samples_per_s"], 3),
+            "max_rel_loss_diff": max(abs(a - b) / abs(b) for a, b in zip(even["losses"], split["losses"])),
+            "layers_per_device": even["layers_per_device"], "peak_allocated_gib_per_gpu": peaks,
+            "peak_spread": round(max(peaks) / min(peaks) - 1, 4)}
     for mode in [m for m in results if m.startswith("shard")]:
         other = results.get(mode)
         if not other or "losses" not in other:

@@ -127,13 +127,13 @@ def test_each_carried_module_says_why_in_one_line():
     conversion = convert_notebook(make_notebook(*UNSLOTH_SFT))
     lines = [line for line in conversion.script.splitlines() if line.startswith("# -- ")]
     assert [line.split(":")[0][5:] for line in lines] == ["hash_seed", "recipe", "launcher", "wait", "group",
-                                                          "same_random", "hooks", "fit",
+                                                          "same_random", "hooks", "split_place", "fit",
                                                           "one_writer", "files", "file_races", "agree", "stdin_fd",
                                                           "owner", "ipython_forms", "unsloth_group", "lean_sync", "peft_shim",
                                                           "global_batch", "balance", "shard_host", "shard",
                                                           "shard_load", "shard_quant", "shard_mode"]
-    assert lines[6] == "# -- hooks: needed by fit, one_writer, files, agree, stdin_fd, unsloth_group, lean_sync, " \
-                       "peft_shim, global_batch, balance, shard_mode"
+    assert lines[6] == "# -- hooks: needed by split_place, fit, one_writer, files, agree, stdin_fd, unsloth_group, " \
+                       "lean_sync, peft_shim, global_batch, balance, shard_mode"
     assert "the notebook trains with a Trainer" in lines[-6]
 
 

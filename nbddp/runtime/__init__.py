@@ -14,8 +14,8 @@ notebook itself does (a Trainer, Unsloth, a prompt).
 from typing import NamedTuple
 
 # Inlining order where no import decides it; a module's `from .x import` lines put x before it.
-MODULES = ("hash_seed", "recipe", "launcher", "wait", "group", "same_random", "fit", "hooks", "one_writer", "files",
-           "file_races", "agree", "share", "stdin_fd", "owner", "ask", "ipython_forms", "unsloth_group",
+MODULES = ("hash_seed", "recipe", "launcher", "wait", "group", "same_random", "split_place", "fit", "hooks", "one_writer",
+           "files", "file_races", "agree", "share", "stdin_fd", "owner", "ask", "ipython_forms", "unsloth_group",
            "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim", "global_batch", "balance",
            "loop", "shard_host", "shard", "shard_load", "shard_quant",
            "shard_mode")

@@ -6,7 +6,7 @@ transformers reads it: a local folder, else the hub cache or the hub) and each G
   model sharded: shard_mode.py, a transformers causal LM in 16 or 32 bits or bitsandbytes 4-bit, Unsloth's loaders
   included);
 - it fits only across all GPUs: one process, the model split over them (the notebook's own placement, or
-  `balanced`), at about one GPU's speed;
+  nbddp's: split_place.py), at about one GPU's speed;
 - it fits nowhere: an error before loading, with the numbers.
 NBDDP_MODE=ddp|shard|split|auto overrides (auto by default)."""
 import ctypes
@@ -19,10 +19,10 @@ import torch
 from .group import NBDDP_IS_MAIN, NBDDP_LOCAL_RANK, NBDDP_WORLD_SIZE
 from .hooks import nbddp_say
 from .launcher import NBDDP_LAUNCHED, nbddp_nproc
+from .split_place import NBDDP_LORA_RANK, nbddp_split_on
 
 NBDDP_GIB = 2 ** 30
 NBDDP_ALLOWANCE = (1.2, 1.5)  # need = weights x 1.2 (LoRA, optimizer state, quantization constants) + 1.5 GiB
-NBDDP_LORA_RANK = 16  # the sharded mode's estimate: LoRA r=16 on every projection, 16 bytes a trained value
 NBDDP_SHARDABLE = {}  # where the script carries shard_mode.py: its "share" (GiB a process, sharded) and "start"
 
 
@@ -168,4 +168,6 @@ def nbddp_fit(models):
     if numbers or mode == "split":
         nbddp_say("fit", f"{said}: " + ("one process per GPU" if mode == "ddp" else f"one process, the model "
                   f"split over {len(free)} GPUs (no data parallelism: about one GPU's speed; NBDDP_MODE=ddp: DDP)"))
+    if mode == "split":
+        nbddp_split_on()
     return "ddp" if mode == "auto" else mode

@@ -29,6 +29,7 @@ import torch
 import torch.distributed
 
 from .shard_host import nbddp_host_copy, nbddp_host_map, nbddp_host_prefix, nbddp_host_write
+from .split_place import nbddp_layer_list
 
 
 _nbddp_all_gather = getattr(torch.distributed, "all_gather_single", None) or torch.distributed.all_gather_into_tensor
@@ -44,12 +45,6 @@ def nbddp_quant_state_tensors(param):
                 if isinstance(t, torch.Tensor)]
         state = getattr(state, "state2", None)
     return out
-
-
-def nbddp_layer_list(model):
-    """The `nn.ModuleList` of the model's repeated blocks: the one holding the most parameters (a decoder's layers)."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
-    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters())) if lists else None
 
 
 def nbddp_blocks(model):
