@@ -179,6 +179,10 @@ def test_a_value_made_for_once_work_is_made_once():
     (["go = trainer.train\n", "stats = go()\n", "model.save_pretrained('out')\nanswers = []\n"], 1),  # through an alias
     (["def run(lr):\n    trainer.args.learning_rate = lr\n    trainer.train()\n",
       "for lr in (1e-4, 2e-4):\n    run(lr)\n", "archive('out');\n"], 1),              # in a function, in a loop
+    # a model loaded after training to try it, shown by print: nothing moved out of the print (rank 0 runs it alone)
+    ([TRAIN, "def try_it(path):\n    m = AutoModelForCausalLM.from_pretrained(path, device_map=nbddp_device_map())\n"
+             "    return m.generate(1)\n",
+      "print(try_it('out'))\nfor p in ('a', 'b'):\n    print(try_it(p))\n"], 0),
 ])
 def test_after_training_rank_0_runs_the_rest_alone(cells, end):
     out, report = convert(*cells)

@@ -45,6 +45,13 @@ class _Hoist(TreeTransformer):
         super().__init__(tree, ctx)
         self.effects, self.hoisted = effects, set()
         self.shows = SHOWS if ctx.options.main_prints else SHOWS - {PRINT}
+        end = tree.plan.end if ctx.options.whole else None  # after training's end rank 0 runs alone: nothing to move
+        self.after = {id(stmt) for stmt in tree.first.body[end + 1:]} if end is not None else set()
+
+    def on_visit(self, node):
+        if isinstance(node, cst.BaseStatement) and id(self.names.orig(node)) in self.after:
+            return False
+        return super().on_visit(node)
 
     def visit_FunctionDef(self, node):
         return self.effects.mixed(node, self.options.main_prints)
@@ -53,7 +60,7 @@ class _Hoist(TreeTransformer):
         return not (is_if_false(node) or is_rank_test(node, self.names))
 
     def leave_SimpleStatementLine(self, original, updated):
-        if len(updated.body) != 1 or not isinstance(updated.body[0], cst.Expr) or \
+        if id(self.names.orig(original)) in self.after or len(updated.body) != 1 or not isinstance(updated.body[0], cst.Expr) or \
                 not isinstance(updated.body[0].value, cst.Call):
             return updated
         call = updated.body[0].value
