@@ -214,8 +214,8 @@ def test_the_whole_runtime_inlines_into_code_without_docstrings_or_relative_impo
                   and ast.get_docstring(n) and len(n.body) > 1]
     assert documented == []
     assert [line[5:].split(":")[0] for line in code.splitlines() if line.startswith("# -- ")] == \
-        ["hash_seed", "recipe", "launcher", "wait", "group", "same_random", "hooks", "fit", "one_writer", "files",
-         "file_races", "agree", "share",
+        ["hash_seed", "recipe", "launcher", "wait", "group", "same_random", "hooks", "split_place", "fit", "one_writer",
+         "files", "file_races", "agree", "share",
          "stdin_fd", "owner", "ask", "ipython_forms", "unsloth_group", "checkpoint", "strategy", "lean_sync", "tiled_mlp", "peft_shim", "xformers_shim",
          "global_batch", "balance", "loop", "shard_host", "shard", "shard_load", "shard_quant", "shard_mode"]
 

@@ -83,7 +83,7 @@ def _nbddp_parts(model, blocks, head):
     return parts
 
 
-def _nbddp_bytes(part, bits, counted, in_block):
+def _nbddp_part_bytes(part, bits, counted, in_block):
     """The bytes of a part's tensors not counted yet (a tied tensor counts once): as they are (`bits` None: a model
     as it trains), or, before the load (`bits`: its precision), a block's matrices at `bits` with their LoRA
     adapters and 4-bit constants, everything else in 16 bits or more."""
@@ -121,7 +121,7 @@ def nbddp_split_map(model, free, bits=None, tokens=NBDDP_SPLIT_TOKENS):
 
     parts, counted, fixed, layers = _nbddp_parts(model, blocks, head), set(), [0.0] * len(free), []
     for _, part, where in parts:
-        size = _nbddp_bytes(part, bits, counted, isinstance(where, int))
+        size = _nbddp_part_bytes(part, bits, counted, isinstance(where, int))
         if isinstance(where, int):
             layers.append(size + saved)
         else:
