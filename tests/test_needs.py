@@ -203,6 +203,24 @@ def test_a_notebook_that_trains_nothing_and_a_ddp_session_run_what_only_acts_out
     assert convert(*cells, whole=False)[0] == [download, TRAIN, cells[2]]
 
 
+@pytest.mark.parametrize("loop, names", [
+    ("for f in files:\n    requests.post(url, data=f)\n", '"f"'),                               # a web call
+    ("for i, (src, dst) in enumerate(pairs):\n    mylib.send(src, dst, i)\n", '"dst", "i", "src"'),  # unpacked
+    ("with mylib.Session('s') as session:\n    mylib.notify('start')\n", '"session"'),       # a library's `with`
+    ("for n in range(3):\n    if n:\n        mylib.clean(f'old{n}')\n", '"n"'),             # in an `if`
+])
+def test_a_ddp_cells_loop_that_only_acts_outside_the_process_runs_once_and_every_rank_gets_its_names(loop, names):
+    """`%ddp`, cell by cell: a later cell may read a loop's variable (or a `with`'s `as`), so rank 0's is given to
+    every rank after the loop, which rank 0 runs alone."""
+    head = "import requests, mylib\n"
+    out, report = convert(head + loop + DONE, whole=False)
+    assert f"if NBDDP_IS_MAIN:\n{textwrap.indent(loop, '    ')}nbddp_barrier(" in out[0], out[0]
+    assert f"nbddp_share_values(globals(), {names})\n" in out[0], out[0]
+    assert "a later cell may read" in report.format()
+    computing = "rows = []\nfor f in files:\n    rows.append(f.upper())\n"  # what the notebook computes stays
+    assert convert(computing + DONE, whole=False)[0] == [computing + DONE]
+
+
 def test_a_name_a_block_binds_anew_is_every_ranks_there():
     """`fh` was made on rank 0 only by a once block; the training function's own `with ... as fh` makes it anew."""
     out, _ = convert("with open('notes.txt', 'w') as fh:\n    fh.write('x')\n",

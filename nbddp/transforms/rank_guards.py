@@ -85,6 +85,7 @@ class _Guards:
         self.shares: dict = {}  # id of a top-level statement rank 0 runs for every rank -> the names it gives them
         self.sharing: dict = {}  # id of the body of such a statement, taken -> those names
         self.results: dict = {}  # of those, the lines that keep a program's result (no training's end)
+        self.later: dict = {}  # of those, a %ddp cell's loops and `with`s: their own names, for later cells
 
     def reason(self, call):
         """(kinds, what the report says, the barrier's word) of a call that is rank-0 work, else None."""
@@ -283,11 +284,13 @@ class RankGuards(TreeStep):
         body = list(module.body)
         if ctx.options.whole:
             body = apply_plan(body, guards, tree, ctx)
-        else:  # a %ddp session's cell: later cells unknown, what only acts outside the process is rank 0's
+        else:  # a %ddp session's cell: later cells unknown, what only acts outside the process is rank 0's, and a
+            # loop's variable (or a `with`'s `as`), which a later cell may read, is rank 0's on every rank after it
             plan = on_body(tree.plan, tree.first.body, body, tree.names, guards.hoisted)
-            guards.calls, plan.alone = plan.calls, {id(s): plan.alone[id(s)] for s in body  # (a later cell may read
-                                                    if id(s) in plan.alone and not own_names(s)}  # a loop's variable)
+            guards.calls, plan.alone = plan.calls, {id(s): plan.alone[id(s)] for s in body if id(s) in plan.alone}
             alone(guards, plan)
+            guards.later = {id(s): sorted(own_names(s)) for s in body if id(s) in plan.alone and own_names(s)}
+            guards.shares = {**plan.results, **guards.later}
         module = module.with_changes(body=regroup(body, guards.select, guards.wrap, origin=tree.names.origin))
         guards.say()
         return module

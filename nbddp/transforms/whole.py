@@ -161,6 +161,7 @@ def take_given(guards, stmt):
     guards.reasons.setdefault(guards.cell, []).append(
         f"{why[0][1] + ', ' if why else ''}every rank gets rank 0's {', '.join(names)} " + (
             f"(`{_started(calls, guards.names)}` starts a program: once)" if id(stmt) in guards.results else
+            f"(a later cell may read {them})" if id(stmt) in guards.later else
             f"(training reads {them}; each rank would compute {'its' if len(names) == 1 else 'their'} own)"))
     guards.tainted |= reads_writes(stmt)[1] - set(names)
     return TAKE
