@@ -214,6 +214,12 @@ def test_a_batch_of_literals_is_left_to_the_runtime():
     ("!python train.py --epochs 1\n", "`!python train.py --epochs 1` runs a Python program"),
     ("import sys\n!{sys.executable} -u train.py\n", "-u train.py` runs a Python program"),
     ("%%bash\ncd work\npython3 -m mypkg.train\n", "`python3 -m mypkg.train` runs a Python program"),
+    # through Python: in a function, one string, a shell
+    ("import subprocess as sp, sys\ndef go(n):\n    sp.run([sys.executable, 'train.py', f'--n={n}'])\ngo(1)\n",
+     "`sp.run([sys.executable, 'train.py', f'--n={n}'])` runs a Python program"),
+    ("import os\nos.system('python3 train.py --epochs 2')\n", "`os.system('python3 train.py --epochs 2')` runs a Python"),
+    ("from subprocess import check_output\nout = check_output('python -m mypkg.eval', shell=True)\n",
+     "`check_output('python -m mypkg.eval', shell=True)` runs a Python program"),
 ])
 def test_a_python_program_the_notebook_runs_is_said_to_run_outside_the_job(cell, said):
     _, report = convert(cell)
@@ -222,6 +228,9 @@ def test_a_python_program_the_notebook_runs_is_said_to_run_outside_the_job(cell,
 
 def test_other_shell_lines_are_not_said_to_run_outside_the_job():
     _, report = convert("!ls -la\n!pip install x\n")
+    assert "outside this job" not in report.format()
+    _, report = convert("import subprocess, os\nsubprocess.run(['ls', '-la'])\n"  # not Python, or its own environment
+                        "subprocess.run(['python', 'x.py'], env={'A': '1'})\n")
     assert "outside this job" not in report.format()
 
 

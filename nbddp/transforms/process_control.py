@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst_helpers import arguments, code_of
+from ..cst_helpers import arguments, code_of, has_star_kwargs, keyword
 from ..entries import STARTS_PROGRAMS
 from ..errors import ConversionError
 from ..rank_conditions import is_rank_test
@@ -31,7 +31,7 @@ from ..walk import walk
 from .base import TreeStep
 from .devices import TidiedMarkers
 from .markers import marker
-from .shell import is_launch, launch_inside, one_line, program_command
+from .shell import OWN_PROCESS, is_launch, launch_inside, one_line, program_command, runs_python
 
 # the names a statement must hold for this step to read it, and names bound from them (tree.visit)
 MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel", "notebook_launcher", "spawn",
@@ -84,6 +84,8 @@ class _ProcessControl(TreeTransformer):
         command = program_command(original, self.names) if meanings & STARTS_PROGRAMS else None
         if command and is_launch(command):  # as `!torchrun ...` (the magics step)
             raise self._stop(original, launch_inside(one_line(code_of(updated), 60)))
+        if command and runs_python(command) and keyword(original, "env") is None and not has_star_kwargs(original):
+            self.report.change(self.cell, f"`{one_line(code_of(updated), 60)}` {OWN_PROCESS}")
         if not DATA_PARALLEL & meanings or not updated.args:
             return updated
         model = updated.args[0].value
