@@ -84,9 +84,9 @@ def test_the_loads_precision(kwargs, config, bits):
     assert _nbddp_load_bits(types.SimpleNamespace(**config), kwargs) == bits
 
 
-def test_the_patched_load_gets_the_placement_where_it_asks_for_balancing_and_keeps_its_own_otherwise(
-        tmp_path, monkeypatch, capsys):
-    meta_model(False).config.save_pretrained(tmp_path)
+def patched(monkeypatch):
+    """A model class whose from_pretrained records the device_map it is given, patched as in split mode, on 2 GPUs
+    of 1 GiB free each."""
     seen = []
 
     class Base(transformers.LlamaForCausalLM):
@@ -97,6 +97,13 @@ def test_the_patched_load_gets_the_placement_where_it_asks_for_balancing_and_kee
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda gpu: (GIB, 2 * GIB))
     _nbddp_patch_split(types.SimpleNamespace(PreTrainedModel=Base))
+    return Base, seen
+
+
+def test_the_patched_load_gets_the_placement_where_it_asks_for_balancing_and_keeps_its_own_otherwise(
+        tmp_path, monkeypatch, capsys):
+    meta_model(False).config.save_pretrained(tmp_path)
+    Base, seen = patched(monkeypatch)
     Base.from_pretrained(str(tmp_path), device_map="balanced")
     Base.from_pretrained(str(tmp_path), device_map="auto", dtype=torch.float16)
     for own in ("sequential", "balanced_low_0", {"": 0}):
@@ -109,15 +116,7 @@ def test_the_patched_load_gets_the_placement_where_it_asks_for_balancing_and_kee
 
 
 def test_a_model_it_cannot_make_keeps_accelerates_placement_and_says_why(tmp_path, monkeypatch, capsys):
-    seen = []
-
-    class Base(transformers.LlamaForCausalLM):
-        @classmethod
-        def from_pretrained(cls, name, *args, **kwargs):
-            seen.append(kwargs.get("device_map"))
-
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    _nbddp_patch_split(types.SimpleNamespace(PreTrainedModel=Base))
+    Base, seen = patched(monkeypatch)
     Base.from_pretrained(str(tmp_path / "nothing"), device_map="balanced")
     assert seen == ["balanced"]
     assert "accelerate's placement (" in capsys.readouterr().out

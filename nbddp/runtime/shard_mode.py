@@ -27,6 +27,7 @@ from .launcher import NBDDP_LAUNCHED, nbddp_nproc
 from .shard_load import nbddp_load_sharded
 from .shard_quant import (nbddp_quant_finish, nbddp_quant_maker, nbddp_quant_said, nbddp_quant_skeleton,
                           nbddp_quantizer)
+from .split_place import nbddp_wrap_from_pretrained
 
 NBDDP_SHARDED = []  # the NbddpShards of each model loaded sharded
 # from_pretrained's keywords that choose where or how to fetch, or place the model: the sharded load has its own way
@@ -178,22 +179,16 @@ def _nbddp_causal_lm(cls):
     return any(c.__name__ in causal for c in cls.__mro__)
 
 
+def _nbddp_sharded_load(whole, cls, name, *args, **kwargs):
+    if _nbddp_causal_lm(cls) and not args:
+        return nbddp_from_pretrained_sharded(cls, name, **kwargs)
+    nbddp_say(f"shard-whole-{cls.__name__}", f"{cls.__name__}.from_pretrained: not a causal LM (or with model "
+                                             "arguments): loaded whole on every rank")
+    return whole(cls, name, *args, **kwargs)
+
+
 def _nbddp_patch_from_pretrained(modeling):
-    base = modeling.PreTrainedModel
-    whole = base.from_pretrained.__func__
-    if getattr(whole, "_nbddp_sharded", False):
-        return
-
-    @functools.wraps(whole)
-    def from_pretrained(cls, name, *args, **kwargs):
-        if _nbddp_causal_lm(cls) and not args:
-            return nbddp_from_pretrained_sharded(cls, name, **kwargs)
-        nbddp_say(f"shard-whole-{cls.__name__}", f"{cls.__name__}.from_pretrained: not a causal LM (or with model "
-                                                 "arguments): loaded whole on every rank")
-        return whole(cls, name, *args, **kwargs)
-
-    from_pretrained._nbddp_sharded = True
-    base.from_pretrained = classmethod(from_pretrained)
+    nbddp_wrap_from_pretrained(modeling, "_nbddp_sharded", _nbddp_sharded_load)
 
 
 def nbddp_sharded_names(module):

@@ -172,20 +172,30 @@ def nbddp_split_placement(cls, name, kwargs):
     return placed
 
 
-def _nbddp_patch_split(modeling):
+def nbddp_wrap_from_pretrained(modeling, mark, load):
+    """transformers' `PreTrainedModel.from_pretrained` made `load(whole, cls, name, *args, **kwargs)` (`whole`: the
+    one it wraps), once per `mark`."""
     base = modeling.PreTrainedModel
     whole = base.from_pretrained.__func__
-    if getattr(whole, "_nbddp_split", False):
+    if getattr(whole, mark, False):
         return
 
     @functools.wraps(whole)
     def from_pretrained(cls, name, *args, **kwargs):
-        if kwargs.get("device_map") in _NBDDP_BALANCING and "max_memory" not in kwargs:
-            kwargs["device_map"] = nbddp_split_placement(cls, name, kwargs) or kwargs["device_map"]
-        return whole(cls, name, *args, **kwargs)
+        return load(whole, cls, name, *args, **kwargs)
 
-    from_pretrained._nbddp_split = True
+    setattr(from_pretrained, mark, True)
     base.from_pretrained = classmethod(from_pretrained)
+
+
+def _nbddp_split_load(whole, cls, name, *args, **kwargs):
+    if kwargs.get("device_map") in _NBDDP_BALANCING and "max_memory" not in kwargs:
+        kwargs["device_map"] = nbddp_split_placement(cls, name, kwargs) or kwargs["device_map"]
+    return whole(cls, name, *args, **kwargs)
+
+
+def _nbddp_patch_split(modeling):
+    nbddp_wrap_from_pretrained(modeling, "_nbddp_split", _nbddp_split_load)
 
 
 def nbddp_split_on():
