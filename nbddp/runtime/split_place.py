@@ -63,7 +63,7 @@ def nbddp_split_cut(fixed, layers, free):
 def _nbddp_parts(model, blocks, head):
     """(name, module or tensor, where) covering every parameter and buffer once: the blocks (where: their index),
     the head ("head"), and the rest whole, "before" or "after" the blocks in the order their modules were made."""
-    parts, seen = [], [False]
+    parts = []
 
     def visit(module, prefix):
         for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
@@ -71,13 +71,13 @@ def _nbddp_parts(model, blocks, head):
         for name, child in module.named_children():
             if child is blocks:
                 parts.extend((f"{prefix}{name}.{i}", block, i) for i, block in enumerate(child))
-                seen[0] = True
             elif child is head:
                 parts.append((prefix + name, child, "head"))
             elif any(m is blocks or m is head for m in child.modules()):
                 visit(child, f"{prefix}{name}.")
             else:
-                parts.append((prefix + name, child, "after" if seen[0] else "before"))
+                after = any(isinstance(where, int) for _, _, where in parts)  # the blocks came first
+                parts.append((prefix + name, child, "after" if after else "before"))
 
     visit(model, "")
     return parts
