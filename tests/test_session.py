@@ -35,6 +35,9 @@ COUNTS = ("import torch.distributed as dist\n"
           "handle.update(HTML('<i>updated</i>'))\n"
           "counts.tolist()\n")
 NEXT = "print('read in the next cell:', counts.tolist(), 'world', dist.get_world_size())\n"
+LOOP = "for item in ('a', 'b'):\n    talk.call(item)\n"  # another library's calls alone: rank 0's
+AFTER_LOOP = ("seen = [None, None]\ndist.all_gather_object(seen, (item, len(talk.CALLS)))\n"
+              "print('after the loop', seen)\n")
 FAIL_EVERYWHERE = "x = 1\nraise ValueError('boom on every rank')\n"
 FAIL_ON_ONE = ("import os\nif os.environ['RANK'] == '1':\n    raise KeyError('missing-key')\n"
                "print('rank 0 waits at the barrier after this print')\n")
@@ -92,8 +95,10 @@ def session(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("session")
     (cwd / "pkgs" / "unsloth").mkdir(parents=True)
     (cwd / "pkgs" / "unsloth" / "__init__.py").write_text(FAKE_UNSLOTH)
-    (cwd / "pkgs" / "talk.py").write_text("import os\n\n\ndef note():\n    with open('talk.log', 'a') as fh:\n"
-                                          "        fh.write(os.environ['RANK'] + '\\n')\n")
+    (cwd / "pkgs" / "talk.py").write_text("import os\n\nCALLS = []\n\n\ndef note():\n"
+                                          "    with open('talk.log', 'a') as fh:\n"
+                                          "        fh.write(os.environ['RANK'] + '\\n')\n\n\n"
+                                          "def call(item):\n    CALLS.append(item)\n")
     (cwd / "tmp").mkdir()
     env = {**child_env(cwd), "TMPDIR": str(cwd / "tmp"),
            "PYTHONPATH": os.pathsep.join([str(cwd / "pkgs"), *sys.path])}
@@ -113,7 +118,8 @@ def session(tmp_path_factory):
                 done["cells"].append(kernel.run(cell.source))
         kernel.kc.execute_interactive("silent_value = 1", silent=True, timeout=30)  # a front end's own request
         for name, code in (("counts", COUNTS), ("next", NEXT), ("fail everywhere", FAIL_EVERYWHERE),
-                           ("fail on one", FAIL_ON_ONE), ("after failure", NEXT), ("forms", FORMS), ("local", "%%local\nlocal_value + silent_value\n"), ("module writes", "import talk\ntalk.note()\n"),
+                           ("fail on one", FAIL_ON_ONE), ("after failure", NEXT), ("forms", FORMS), ("local", "%%local\nlocal_value + silent_value\n"),
+                           ("module writes", "import talk\ntalk.note()\n"), ("loop", LOOP), ("after loop", AFTER_LOOP),
                            ("where", "%ddp")):
             done[name] = kernel.run(code)
         done["interrupt"] = _interrupt_when(kernel, LONG_TRAINING, "'loss'")
@@ -189,6 +195,13 @@ def test_a_file_a_module_writes_on_every_rank_is_written_once(session):
     (the other ranks write their own copy)."""
     assert session["module writes"][0] == "ok", _shown(session["module writes"][1])
     assert (session["cwd"] / "talk.log").read_text() == "0\n"
+
+
+def test_a_loop_of_another_librarys_calls_runs_on_rank_0_and_every_rank_gets_its_variable(session):
+    """A later cell may read the loop's variable: rank 0's is every rank's after the loop, which rank 0 alone ran."""
+    assert session["loop"][0] == "ok", _shown(session["loop"][1])
+    status, messages = session["after loop"]
+    assert status == "ok" and "after the loop [('b', 2), ('b', 0)]" in streamed(messages), _shown(messages)
 
 
 def test_a_failing_cell_raises_rank_failed_error_and_the_next_cell_runs(session):
