@@ -290,3 +290,33 @@ def test_the_fit_check_chooses_the_sharded_mode_for_a_4bit_8b_model(tmp_path, sh
     assert need == pytest.approx(7.75, abs=0.01)
     assert [fit.nbddp_plan(need, [gib, gib], share) for gib in (8, 6.5, 6)] == ["ddp", "shard", "split"]
     assert shard_mode.nbddp_shard_share([(str(tmp_path), 8)], 2) is None  # 8-bit: split at 6.5
+
+
+GIB = 2 ** 30
+
+
+@pytest.mark.parametrize("frozen, one_machine, available, transport, why", [
+    (10 * GIB, True, 30 * GIB, "host", None),  # one copy of the frozen layers, with room to spare
+    (10 * GIB, True, None, "host", None),  # a machine that cannot say: as before
+    (10 * GIB, True, 14 * GIB, "collective", "the machine has 14.0 GiB of memory free, one copy of the frozen layers "
+                                             "takes 10.0"),  # Kaggle's 31 GB with a 14B model in fp16: no room
+    (1 * GIB, False, 30 * GIB, "collective", "the ranks are on several machines"),
+])
+def test_the_gathers_copy_from_host_memory_where_one_machine_holds_the_frozen_layers(frozen, one_machine, available,
+                                                                                       transport, why):
+    from nbddp.runtime.shard_host import nbddp_host_transport
+    assert nbddp_host_transport(frozen, one_machine, available) == (transport, why)
+
+
+def test_rank_0_chooses_the_transport_for_every_rank_from_the_configs_frozen_layers(shard_mode, monkeypatch):
+    import torch.distributed as dist
+    import transformers
+    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
+    sent = []
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objects, src: sent.append((list(objects), src)))
+    monkeypatch.setattr(shard_mode, "nbddp_host_available", lambda: 17 * GIB)
+    assert shard_mode.nbddp_shard_transport(config, 4) == ("host", None)  # 4-bit: 3.25 GiB of layers
+    transport, why = shard_mode.nbddp_shard_transport(config, 16)  # fp16: 13 GiB, 17 free
+    assert transport == "collective" and "one copy of the frozen layers takes 13.0" in why
+    assert [src for _, src in sent] == [0, 0]  # rank 0's choice, sent to every rank

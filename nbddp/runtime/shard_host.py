@@ -2,13 +2,38 @@
 each rank writes its slice of every block once into a file in shared memory (/dev/shm, or the temporary folder where
 /dev/shm is small), every rank maps the other ranks' files and pins them for the copy engines, and a gather is a
 copy from there into the block's buffer beside a device copy of its own slice. The frozen bytes never change, so
-nothing crosses between processes per step; the files are unlinked once mapped."""
+nothing crosses between processes per step; the files are unlinked once mapped. It is the sharded mode's choice where
+the machine's free memory holds one copy of the frozen layers with room to spare (nbddp_host_transport), else the
+gathers are all-gathers."""
 import os
 import shutil
 import tempfile
 
 import torch
 import torch.distributed
+
+
+NBDDP_HOST_SPARE = (1.25, 2 * 2 ** 30)  # the machine keeps a quarter more than the frozen layers, and 2 GiB, free
+
+
+def nbddp_host_available():
+    """Bytes of memory the machine can still give (Linux's MemAvailable), or None where it cannot tell."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            return next((int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:")), None)
+    except (OSError, ValueError):
+        return None
+
+
+def nbddp_host_transport(frozen, one_machine, available):
+    """(transport, why): "host" where every rank is on one machine whose free memory holds one copy of the `frozen`
+    bytes with room to spare, else "collective" and why (for the load's line)."""
+    if not one_machine:
+        return "collective", "the ranks are on several machines"
+    if available is not None and available < frozen * NBDDP_HOST_SPARE[0] + NBDDP_HOST_SPARE[1]:
+        return "collective", f"the machine has {available / 2 ** 30:.1f} GiB of memory free, one copy of the frozen " \
+                             f"layers takes {frozen / 2 ** 30:.1f}"
+    return "host", None
 
 
 def _nbddp_shared_dir():

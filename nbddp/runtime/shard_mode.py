@@ -13,17 +13,20 @@ default, is the config's dtype, else as saved), or in bitsandbytes 4-bit (shard_
 (`load_in_4bit=True`, a 4-bit BitsAndBytesConfig) or pre-quantized (the checkpoint's config says so). Unsloth's loaders
 reach it: they call AutoModelForCausalLM's. Any other quantization (8-bit included) stops with one line,
 NBDDP_MODE=split instead. Another model class loads whole on every rank, said once. The gathers copy from shared host
-memory where every rank is on one machine (a forward pass of rank 0 alone, such as generation after training, needs no
-other rank), else they are all-gathers."""
+memory where every rank is on one machine whose free memory holds one copy of the frozen layers with room to spare (a
+forward pass of rank 0 alone, such as generation after training, needs no other rank), else they are all-gathers, and
+the load's line says why."""
 import functools
 import os
 
 import torch
 
-from .fit import NBDDP_ALLOWANCE, NBDDP_SHARDABLE, _nbddp_config, _nbddp_stop, nbddp_shard_gib, nbddp_weight_gib
+from .fit import (NBDDP_ALLOWANCE, NBDDP_GIB, NBDDP_SHARDABLE, _nbddp_config, _nbddp_stop, nbddp_shard_gib,
+                  nbddp_weight_gib)
 from .group import NBDDP_DEVICE, NBDDP_WORLD_SIZE, nbddp_dist
 from .hooks import NBDDP_IMPORTS, nbddp_say
 from .launcher import NBDDP_LAUNCHED, nbddp_nproc
+from .shard_host import nbddp_host_available, nbddp_host_transport
 from .shard_load import nbddp_load_sharded
 from .shard_quant import (nbddp_quant_finish, nbddp_quant_maker, nbddp_quant_said, nbddp_quant_skeleton,
                           nbddp_quantizer)
@@ -143,8 +146,7 @@ def nbddp_from_pretrained_sharded(cls, name, config=None, **kwargs):
     if left:
         nbddp_say(f"shard-left-{shown}", f"{shown}: {', '.join(left)} not taken by the sharded load")
     nbddp_dist()
-    transport = "host" if NBDDP_WORLD_SIZE == int(os.environ.get("LOCAL_WORLD_SIZE", NBDDP_WORLD_SIZE)) else \
-        "collective"
+    transport, why = nbddp_shard_transport(config, 4 if quantizer else 32 if dtype == torch.float32 else 16)
     quant = {} if quantizer is None else {"skeleton": nbddp_quant_skeleton(quantizer, dtype, NBDDP_DEVICE),
                                           "make": nbddp_quant_maker(NBDDP_DEVICE, dtype, pre_quantized)}
     try:
@@ -166,8 +168,21 @@ def nbddp_from_pretrained_sharded(cls, name, config=None, **kwargs):
                                 f"layer by layer: its {len(shards.blocks)} layers' frozen weights {layers}, {mine} on "
                                 f"each rank{nbddp_quant_said(quantizer)}; "
                                 f"{whole} whole on every rank (embeddings, head, norms); gathers: "
-                                + ("copies from shared host memory" if transport == "host" else "all-gathers"))
+                                + ("copies from shared host memory" if transport == "host" else f"all-gathers ({why})"))
     return model
+
+
+def nbddp_shard_transport(config, bits):
+    """Rank 0's choice of the gathers' transport for every rank (nbddp_host_transport: copies from host memory where
+    one machine holds them, else all-gathers), from the frozen layers' bytes the config gives at `bits`."""
+    try:
+        frozen = nbddp_weight_gib(config.to_dict(), bits, parts=True)[0] * NBDDP_GIB
+    except (KeyError, TypeError):  # a config it cannot size: as many bytes as nothing
+        frozen = 0
+    one_machine = NBDDP_WORLD_SIZE == int(os.environ.get("LOCAL_WORLD_SIZE", NBDDP_WORLD_SIZE))
+    choice = [nbddp_host_transport(frozen, one_machine, nbddp_host_available())]
+    torch.distributed.broadcast_object_list(choice, src=0)
+    return choice[0]
 
 
 def _nbddp_causal_lm(cls):

@@ -37,7 +37,7 @@ Install first (the notebook's install commands, every branch, removed here):
 # -- xformers_shim: a model load keeps the notebook's device_map, which may spread it over GPUs: xformers' attention bias follows the query's device
 # -- global_batch: the notebook trains with a Trainer: its global batch kept where the process count divides gradient_accumulation_steps (NBDDP_BATCH=scale: N times its samples)
 # -- balance: the notebook trains with a Trainer: each step's samples dealt to the ranks by length
-# -- shard_host: needed by shard
+# -- shard_host: needed by shard, shard_mode
 # -- shard: needed by shard_load
 # -- shard_load: needed by shard_mode
 # -- shard_quant: needed by shard_mode
