@@ -48,6 +48,11 @@ CELLS = (
     "    json.dump({'losses': [e['loss'] for e in trainer.state.log_history if 'loss' in e],\n"
     "               'ddp_ignores': sorted(getattr(trainer.model_wrapped, 'parameters_to_ignore', ()))}, fh)\n"
     "model.save_pretrained('lora_model')\n",
+    # after training's end rank 0 runs alone: its forward passes gather each layer without the other rank
+    "model.eval()\nwith torch.no_grad():\n    logits = model(input_ids = rows[:2]).logits\n"
+    "    made = model.generate(input_ids = rows[:1, :4], max_new_tokens = 3, do_sample = False)\n"
+    "with open('alone.json', 'w') as fh:\n"
+    "    json.dump({'logits': logits.flatten()[:64].tolist(), 'made': made.shape[1]}, fh)\n",
 )
 
 
@@ -105,3 +110,9 @@ def test_a_converted_notebook_trains_sharded_as_one_plain_process_trains_it(tmp_
     assert sorted(adapter) == sorted(adapter_plain) and len(adapter) == LAYERS * len(PROJECTIONS) * 2
     for key, value in adapter.items():  # Adam's steps make last-bit gradient differences visible: by its norm
         assert (value - adapter_plain[key]).norm() <= 1e-3 * adapter_plain[key].norm(), key
+
+    # rank 0 alone, after training: a forward pass and a generation over the sharded layers, as the plain process's
+    alone, alone_plain = (json.loads((job.cwd / "alone.json").read_text()) for job in (sharded, plain))
+    assert alone["made"] == alone_plain["made"] == 7
+    assert alone["logits"] == pytest.approx(alone_plain["logits"], rel=1e-3, abs=1e-4)
+    assert "copies from shared host memory" in sharded.stdout, sharded.explain()
