@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 
 import pytest
 
@@ -154,13 +155,41 @@ def test_the_state_of_a_prequantized_weight_is_found_by_its_key():
     assert nbddp_quant_stat_keys(keys, "model.embed_tokens.weight") == []
 
 
-def test_a_hub_id_whose_files_are_not_here_stops_with_one_line(tmp_path, shard_mode, capsys):
+def test_a_hub_id_whose_files_are_not_here_and_cannot_be_downloaded_stops_with_one_line(tmp_path, shard_mode, capsys,
+                                                                                        monkeypatch):
     import transformers
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(SystemExit):
         shard_mode.nbddp_from_pretrained_sharded(transformers.LlamaForCausalLM, "org/not-here",
                                                  cache_dir=str(tmp_path / "empty-cache"))
-    assert "a model whose files are in the Hugging Face cache, and does not download yet: download it first (`hf " \
-           "download org/not-here`), or NBDDP_MODE=split" in capsys.readouterr().err
+    assert "a model whose files are in the Hugging Face cache or can be downloaded (HF_HUB_OFFLINE is set): download " \
+           "it first (`hf download org/not-here`), or NBDDP_MODE=split" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("local_main", [True, False])
+def test_the_first_rank_of_a_machine_downloads_the_weights_and_the_others_wait_for_it(tmp_path, shard_mode, monkeypatch,
+                                                                                     local_main):
+    import huggingface_hub
+    done = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda model, **kwargs: done.append(
+        ("fetch", model, kwargs)) or str(tmp_path))
+    monkeypatch.setattr(shard_mode, "nbddp_barrier", lambda what: done.append(("wait", what)))
+    monkeypatch.setattr(shard_mode, "NBDDP_IS_LOCAL_MAIN", local_main)
+    assert shard_mode.nbddp_download("org/m", revision="r", token="t") == str(tmp_path)
+    fetched = ("fetch", "org/m", {"revision": "r", "cache_dir": None, "token": "t",
+                                  "allow_patterns": ["*.safetensors", "*.json"]})
+    assert done == ([fetched, ("wait", "download")] if local_main else [("wait", "download"), fetched])
+
+
+def test_a_hub_id_counts_for_the_fit_check_where_it_can_be_downloaded(tmp_path, shard_mode, monkeypatch):
+    from nbddp.runtime import fit
+    config = json.loads((pathlib.Path(_folder(tmp_path)) / "config.json").read_text())
+    monkeypatch.setattr(shard_mode, "_nbddp_config", lambda model: config)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert shard_mode.nbddp_shard_share([("org/not-cached", 16)], 2) == fit.nbddp_shard_gib(config, 16, 2)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert shard_mode.nbddp_shard_share([("org/not-cached", 16)], 2) is None
 
 
 def test_the_weights_are_found_in_a_folder_or_in_the_hub_cache(tmp_path):

@@ -8,7 +8,8 @@ process (None where this mode cannot load it) and its start (the line, the stops
 What loads sharded: transformers' `PreTrainedModel.from_pretrained` of a causal LM (a class AutoModelForCausalLM maps a
 model type to, or a subclass of one), reached through AutoModelForCausalLM or the class itself (patched when the
 notebook first imports transformers' modeling, in this mode only), from a local `save_pretrained` folder with
-safetensors or a hub id whose safetensors are in the Hugging Face cache, in fp32, fp16 or bf16 (`dtype`: "auto", the
+safetensors or a hub id whose safetensors are in the Hugging Face cache (downloaded there first where they are not:
+the first rank of each machine downloads, the others wait), in fp32, fp16 or bf16 (`dtype`: "auto", the
 default, is the config's dtype, else as saved), or in bitsandbytes 4-bit (shard_quant.py): quantized on load
 (`load_in_4bit=True`, a 4-bit BitsAndBytesConfig) or pre-quantized (the checkpoint's config says so). Unsloth's loaders
 reach it: they call AutoModelForCausalLM's. Any other quantization (8-bit included) stops with one line,
@@ -23,7 +24,7 @@ import torch
 
 from .fit import (NBDDP_ALLOWANCE, NBDDP_GIB, NBDDP_SHARDABLE, _nbddp_config, _nbddp_stop, nbddp_shard_gib,
                   nbddp_weight_gib)
-from .group import NBDDP_DEVICE, NBDDP_WORLD_SIZE, nbddp_dist
+from .group import NBDDP_DEVICE, NBDDP_IS_LOCAL_MAIN, NBDDP_WORLD_SIZE, nbddp_barrier, nbddp_dist
 from .hooks import NBDDP_IMPORTS, nbddp_say
 from .launcher import NBDDP_LAUNCHED, nbddp_nproc
 from .shard_host import nbddp_host_available, nbddp_host_transport
@@ -57,11 +58,35 @@ def nbddp_weights_folder(model, revision=None, cache_dir=None):
     return None
 
 
+def nbddp_downloadable(model):
+    """A hub id this machine may download: not a local path, and the hub not switched off (HF_HUB_OFFLINE)."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return not offline and not os.path.exists(model) and not model.startswith((".", "/", "~"))
+
+
+def nbddp_download(model, revision=None, cache_dir=None, token=None):
+    """The model's safetensors and JSON files in the Hugging Face cache: the first rank of each machine downloads
+    them, the others wait (however long it takes) and find them there; the snapshot's folder."""
+    from huggingface_hub import snapshot_download
+
+    def fetch():
+        return snapshot_download(model, revision=revision, cache_dir=cache_dir, token=token,
+                                 allow_patterns=["*.safetensors", "*.json"])
+    if not NBDDP_IS_LOCAL_MAIN:
+        nbddp_barrier("download")
+        return fetch()
+    folder = fetch()
+    nbddp_barrier("download")
+    return folder
+
+
 def nbddp_shard_share(models, n):
     """The fit check's GiB on each of `n` processes with the notebook's models sharded (the largest counts), or None
-    where this mode cannot load them: one process, an 8-bit load, files not on this machine (it does not download
-    yet). 4-bit: the layers' packed bytes, their quantization constants and the 16-bit embeddings and head."""
-    if n < 2 or any(bits not in (4, 16, 32) or nbddp_weights_folder(model) is None for model, bits in models):
+    where this mode cannot load them: one process, an 8-bit load, files neither on this machine nor to download (the
+    hub switched off). 4-bit: the layers' packed bytes, their quantization constants and the 16-bit embeddings and
+    head."""
+    if n < 2 or any(bits not in (4, 16, 32) or nbddp_weights_folder(model) is None and not nbddp_downloadable(model)
+                    for model, bits in models):
         return None
     return max(nbddp_shard_gib(_nbddp_config(model), bits, n) for model, bits in models)
 
@@ -120,9 +145,13 @@ def nbddp_from_pretrained_sharded(cls, name, config=None, **kwargs):
     import transformers
     shown = f"{cls.__name__}.from_pretrained({os.fspath(name)!r})"
     folder = nbddp_weights_folder(os.fspath(name), kwargs.get("revision"), kwargs.get("cache_dir"))
+    if folder is None and nbddp_downloadable(os.fspath(name)) and not kwargs.get("local_files_only"):
+        nbddp_dist()
+        folder = nbddp_download(os.fspath(name), kwargs.get("revision"), kwargs.get("cache_dir"), kwargs.get("token"))
     if folder is None:
         _nbddp_stop(f"{shown}: the sharded mode loads a local folder, or a model whose files are in the Hugging Face "
-                    f"cache, and does not download yet: download it first (`hf download {name}`), or NBDDP_MODE=split")
+                    f"cache or can be downloaded (HF_HUB_OFFLINE is set): download it first (`hf download {name}`), or "
+                    "NBDDP_MODE=split")
     folder = os.path.join(folder, kwargs["subfolder"]) if kwargs.get("subfolder") else folder
     if not isinstance(config, transformers.PretrainedConfig):
         config = transformers.AutoConfig.from_pretrained(config or folder)
