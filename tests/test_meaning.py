@@ -923,9 +923,9 @@ def test_a_ddp_sessions_cells_run_what_only_acts_outside_the_process_once():
     assert "NBDDP_IS_MAIN" not in codes[2] and guarded[3], codes
 
 
-def test_a_ddp_sessions_loop_of_hooks_stays_on_every_rank_where_a_later_cell_may_read_its_variable():
-    """`%ddp`: later cells are unknown, so a loop whose variable a later cell could read is every rank's; a test
-    around a hook binds nothing and runs once."""
+def test_a_ddp_sessions_loop_of_hooks_runs_once_and_gives_every_rank_its_variable_for_later_cells():
+    """`%ddp`: later cells are unknown, so after a loop of hooks, which rank 0 runs, every rank gets its variable
+    (a later cell may read it); a test around a hook binds nothing and runs once."""
     from nbddp.cellwise.history import History
     session, codes = History(), []
     for cell in ["import requests\nfor u in ['a', 'b']:\n    requests.post('https://x/' + u)\n",
@@ -933,4 +933,5 @@ def test_a_ddp_sessions_loop_of_hooks_stays_on_every_rank_where_a_later_cell_may
         converted = session.convert(cell)
         session.accept(cell, converted)
         codes.append(converted.code)
-    assert "NBDDP_IS_MAIN" not in codes[0] and "if NBDDP_IS_MAIN:\n    if requests:" in codes[1], codes
+    assert "if NBDDP_IS_MAIN:\n    for u in" in codes[0] and 'nbddp_share_values(globals(), "u")' in codes[0], codes
+    assert "if NBDDP_IS_MAIN:\n    if requests:" in codes[1] and "nbddp_share_values" not in codes[1], codes

@@ -86,6 +86,7 @@ class _Guards:
         self.sharing: dict = {}  # id of the body of such a statement, taken -> those names
         self.results: dict = {}  # of those, the lines that keep a program's result (no training's end)
         self.later: dict = {}  # of those, a %ddp cell's loops and `with`s: their own names, for later cells
+        self.once_why = "training does not need it"  # the report's words for `once` (no training's end: nbddp.alone)
 
     def reason(self, call):
         """(kinds, what the report says, the barrier's word) of a call that is rank-0 work, else None."""
@@ -263,9 +264,9 @@ class _Guards:
         for cell in sorted(set(self.reasons) | set(self.used), key=lambda c: c or 0):
             said, once = list(dict.fromkeys(self.reasons.get(cell, ()))), self.unneeded.get(cell)
             alike = once is not None and all(text in once for text in said)  # else each says which it is
-            shown = ", ".join(text + (" (training does not need it)" if once and text in once and not alike else "")
+            shown = ", ".join(text + (f" ({self.once_why})" if once and text in once and not alike else "")
                               for text in said)
-            text = "rank 0 only" + (" (training does not need it)" if alike else "") + (f": {shown}" if shown else "")
+            text = "rank 0 only" + (f" ({self.once_why})" if alike else "") + (f": {shown}" if shown else "")
             if self.used.get(cell):
                 text += f"; also what reads {', '.join(sorted(self.used[cell]))} (exists on rank 0 only)"
             if cell in self.machine_cells:

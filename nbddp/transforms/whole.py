@@ -114,6 +114,7 @@ def alone(guards, plan):
     only acts outside the process (nbddp.alone) is rank-0 work, and the files it is given go to machines without rank
     0's storage."""
     guards.once, guards.files = set(plan.alone), {key: paths for key, paths in plan.alone.items() if paths}
+    guards.once_why = "it only acts outside the process"
     guards.shares = guards.results = plan.results  # a program's result (nbddp.alone.program_results): rank 0's,
     # given to every rank
 
