@@ -116,3 +116,47 @@ def test_a_converted_notebook_trains_sharded_as_one_plain_process_trains_it(tmp_
     assert alone["made"] == alone_plain["made"] == 7
     assert alone["logits"] == pytest.approx(alone_plain["logits"], rel=1e-3, abs=1e-4)
     assert "copies from shared host memory" in sharded.stdout, sharded.explain()
+
+
+TRL_CELLS = (
+    "import json\nimport torch\nfrom datasets import Dataset\nfrom peft import LoraConfig\n"
+    "from trl import SFTConfig, SFTTrainer\n\n"
+    "rows = Dataset.from_dict({'text': [f'### Instruction: count to {i}. ### Response: ' + ' '.join(map(str, range(i)))\n"
+    "                                   for i in range(16)]})\n"
+    f"args = SFTConfig(output_dir = 'out', per_device_train_batch_size = 2, max_steps = {STEPS}, max_length = 32,\n"
+    "                 learning_rate = 1e-2, logging_steps = 1, save_strategy = 'no', report_to = 'none', seed = 0,\n"
+    "                 disable_tqdm = True, bf16 = False, model_init_kwargs = {'dtype': torch.float32})\n"
+    "trainer = SFTTrainer(model = 'base', args = args, train_dataset = rows,\n"
+    f"                     peft_config = LoraConfig(r = 4, lora_alpha = 8, target_modules = {PROJECTIONS!r}))\n"
+    "trainer.train()\n",
+    "shards = globals().get('NBDDP_SHARDED', [])\n"
+    "with open('trained.json', 'w') as fh:\n"
+    "    json.dump({'losses': [e['loss'] for e in trainer.state.log_history if 'loss' in e],\n"
+    "               'sharded_layers': sum(len(s.blocks) for s in shards)}, fh)\n",
+)
+
+
+def test_a_model_trls_trainer_loads_from_its_id_loads_sharded_and_trains_as_one_plain_process_trains_it(tmp_path):
+    """`SFTTrainer(model='base', peft_config=...)`: TRL's own from_pretrained of the id loads the model sharded (the
+    converter sizes the trainer's id for the fit check and carries the mode); the losses equal one plain process's."""
+    from nbddp.pipeline import convert_notebook
+    from tinymodels import save_tiny_llama
+    conversion = convert_notebook(make_notebook(*TRL_CELLS))
+    assert "shard_mode" in conversion.runtime.reasons and "nbddp_fit([('base', 16)])" in conversion.script
+    save_tiny_llama(tmp_path / "base", num_hidden_layers=LAYERS, tie_word_embeddings=False)
+    runs = {}
+    for name, env in (("sharded", {"NBDDP_MODE": "shard", "NBDDP_NPROC": "2"}), ("plain", {"NBDDP_NPROC": "1"})):
+        cwd = tmp_path / name
+        shutil.copytree(tmp_path / "base", cwd / "base")
+        (cwd / SCRIPT).write_text(conversion.script, encoding="utf-8")
+        runs[name] = ([sys.executable, SCRIPT], cwd, env)
+    sharded, plain = run_jobs(runs.values(), timeout=240)
+    assert_clean_exit(sharded)
+    assert_clean_exit(plain)
+    assert sharded.count("LlamaForCausalLM.from_pretrained('base'): loaded sharded over 2 processes") == 1, \
+        sharded.explain()
+    trained, reference = (json.loads((job.cwd / "trained.json").read_text()) for job in (sharded, plain))
+    assert trained["sharded_layers"] == LAYERS and reference["sharded_layers"] == 0
+    assert len(trained["losses"]) == len(reference["losses"]) == STEPS, (trained, reference)
+    for got, want in zip(trained["losses"], reference["losses"]):
+        assert got == pytest.approx(want, rel=1e-5), (trained["losses"], reference["losses"])

@@ -95,6 +95,20 @@ class _Facts(cst.CSTVisitor):
         else:
             self.unsized.append((self.cell, code_of(arg.value) if arg is not None else ""))
 
+    def _trainers_model(self, node):
+        """A trainer given a hub id or folder (`SFTTrainer(model="org/m", ...)`: TRL loads it with
+        from_pretrained): a load of that id, 4 or 8 bits where the trainer's quantization_config says so."""
+        arg = keyword(node, "model") or next((a for a in node.args if a.keyword is None and not a.star), None)
+        model = self.analysis.literal(arg.value) if arg is not None else None
+        if not isinstance(model, str):
+            return
+        quantization = keyword(node, "quantization_config")
+        asked = quantization.value if quantization is not None and isinstance(quantization.value, cst.Call) else None
+        bits = 16 if asked is None else next((b for b, key in ((4, "load_in_4bit"), (8, "load_in_8bit"))
+                                              if keyword(asked, key) is not None and not _off(keyword(asked, key).value)
+                                              ), 16)
+        self.models.append((model, bits, self.cell, "the trainer's"))
+
     def visit_If(self, node):
         self.main_only += _rank_0_only(node)
         return not is_if_false(node)  # dead code asks for nothing
@@ -107,6 +121,8 @@ class _Facts(cst.CSTVisitor):
         what, meanings = self.analysis.kinds(node.func), self.analysis.meanings(node.func)
         trainer = any(map(is_trainer, meanings))  # building a trainer (a class the notebook derives from one too)
         self.trainer = self.trainer or trainer
+        if trainer:
+            self._trainers_model(node)
         self.checkpointing = self.checkpointing or any(CHECKPOINTS.match(m, known(m, self.analysis.packages))
                                                        for m in meanings)
         self.quantized = self.quantized or any(is_entry(m, QUANTIZERS) for m in meanings)
