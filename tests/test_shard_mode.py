@@ -21,6 +21,8 @@ PEFT = "from peft import LoraConfig, get_peft_model\nmodel = get_peft_model(mode
 UNSLOTH = ("from unsloth import FastLanguageModel\n"
            "model, tok = FastLanguageModel.from_pretrained('org/m', load_in_4bit = True)\n")
 UNSLOTH_LORA = "model = FastLanguageModel.get_peft_model(model, r = 16, use_gradient_checkpointing = 'unsloth')\n"
+TRL = ("import torch\nfrom trl import SFTTrainer as SFT, SFTConfig\nfrom peft import LoraConfig\n"
+       "from transformers import BitsAndBytesConfig\n")
 
 
 @pytest.mark.parametrize("cells, carried, fit", [
@@ -38,6 +40,15 @@ UNSLOTH_LORA = "model = FastLanguageModel.get_peft_model(model, r = 16, use_grad
     ((UNSLOTH, "def get_peft_model(m):\n    return m.eval()\nmodel = get_peft_model(model)\n"), False, None),  # its own
     ((LOAD, "import peft\n"), False, None),  # peft imported, no adapters made: a full fine-tune
     ((UNSLOTH.replace("True", "True, fast_inference = True"), UNSLOTH_LORA), False, None),  # vLLM loads it whole
+    # an id TRL's trainer loads (float32 unless its configuration or quantization says otherwise): alias, over cells
+    ((TRL, "trainer = SFT(model = 'org/t', args = SFTConfig('o'), train_dataset = ds, peft_config = LoraConfig())\n"),
+     True, "nbddp_fit([('org/t', 32)])"),
+    ((TRL, "name = 'org/t'\ncfg = SFTConfig('o', model_init_kwargs = {'dtype': torch.bfloat16})\n",
+      "trainer = SFT(name, args = cfg, train_dataset = ds, peft_config = LoraConfig())\n"), True,
+     "nbddp_fit([('org/t', 16)])"),
+    ((TRL, "trainer = SFT(model = 'org/t', train_dataset = ds, peft_config = LoraConfig(),\n"
+           "             quantization_config = BitsAndBytesConfig(load_in_4bit = True))\n"), True, "nbddp_fit([('org/t', 4)])"),
+    ((TRL, "trainer = SFT(model = model, train_dataset = ds, peft_config = LoraConfig())\n"), False, None),  # an object
 ])
 def test_the_scripts_that_can_load_sharded_carry_the_mode(cells, carried, fit):
     conversion = convert_notebook(make_notebook(*cells))

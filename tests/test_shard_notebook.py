@@ -142,7 +142,7 @@ def test_a_model_trls_trainer_loads_from_its_id_loads_sharded_and_trains_as_one_
     from nbddp.pipeline import convert_notebook
     from tinymodels import save_tiny_llama
     conversion = convert_notebook(make_notebook(*TRL_CELLS))
-    assert "shard_mode" in conversion.runtime.reasons and "nbddp_fit([('base', 16)])" in conversion.script
+    assert "shard_mode" in conversion.runtime.reasons and "nbddp_fit([('base', 32)])" in conversion.script
     save_tiny_llama(tmp_path / "base", num_hidden_layers=LAYERS, tie_word_embeddings=False)
     runs = {}
     for name, env in (("sharded", {"NBDDP_MODE": "shard", "NBDDP_NPROC": "2"}), ("plain", {"NBDDP_NPROC": "1"})):

@@ -96,18 +96,27 @@ class _Facts(cst.CSTVisitor):
             self.unsized.append((self.cell, code_of(arg.value) if arg is not None else ""))
 
     def _trainers_model(self, node):
-        """A trainer given a hub id or folder (`SFTTrainer(model="org/m", ...)`: TRL loads it with
-        from_pretrained): a load of that id, 4 or 8 bits where the trainer's quantization_config says so."""
+        """A trainer given a hub id or folder (`SFTTrainer(model="org/m", ...)`: TRL loads it with from_pretrained):
+        a load of that id, 4 or 8 bits where the trainer's quantization_config says so, else at the dtype of its
+        configuration's model_init_kwargs, float32 where none is given (TRL's default)."""
         arg = keyword(node, "model") or next((a for a in node.args if a.keyword is None and not a.star), None)
         model = self.analysis.literal(arg.value) if arg is not None else None
         if not isinstance(model, str):
             return
-        quantization = keyword(node, "quantization_config")
-        asked = quantization.value if quantization is not None and isinstance(quantization.value, cst.Call) else None
-        bits = 16 if asked is None else next((b for b, key in ((4, "load_in_4bit"), (8, "load_in_8bit"))
-                                              if keyword(asked, key) is not None and not _off(keyword(asked, key).value)
-                                              ), 16)
-        self.models.append((model, bits, self.cell, "the trainer's"))
+        quantization, config = self._call_of(keyword(node, "quantization_config")), self._call_of(keyword(node, "args"))
+        bits = next((b for b, key in ((4, "load_in_4bit"), (8, "load_in_8bit")) if quantization is not None and
+                     keyword(quantization, key) is not None and not _off(keyword(quantization, key).value)), None)
+        init = keyword(config, "model_init_kwargs") if config is not None else None
+        dtype = next((e.value for e in getattr(init.value, "elements", ()) if isinstance(e, cst.DictElement) and
+                      self.analysis.literal(e.key) in ("dtype", "torch_dtype")), None) if init is not None else None
+        dtype = code_of(dtype) if dtype is not None else "float32"
+        self.models.append((model, bits or (32 if "float32" in dtype else 16), self.cell, "the trainer's"))
+
+    def _call_of(self, arg):
+        """The call a keyword's value is, or the call a name it reads was last assigned (`args = SFTConfig(...)`)."""
+        value = arg.value if arg is not None else None
+        value = self.analysis.value(value) if isinstance(value, cst.Name) else value
+        return value if isinstance(value, cst.Call) else None
 
     def visit_If(self, node):
         self.main_only += _rank_0_only(node)
