@@ -20,8 +20,9 @@ import libcst as cst
 
 from .cst_helpers import LiveVisitor, arguments, keyword, live_calls
 from .entries import CLOCK_BY_VALUE, TRACKER_PACKAGES
-from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, OWN_VALUE, PEFT, PRINT, SAVE, STEP,
-                         is_file_write, is_generation_pipeline)
+from .rank_conditions import RANK, reads_rank
+from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, OWN_VALUE, PEFT, PRINT, RANK_LOGIC, SAVE,
+                         STEP, is_file_write, is_generation_pipeline)
 from .walk import walk
 
 FUNCTION_MAIN_ONLY = MAIN_ONLY - {PRINT}  # a helper that only prints still runs everywhere (it may compute too)
@@ -75,7 +76,8 @@ class Effects:
         node = self.names.orig(node)
         if node not in self._defs:
             self._defs[node] = frozenset()  # a recursive function: what is known so far
-            self._defs[node] = self.of_node(node.body)  # a def's block, a lambda's expression
+            self._defs[node] = self.of_node(node.body) | (  # a def's block, a lambda's expression; and its own
+                {RANK_LOGIC} if RANK in reads_rank(node.body, self.names) else set())  # test of the rank
         return self._defs[node]
 
     def of_node(self, node) -> frozenset:
@@ -86,8 +88,9 @@ class Effects:
         return COLLECTIVE in self.of_call(call)
 
     def main_only(self, call) -> bool:
+        """Only rank-0 work: not a collective, nor a function of the notebook's that decides by the rank itself."""
         found = self.of_call(call)
-        return bool(found & FUNCTION_MAIN_ONLY) and COLLECTIVE not in found
+        return bool(found & FUNCTION_MAIN_ONLY) and not found & {COLLECTIVE, RANK_LOGIC}
 
     def mixed(self, node, prints: bool = True) -> bool:
         found = self.of_def(node)

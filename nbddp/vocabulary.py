@@ -37,6 +37,7 @@ LOAD, PEFT, DATA, COLLECTIVE = "load", "peft", "data", "collective"
 SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK = "save", "push", "generate", "display", "print", "memory", "track"
 BACKWARD, STEP, CONFIG, SYNC = "backward", "step", "config", "sync"
 OWN_VALUE = "own-value"  # a value each process computes for itself (the clock, a uuid, entropy): nbddp.entries
+RANK_LOGIC = "rank-logic"  # a function of the notebook's that reads the rank: what it does may depend on it
 TRAINS = "trains"  # of SYNC: trains or talks to every rank (not a model load): the last such statement ends training
 SEEDED, AMP, DEVICE = "seeded", "amp", "device"  # a split or shuffle; torch.cuda.amp; what names a device
 DEVICE_MOVES = frozenset({"to", "cuda", "cpu"})  # a method that moves any value between devices (by its name)

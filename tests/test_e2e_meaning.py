@@ -89,6 +89,8 @@ CELLS = [
     "def second():\n    return acc.process_index == 1\nif second():\n    with open('second.txt', 'w') as fh:\n"
     "        fh.write('written by the second process')\n",
     "if acc.is_main_process:\n    print('the main process')\nelse:\n    open('others.txt', 'a').write('other')\n",
+    "from torch.distributed import get_rank as who\ndef only_second():\n    if who() != 1:\n        return\n"
+    "    with open('early.txt', 'w') as fh:\n        fh.write(f'rank {who()}')\nonly_second()\n",
     "from torch.distributed import destroy_process_group as close_group\nclose_group()\nprint('DONE', flush = True)\n",
 ]
 
@@ -115,6 +117,7 @@ def test_a_rank_test_after_training_runs_on_that_rank(job):
     assert (done.cwd / "rank1-after-training.txt").read_text() == "here", done.explain()
     assert (done.cwd / "second.txt").read_text() == "written by the second process", done.explain()  # not its copy
     assert (done.cwd / "others.txt").read_text() == "other", done.explain()  # the `else` of a rank-0 test
+    assert (done.cwd / "early.txt").read_text() == "rank 1", done.explain()  # after the others' early return
 
 
 def test_every_rank_computes_the_same_values_and_trains_one_model(job):

@@ -62,6 +62,20 @@ def test_per_rank_code_after_training_runs_on_every_rank(after):
     assert _unblocked(out[2]) == after + REST and REST not in out[0] + out[1], out  # as it is, then training's end
 
 
+@pytest.mark.parametrize("cell, call", [
+    ("import torch.distributed as dist\ndef finish():\n    if dist.get_rank() != 1:\n        return\n"
+     "    model.save_pretrained('b')\nfinish()\n", "finish()"),
+    ("import accelerate\nstate = accelerate.PartialState()\ndef note(path):\n    if state.process_index == 0:\n"
+     "        return\n    open(path, 'w').write('x')\n", "note('n.txt')"),
+])
+def test_a_function_that_decides_by_the_rank_runs_on_every_rank_after_training_too(cell, call):
+    """Its call reads the rank (through the function's body): not rank-0 work, and training's end comes after it."""
+    out, report = convert(TRAIN, cell if cell.endswith(f"{call}\n") else cell + call + "\n", "print('end')\n")
+    code = "".join(out)
+    assert f"if NBDDP_IS_MAIN:\n    {call}" not in code and f"\n{call}\n" in code, code
+    assert code.index(f"\n{call}\n") < code.index(REST), code
+
+
 def _unblocked(code):
     """The code without the runtime's `with nbddp_rank_block():` lines (their blocks one level out)."""
     out, block = [], None  # the indentation of the block line being undone
@@ -572,6 +586,13 @@ def test_a_global_the_notebooks_function_sets_that_training_reads_is_set_on_ever
     "def ours():\n    return trainer.is_world_process_zero()\nif ours():\n    pass\nelse: open('n.txt', 'w').write('x')\n",
     "from accelerate import Accelerator as A\nacc = A()\nfor part in ('a', 'b'):\n    if acc.is_main_process:\n"
     "        continue\n    else:\n        open('parts.txt', 'a').write(part)\n",
+    # what follows a test that leaves its block: the ranks it lets through (a function's early return, a loop's skip)
+    "import torch.distributed as dist\ndef finish():\n    if dist.get_rank() != 1:\n        return\n"
+    "    open('b.json', 'w').write('x')\nfinish()\n",
+    "from torch.distributed import get_rank as who\nfor part in ('a', 'b'):\n    if who() == 0:\n        continue\n"
+    "    model.save_pretrained(part)\n",
+    "import os\ndef others():\n    if int(os.environ['RANK']) == 0:\n        print('skip')\n        return\n"
+    "    open('o.txt', 'w').write('x')\nothers()\n",
 ])
 def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_picks(cell):
     out, report = convert(TRAIN, cell)
@@ -585,6 +606,8 @@ def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_pick
     "import logging, torch.distributed as dist\nif dist.get_rank() == 0:\n    logging.warning('zero')\n",  # rank 0's
     "rank = 16\nif rank > 8:\n    open('x.txt', 'w').write('x')\n",  # a LoRA rank is a number
     "import torch.distributed as dist\nif dist.get_rank() != 0:\n    pass\nelse:\n    open('z.txt', 'w').write('x')\n",
+    "import torch.distributed as dist\ndef zero():\n    if dist.get_rank() != 0:\n        return\n"
+    "    open('z.txt', 'w').write('x')\nzero()\n",  # what follows is rank 0's: the nets write it anyway
 ])
 def test_other_tests_and_blocks_that_write_nothing_are_left_as_they_are(cell):
     out, _ = convert(TRAIN, cell)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst_helpers import live_calls
+from ..cst_helpers import leaves_block, live_calls
 from ..rank_conditions import OWN, RANK_ZERO, is_rank_test, node_reads
 from ..runtime import NETTED
 from ..training_end import is_own_test
@@ -52,11 +52,16 @@ def _leaves_rank_0(test, names) -> bool:
     return _with_0(test, cst.NotEqual)
 
 
+def is_rank_block(stmt) -> bool:
+    """`with nbddp_rank_block():`: what the notebook's own test of the rank lets some ranks run, as written."""
+    first = stmt.items[0].item if isinstance(stmt, cst.With) else None
+    return isinstance(first, cst.Call) and isinstance(first.func, cst.Name) and first.func.value == BLOCK
+
+
 def _blocked(body) -> bool:
     """Converting converted code: the body is already the runtime's block."""
     stmts = body.body if isinstance(body, cst.IndentedBlock) else ()
-    first = stmts[0].items[0].item if len(stmts) == 1 and isinstance(stmts[0], cst.With) else None
-    return isinstance(first, cst.Call) and isinstance(first.func, cst.Name) and first.func.value == BLOCK
+    return len(stmts) == 1 and is_rank_block(stmts[0])
 
 
 class _Blocks(TreeTransformer):
@@ -90,6 +95,22 @@ class _Blocks(TreeTransformer):
         self.report.change(self.cell, "a test of the rank of the notebook's own: what its block saves, writes and "
                                       "logs, the ranks it picks do as written (nbddp_rank_block)")
         return updated.with_changes(body=body, orelse=orelse)
+
+    def leave_IndentedBlock(self, original, updated):
+        """After the notebook's own test of the rank that leaves the block (`if dist.get_rank() != 1: return`), the
+        rest of the block is what the ranks it lets through run: under `with nbddp_rank_block():` where those are not
+        rank 0 alone and the rest calls what the nets act on."""
+        at = next((i for i, stmt in enumerate(original.body) if isinstance(stmt, cst.If) and stmt.orelse is None and
+                   is_rank_test(stmt, self.names) and leaves_block(stmt)), None)
+        if at is None or at + 1 == len(updated.body) or _leaves_rank_0(original.body[at].test, self.names):
+            return updated
+        rest = cst.IndentedBlock(list(updated.body[at + 1:]))
+        block = self._block(cst.IndentedBlock(list(original.body[at + 1:])), rest, False)
+        if block is rest:
+            return updated
+        self.report.change(self.cell, "a test of the rank of the notebook's own that leaves its block: what follows "
+                                      "it, the ranks it lets through save, write and log as written (nbddp_rank_block)")
+        return updated.with_changes(body=[*updated.body[:at + 1], *block.body])
 
     def _block(self, original, updated, rank_0):
         """A branch's body under `with nbddp_rank_block():` where ranks other than 0 run it and it calls what the

@@ -28,6 +28,7 @@ from ..reads_writes import header_of, reads_writes
 from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_generation_pipeline, parts
 from .base import TreeStep
 from .callbacks import callback
+from .rank_blocks import is_rank_block
 from .hoist import hoist
 from .whole import GIVE, GIVEN, SAME, SHARE, after_guard, alone, apply_plan, given_names, on_body, take_given
 
@@ -142,7 +143,7 @@ class _Guards:
         if is_if_false(stmt):
             self.tainted -= writes
             return LEAVE
-        if is_rank_test(stmt, self.names):
+        if is_rank_test(stmt, self.names) or is_rank_block(stmt):  # the notebook's own rank logic, as written
             self.tainted |= writes
             return LEAVE
         calls = live_calls(stmt) if nested or id(stmt) not in self.calls else self.calls[id(stmt)]
