@@ -21,8 +21,8 @@ import libcst as cst
 from .cst_helpers import LiveVisitor, arguments, keyword, live_calls
 from .entries import CLOCK_BY_VALUE, TRACKER_PACKAGES
 from .rank_conditions import RANK, reads_rank
-from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, OWN_VALUE, PEFT, PRINT, RANK_LOGIC, SAVE,
-                         STEP, is_file_write, is_generation_pipeline)
+from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, OWN_VALUE, PEFT, PRINT, RANK_LOGIC,
+                         SAVE, STEP, is_file_write, is_generation_pipeline)
 from .walk import walk
 
 FUNCTION_MAIN_ONLY = MAIN_ONLY - {PRINT}  # a helper that only prints still runs everywhere (it may compute too)
