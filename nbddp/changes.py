@@ -16,12 +16,12 @@ from .cst_helpers import LiveVisitor, code_of
 from .entries import (CHANGES_ARGUMENTS, EMITS, IN_PROCESS, REACHES_OUT, RUNS_CODE, STARTS_PROGRAMS, is_process_config,
                       library_of)
 from .entry_match import Table
-from .rank_conditions import node_reads
+from .rank_conditions import RANK, node_reads
 from .ran_files import RUN_FILE, ran_file, said
 from .reads_writes import file_of, files_named
 from .runtime import HELPERS
 from .transforms.shell import may_install
-from .vocabulary import CONFIG, MAIN_ONLY, SAVE, known
+from .vocabulary import CONFIG, MAIN_ONLY, RANK_LOGIC, SAVE, known
 
 SHOWS = frozenset({"nbddp_show"})  # a cell's last value, shown (show.py)
 CAPTURED = "nbddp_getoutput"  # IPython's `x = !cmd` in the script (ipython_calls): what subprocess.getoutput does
@@ -184,7 +184,8 @@ class Changes(LiveVisitor):
             self.configures |= self.scan.set_up_by(definition)  # the rank: `if dist.get_rank() != 1: return`)
             self.packages |= self.scan.packages_of(definition)
             self.reaches |= self.scan.packages_of(definition, "reaches")
-            self.rank |= self.scan.packages_of(definition, "rank")
+            self.rank |= self.scan.packages_of(definition, "rank") | (
+                {RANK} if RANK_LOGIC in self.scan.effects.of_call(node) else set())  # (also by its decorator)
         if effects & MAIN_ONLY:
             return
         for definition in definitions:  # and what it changes

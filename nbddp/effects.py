@@ -77,8 +77,14 @@ class Effects:
         if node not in self._defs:
             self._defs[node] = frozenset()  # a recursive function: what is known so far
             self._defs[node] = self.of_node(node.body) | (  # a def's block, a lambda's expression; and its own
-                {RANK_LOGIC} if RANK in reads_rank(node.body, self.names) else set())  # test of the rank
+                {RANK_LOGIC} if self._by_rank(node) else set())  # test of the rank
         return self._defs[node]
+
+    def _by_rank(self, node) -> bool:
+        """What the function does depends on the rank: its body reads it, or a decorator picks the processes it runs
+        on (accelerate's `on_process(process_index=1)`, `on_last_process`)."""
+        return RANK in reads_rank(node.body, self.names) or any(
+            RANK in reads_rank(d.decorator, self.names) for d in getattr(node, "decorators", ()))
 
     def of_node(self, node) -> frozenset:
         """The kinds of everything a statement or expression runs (def and lambda bodies: when called)."""

@@ -46,10 +46,14 @@ ATTRIBUTES = {"process_index": RANK, "local_process_index": RANK, "is_main_proce
               "is_local_main_process": RANK, "is_last_process": RANK, "is_world_process_zero": RANK,
               "is_local_process_zero": RANK, "global_rank": RANK, "local_rank": RANK, "node_rank": RANK,
               "is_global_zero": RANK, "should_save": RANK, "should_log": RANK,
-              "num_processes": WORLD, "world_size": WORLD, "n_gpu": WORLD}
+              "num_processes": WORLD, "world_size": WORLD, "n_gpu": WORLD,
+              # accelerate's decorators that run a function on the processes they pick
+              "on_process": RANK, "on_local_process": RANK, "on_last_process": RANK, "on_main_process": RANK,
+              "on_local_main_process": RANK}
 # Of those, the flags only rank 0 (of the job, or of each machine) holds true (nbddp.transforms.rank_blocks)
 RANK_ZERO = frozenset({"is_main_process", "is_local_main_process", "is_world_process_zero", "is_local_process_zero",
-                       "is_global_zero", "should_save", "NBDDP_IS_MAIN", "NBDDP_IS_LOCAL_MAIN"})
+                       "is_global_zero", "should_save", "on_main_process", "on_local_main_process", "NBDDP_IS_MAIN",
+                       "NBDDP_IS_LOCAL_MAIN"})
 PROPERTIES = frozenset({"builtins.property", "functools.cached_property"})
 MAX_DEPTH = 4
 CALLED = frozenset({"get", "getenv", "__getitem__"} | {m.rsplit(".", 1)[1] for m in DISTRIBUTED} | set(ATTRIBUTES))

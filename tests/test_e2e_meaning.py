@@ -91,6 +91,7 @@ CELLS = [
     "if acc.is_main_process:\n    print('the main process')\nelse:\n    open('others.txt', 'a').write('other')\n",
     "from torch.distributed import get_rank as who\ndef only_second():\n    if who() != 1:\n        return\n"
     "    with open('early.txt', 'w') as fh:\n        fh.write(f'rank {who()}')\nonly_second()\n",
+    "@acc.on_last_process\ndef last():\n    open('last.txt', 'w').write(f'rank {acc.process_index}')\nlast()\n",
     "from torch.distributed import destroy_process_group as close_group\nclose_group()\nprint('DONE', flush = True)\n",
 ]
 
@@ -118,6 +119,7 @@ def test_a_rank_test_after_training_runs_on_that_rank(job):
     assert (done.cwd / "second.txt").read_text() == "written by the second process", done.explain()  # not its copy
     assert (done.cwd / "others.txt").read_text() == "other", done.explain()  # the `else` of a rank-0 test
     assert (done.cwd / "early.txt").read_text() == "rank 1", done.explain()  # after the others' early return
+    assert (done.cwd / "last.txt").read_text() == "rank 1", done.explain()  # accelerate's on_last_process
 
 
 def test_every_rank_computes_the_same_values_and_trains_one_model(job):

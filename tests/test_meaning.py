@@ -67,6 +67,8 @@ def test_per_rank_code_after_training_runs_on_every_rank(after):
      "    model.save_pretrained('b')\nfinish()\n", "finish()"),
     ("import accelerate\nstate = accelerate.PartialState()\ndef note(path):\n    if state.process_index == 0:\n"
      "        return\n    open(path, 'w').write('x')\n", "note('n.txt')"),
+    ("from accelerate import PartialState as PS\n@PS().on_process(process_index=1)\ndef one(path):\n"
+     "    open(path, 'w').write('x')\n", "one('o.txt')"),
 ])
 def test_a_function_that_decides_by_the_rank_runs_on_every_rank_after_training_too(cell, call):
     """Its call reads the rank (through the function's body): not rank-0 work, and training's end comes after it."""
@@ -593,6 +595,11 @@ def test_a_global_the_notebooks_function_sets_that_training_reads_is_set_on_ever
     "    model.save_pretrained(part)\n",
     "import os\ndef others():\n    if int(os.environ['RANK']) == 0:\n        print('skip')\n        return\n"
     "    open('o.txt', 'w').write('x')\nothers()\n",
+    # a function a decorator runs on the processes it picks (accelerate's, of an Accelerator or a PartialState)
+    "from accelerate import Accelerator\nacc = Accelerator()\n@acc.on_process(process_index=1)\ndef second():\n"
+    "    open('s.txt', 'w').write('x')\nsecond()\n",
+    "import accelerate\nstate = accelerate.PartialState()\n@state.on_last_process\ndef last():\n"
+    "    model.save_pretrained('last')\nlast()\n",
 ])
 def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_picks(cell):
     out, report = convert(TRAIN, cell)
@@ -608,6 +615,8 @@ def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_pick
     "import torch.distributed as dist\nif dist.get_rank() != 0:\n    pass\nelse:\n    open('z.txt', 'w').write('x')\n",
     "import torch.distributed as dist\ndef zero():\n    if dist.get_rank() != 0:\n        return\n"
     "    open('z.txt', 'w').write('x')\nzero()\n",  # what follows is rank 0's: the nets write it anyway
+    "from accelerate import Accelerator\nacc = Accelerator()\n@acc.on_main_process\ndef main():\n"
+    "    open('m.txt', 'w').write('x')\nmain()\n",  # the main process alone
 ])
 def test_other_tests_and_blocks_that_write_nothing_are_left_as_they_are(cell):
     out, _ = convert(TRAIN, cell)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst_helpers import leaves_block, live_calls
-from ..rank_conditions import OWN, RANK_ZERO, is_rank_test, node_reads
+from ..rank_conditions import OWN, RANK, RANK_ZERO, is_rank_test, node_reads
 from ..runtime import NETTED
 from ..training_end import is_own_test
 from ..tree import TreeTransformer
@@ -95,6 +95,19 @@ class _Blocks(TreeTransformer):
         self.report.change(self.cell, "a test of the rank of the notebook's own: what its block saves, writes and "
                                       "logs, the ranks it picks do as written (nbddp_rank_block)")
         return updated.with_changes(body=body, orelse=orelse)
+
+    def leave_FunctionDef(self, original, updated):
+        """A function a decorator runs on the processes it picks (accelerate's `on_process(process_index=1)`,
+        `on_last_process`): its body under `with nbddp_rank_block():` where those are not rank 0 alone."""
+        picking = [d.decorator for d in original.decorators if RANK in node_reads(d.decorator, self.names)]
+        if not picking or any(_picks_rank_0(d, self.names) for d in picking):
+            return updated
+        body = self._block(original.body, updated.body, False)
+        if body is updated.body:
+            return updated
+        self.report.change(self.cell, f"{updated.name.value}: a decorator runs it on the processes it picks: what it "
+                                      "saves, writes and logs, they do as written (nbddp_rank_block)")
+        return updated.with_changes(body=body)
 
     def leave_IndentedBlock(self, original, updated):
         """After the notebook's own test of the rank that leaves the block (`if dist.get_rank() != 1: return`), the
