@@ -56,6 +56,21 @@ CELLS = (
 )
 
 
+def sharded_and_plain(conversion, tmp_path):
+    """The converted script run twice at once beside a copy of tmp_path/base, as `NBDDP_MODE=shard NBDDP_NPROC=2
+    python train_ddp.py` and as one plain process: both jobs, each ended cleanly."""
+    runs = {}
+    for name, env in (("sharded", {"NBDDP_MODE": "shard", "NBDDP_NPROC": "2"}), ("plain", {"NBDDP_NPROC": "1"})):
+        cwd = tmp_path / name
+        shutil.copytree(tmp_path / "base", cwd / "base")
+        (cwd / SCRIPT).write_text(conversion.script, encoding="utf-8")
+        runs[name] = ([sys.executable, SCRIPT], cwd, env)
+    jobs = run_jobs(runs.values(), timeout=240)
+    for job in jobs:
+        assert_clean_exit(job)
+    return jobs
+
+
 def test_a_converted_notebook_trains_sharded_as_one_plain_process_trains_it(tmp_path):
     from safetensors.torch import load_file
 
@@ -64,15 +79,7 @@ def test_a_converted_notebook_trains_sharded_as_one_plain_process_trains_it(tmp_
     conversion = convert_notebook(make_notebook(*CELLS))
     assert "shard_mode" in conversion.runtime.reasons  # a model load and peft's adapters: the script can shard
     save_checkpoint(str(tmp_path / "base"))
-    runs = {}
-    for name, env in (("sharded", {"NBDDP_MODE": "shard", "NBDDP_NPROC": "2"}), ("plain", {"NBDDP_NPROC": "1"})):
-        cwd = tmp_path / name
-        shutil.copytree(tmp_path / "base", cwd / "base")
-        (cwd / SCRIPT).write_text(conversion.script, encoding="utf-8")
-        runs[name] = ([sys.executable, SCRIPT], cwd, env)
-    sharded, plain = run_jobs(runs.values(), timeout=240)
-    assert_clean_exit(sharded)
-    assert_clean_exit(plain)
+    sharded, plain = sharded_and_plain(conversion, tmp_path)
 
     said = [line for line in sharded.stdout.splitlines() if line.startswith("nbddp: NBDDP_MODE=shard: ")]
     assert len(said) == 1 and "2 processes, each holding 1/2 of the frozen layers" in said[0], sharded.explain()
@@ -144,15 +151,7 @@ def test_a_model_trls_trainer_loads_from_its_id_loads_sharded_and_trains_as_one_
     conversion = convert_notebook(make_notebook(*TRL_CELLS))
     assert "shard_mode" in conversion.runtime.reasons and "nbddp_fit([('base', 32)])" in conversion.script
     save_tiny_llama(tmp_path / "base", num_hidden_layers=LAYERS, tie_word_embeddings=False)
-    runs = {}
-    for name, env in (("sharded", {"NBDDP_MODE": "shard", "NBDDP_NPROC": "2"}), ("plain", {"NBDDP_NPROC": "1"})):
-        cwd = tmp_path / name
-        shutil.copytree(tmp_path / "base", cwd / "base")
-        (cwd / SCRIPT).write_text(conversion.script, encoding="utf-8")
-        runs[name] = ([sys.executable, SCRIPT], cwd, env)
-    sharded, plain = run_jobs(runs.values(), timeout=240)
-    assert_clean_exit(sharded)
-    assert_clean_exit(plain)
+    sharded, plain = sharded_and_plain(conversion, tmp_path)
     assert sharded.count("LlamaForCausalLM.from_pretrained('base'): loaded sharded over 2 processes") == 1, \
         sharded.explain()
     trained, reference = (json.loads((job.cwd / "trained.json").read_text()) for job in (sharded, plain))
