@@ -179,13 +179,13 @@ class Changes(LiveVisitor):
         if started(meanings) and not may_install(node, self.names):  # a program started: outside the process
             self.reaches |= {m.split(".", 1)[0] for m in started(meanings)}
         carrier = self._runs_handed(node, meanings)
-        for definition in definitions:  # the notebook's own function: what its body saves, sets up, calls, and
-            self.saves |= self.scan.saved_by(definition)  # reads of the job's shape (what it does may depend on
-            self.configures |= self.scan.set_up_by(definition)  # the rank: `if dist.get_rank() != 1: return`)
+        for definition in definitions:  # the notebook's own function: what its body saves, sets up and calls
+            self.saves |= self.scan.saved_by(definition)
+            self.configures |= self.scan.set_up_by(definition)
             self.packages |= self.scan.packages_of(definition)
             self.reaches |= self.scan.packages_of(definition, "reaches")
-            self.rank |= self.scan.packages_of(definition, "rank") | (
-                {RANK} if RANK_LOGIC in self.scan.effects.of_call(node) else set())  # (also by its decorator)
+        if RANK_LOGIC in self.scan.effects.of_call(node):  # a function of the notebook's that decides by the rank
+            self.rank.add(RANK)
         if effects & MAIN_ONLY:
             return
         for definition in definitions:  # and what it changes

@@ -86,7 +86,7 @@ class _Facts(cst.CSTVisitor):
         elif flag("load_in_8bit"):
             bits = 8
         else:
-            bits = 32 if dtype is not None and "float32" in code_of(dtype.value) else 16
+            bits = 32 if dtype is not None and self._float32(dtype.value) else 16
         placement = keyword(node, "device_map")
         placement = code_of(placement.value.args[0].value) if placement is not None and isinstance(
             placement.value, cst.Call) and placement.value.args else "none"
@@ -109,8 +109,13 @@ class _Facts(cst.CSTVisitor):
         init = keyword(config, "model_init_kwargs") if config is not None else None
         dtype = next((e.value for e in getattr(init.value, "elements", ()) if isinstance(e, cst.DictElement) and
                       self.analysis.literal(e.key) in ("dtype", "torch_dtype")), None) if init is not None else None
-        dtype = code_of(dtype) if dtype is not None else "float32"
-        self.models.append((model, bits or (32 if "float32" in dtype else 16), self.cell, "the trainer's"))
+        self.models.append((model, bits or (32 if dtype is None or self._float32(dtype) else 16), self.cell,
+                            "the trainer's"))
+
+    def _float32(self, dtype) -> bool:
+        """A dtype argument that is float32: `torch.float32` (`torch.float`), or the string "float32"."""
+        return self.analysis.literal(dtype) == "float32" or bool(
+            self.analysis.meanings(dtype) & {"torch.float32", "torch.float"})
 
     def _call_of(self, arg):
         """The call a keyword's value is, or the call a name it reads was last assigned (`args = SFTConfig(...)`)."""
