@@ -48,6 +48,8 @@ NCCL_P2P_DISABLE=1; the whole job on `--cores`; each process's allocator capped 
   split    one process, the model over both GPUs as accelerate places it (get_balanced_memory, then
            infer_auto_device_map and dispatch_model, decoder layers whole): the global batch in 2 micro-batches of
            `--batch` (the same samples per optimizer step as the sharded mode, the losses averaged);
+  split-even  the same process, the model placed by nbddp's split mode (nbddp/runtime/split_place.py: the layers
+           cut by their bytes and the activations of this batch, the head and loss on the last GPU); 2 GPUs only;
   one      split mode's process with the whole model on GPU 0 alone: whether one GPU at `--cap-gib` holds it (its
            running out of memory is a result: it neither fails the driver nor sets the batch);
   shard    2 processes under torchrun (NCCL): every module outside the decoder layers whole on each, each decoder
@@ -386,6 +388,8 @@ def split(args):
         from nbddp.runtime.split_place import nbddp_split_map
         balanced = max_memory
         placed = nbddp_split_map(model, [max_memory[d] for d in range(len(devices))], tokens=args.batch * args.seq)[0]
+        if placed is None:
+            raise SystemExit("split-even places the model over 2 GPUs (--device cuda)")
     else:
         balanced = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=[layer], dtype=dtype)
         placed = infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=[layer], dtype=dtype)
