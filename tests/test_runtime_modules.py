@@ -1064,14 +1064,16 @@ os.makedirs(f"machine{rank}", exist_ok=True)
 os.chdir(f"machine{rank}")  # each rank a folder of its own, as on machines of their own
 open(f"made-by-{rank}.txt", "w").close()
 ns = {"run": f"runs/{os.getpid()}", "sizes": [rank, 2], "kept": object(), "path": f"made-by-{rank}.txt",
-      "mine": rank, "main": rank == 0}  # the rank and a flag, as a library of the notebook's may give them
-share.nbddp_same_values(ns, "run", "sizes", "kept", "path", "absent", "mine", "main")
+      "mine": rank, "main": rank == 0,  # the rank and a flag, as a library of the notebook's may give them
+      "device": f"cuda:{rank}", "part": f"part-{rank}-of-2.json", "both": f"r{rank}-{os.getpid()}"}  # strings of it
+share.nbddp_same_values(ns, "run", "sizes", "kept", "path", "absent", "mine", "main", "device", "part", "both")
 import threading
 given = {"lock": threading.Lock(), "rows": [1, 2]} if rank == 0 else {}  # what rank 0 alone ran
 share.nbddp_share_values(given, "lock", "rows")
 ns["given"] = sorted(given)
 print(json.dumps({"rank": rank, "run": ns["run"], "sizes": ns["sizes"], "path": ns["path"], "pid": os.getpid(),
-                  "kept": type(ns["kept"]).__name__, "mine": ns["mine"], "main": ns["main"], "given": ns["given"]}))
+                  "kept": type(ns["kept"]).__name__, "mine": ns["mine"], "main": ns["main"], "given": ns["given"],
+                  "device": ns["device"], "part": ns["part"], "both": ns["both"]}))
 dist.destroy_process_group()
 """
 
@@ -1083,5 +1085,7 @@ def test_rank_0s_values_go_to_every_rank_where_they_can_and_should(tmp_path):
     assert out[0]["sizes"] == out[1]["sizes"] == [0, 2] and out[1]["kept"] == "object", out
     assert [o["path"] for o in out] == ["made-by-0.txt", "made-by-1.txt"], out  # rank 0's file is not there
     assert [(o["mine"], o["main"]) for o in out] == [(0, True), (1, False)], out  # each rank's own
+    assert [(o["device"], o["part"]) for o in out] == [("cuda:0", "part-0-of-2.json"), ("cuda:1", "part-1-of-2.json")]
+    assert out[0]["both"] == out[1]["both"] == f"r0-{out[0]['pid']}", out  # the rank, and more than the rank
     assert [o["given"] for o in out] == [["lock", "rows"], ["rows"]], out  # a lock cannot be sent: rank 0 says so
     assert "nbddp: rank 0's lock (a lock) cannot be sent to the other ranks: they have none" in texts[0], texts[0]

@@ -8,13 +8,14 @@ saved files go to that machine's first rank over the process group, in chunks, a
 rank 0's save. On one machine, or where every machine shares rank 0's storage, it does nothing."""
 import os
 import pickle
+import re
 
 import torch
 import torch.distributed
 
 from .agree import _nbddp_plain
 from .group import (NBDDP_CHECKED, NBDDP_CHECKED_KEY, NBDDP_IS_LOCAL_MAIN, NBDDP_IS_MAIN, NBDDP_LOCAL_RANK,
-                    NBDDP_OWN_STORAGE, NBDDP_OWN_STORAGE_KEY, NBDDP_WORLD_SIZE, nbddp_barrier, nbddp_dist)
+                    NBDDP_OWN_STORAGE, NBDDP_OWN_STORAGE_KEY, NBDDP_RANK, NBDDP_WORLD_SIZE, nbddp_barrier, nbddp_dist)
 from .hooks import nbddp_say
 from .wait import nbddp_store, nbddp_wait_until
 
@@ -98,8 +99,9 @@ def nbddp_same_values(namespace, *names):
     """Every rank calls it after a line every rank ran whose values of `names` a library made that nbddp has no
     entries for (`run = namer.slug()`): rank 0's, where plain (strings, floats, containers of plain values) and under
     1 MiB pickled, replace each rank's own, so that what training reads is the same on every rank. An int or a flag
-    stays each rank's (it may be the rank, or this rank's device, read through that library), and so does a path that
-    exists on rank 0's machine and not on this rank's."""
+    stays each rank's (it may be the rank, or this rank's device, read through that library), and so do a string that
+    is rank 0's with this rank's number in place of its 0 (`cuda:1`, `data-1.json`) and a path that exists on rank
+    0's machine and not on this rank's."""
     if not nbddp_dist():
         return
     sent = [None]
@@ -110,4 +112,16 @@ def nbddp_same_values(namespace, *names):
         sent = [(plain, paths) if len(pickle.dumps(plain)) < 2 ** 20 else ({}, set())]
     torch.distributed.broadcast_object_list(sent, src=0)
     plain, paths = sent[0]
-    namespace.update({name: value for name, value in plain.items() if name not in paths or os.path.exists(value)})
+    namespace.update({name: value for name, value in plain.items() if (name not in paths or os.path.exists(value))
+                      and not _nbddp_spells_rank(namespace.get(name), value)})
+
+
+def _nbddp_spells_rank(own, first):
+    """`own` is rank 0's string `first` with this rank's number where rank 0's has its 0 (`cuda:1` for `cuda:0`,
+    `data-1-of-2.json` for `data-0-of-2.json`): a string made from the rank, each rank's own."""
+    if not (isinstance(own, str) and isinstance(first, str)) or own == first:
+        return False
+    mine, theirs = re.split(r"(\d+)", own), re.split(r"(\d+)", first)  # digit runs at the odd places
+    ranks = {str(NBDDP_RANK), str(NBDDP_LOCAL_RANK)}
+    return len(mine) == len(theirs) and all(a == b or (i % 2 and b == "0" and a in ranks)
+                                            for i, (a, b) in enumerate(zip(mine, theirs)))
