@@ -82,9 +82,13 @@ class Effects:
 
     def _by_rank(self, node) -> bool:
         """What the function does depends on the rank: its body reads it, or a decorator picks the processes it runs
-        on (accelerate's `on_process(process_index=1)`, `on_last_process`)."""
-        return RANK in reads_rank(node.body, self.names) or any(
-            RANK in reads_rank(d.decorator, self.names) for d in getattr(node, "decorators", ()))
+        on."""
+        return RANK in reads_rank(node.body, self.names) or bool(self.picking(node))
+
+    def picking(self, node) -> list:
+        """The decorators of a def that pick the processes it runs on, by what they read (accelerate's
+        `on_process(process_index=1)`, `on_last_process`)."""
+        return [d.decorator for d in getattr(node, "decorators", ()) if RANK in reads_rank(d.decorator, self.names)]
 
     def of_node(self, node) -> frozenset:
         """The kinds of everything a statement or expression runs (def and lambda bodies: when called)."""

@@ -57,10 +57,20 @@ def test_the_head_and_its_logits_take_layers_off_their_gpu_and_the_estimates_com
     with torch.device("meta"):
         model = transformers.Qwen2ForCausalLM(config)
     placed, counts, used = nbddp_split_map(model, [6 * GIB, 6 * GIB], bits=4)
-    assert counts[0] > counts[1] and sum(counts) == 28
+    assert counts == [19, 9], counts  # docs/sharded.md's figure
     assert max(used) / min(used) < 1.05, used
     fewer, _, _ = nbddp_split_map(model, [6 * GIB, 6 * GIB], bits=4, tokens=128)
     assert sum(v == 1 for v in fewer.values()) > sum(v == 1 for v in placed.values())  # less logits: more layers
+
+
+def test_a_16_bit_8b_model_over_two_15_gib_gpus_is_cut_17_15():
+    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                      tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    _, counts, used = nbddp_split_map(model, [15 * GIB, 15 * GIB], bits=16)
+    assert counts == [17, 15] and max(used) / min(used) < 1.05, (counts, used)  # docs/sharded.md's figure
 
 
 def test_a_model_as_it_trains_counts_its_trained_values_with_their_gradients_and_optimizer_state():

@@ -25,7 +25,7 @@ import torch
 from .fit import (NBDDP_ALLOWANCE, NBDDP_GIB, NBDDP_SHARDABLE, _nbddp_config, _nbddp_stop, nbddp_shard_gib,
                   nbddp_weight_gib)
 from .group import NBDDP_DEVICE, NBDDP_IS_LOCAL_MAIN, NBDDP_WORLD_SIZE, nbddp_barrier, nbddp_dist
-from .hooks import NBDDP_IMPORTS, nbddp_say
+from .hooks import NBDDP_IMPORTS, _nbddp_flag, nbddp_say
 from .launcher import NBDDP_LAUNCHED, nbddp_nproc
 from .shard_host import nbddp_host_available, nbddp_host_transport
 from .shard_load import nbddp_load_sharded
@@ -60,8 +60,7 @@ def nbddp_weights_folder(model, revision=None, cache_dir=None):
 
 def nbddp_downloadable(model):
     """A hub id this machine may download: not a local path, and the hub not switched off (HF_HUB_OFFLINE)."""
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    return not offline and not os.path.exists(model) and not model.startswith((".", "/", "~"))
+    return not _nbddp_flag("HF_HUB_OFFLINE") and not os.path.exists(model) and not model.startswith((".", "/", "~"))
 
 
 def nbddp_download(model, revision=None, cache_dir=None, token=None):

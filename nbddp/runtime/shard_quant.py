@@ -18,6 +18,7 @@ weight's packed bytes and keeps its quantization state whole on every rank).
   made one parameter by `Params4bit.from_prequantized`.
 bitsandbytes and transformers are imported only where a load uses them (the runtime itself needs torch alone)."""
 from .fit import _nbddp_stop
+from .split_place import nbddp_quant_asked
 
 NBDDP_QUANT_STATS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map", "quant_state.bitsandbytes__nf4",
                      "quant_state.bitsandbytes__fp4")
@@ -29,17 +30,6 @@ def nbddp_quant_stat_keys(keys, weight):
     key followed by one of bitsandbytes' state names), in the order NBDDP_QUANT_STATS names them."""
     keys = set(keys)
     return [f"{weight}.{stat}" for stat in NBDDP_QUANT_STATS if f"{weight}.{stat}" in keys]
-
-
-def nbddp_quant_asked(kwargs):
-    """The quantization a from_pretrained call asks for (a config object, a dict, or None); `load_in_4bit=True` and
-    `load_in_8bit=True` as bitsandbytes' config dicts."""
-    asked = kwargs.get("quantization_config")
-    if asked is None and kwargs.get("load_in_8bit"):
-        return {"quant_method": "bitsandbytes", "load_in_8bit": True}
-    if asked is None and kwargs.get("load_in_4bit"):
-        return {"quant_method": "bitsandbytes", "load_in_4bit": True}
-    return asked
 
 
 def _nbddp_method(quant):

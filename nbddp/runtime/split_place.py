@@ -133,16 +133,25 @@ def nbddp_split_map(model, free, bits=None, tokens=NBDDP_SPLIT_TOKENS):
     return placed, counts, used
 
 
+def nbddp_quant_asked(kwargs):
+    """The quantization a from_pretrained call asks for (a config object, a dict, or None); `load_in_4bit=True` and
+    `load_in_8bit=True` as bitsandbytes' config dicts."""
+    asked = kwargs.get("quantization_config")
+    if asked is None and kwargs.get("load_in_8bit"):
+        return {"quant_method": "bitsandbytes", "load_in_8bit": True}
+    if asked is None and kwargs.get("load_in_4bit"):
+        return {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    return asked
+
+
 def _nbddp_load_bits(config, kwargs):
     """The precision a from_pretrained call loads the layers in: 4 or 8 (quantized: asked for, or the checkpoint's
     own), else 32 for float32, else 16."""
-    asked = kwargs.get("quantization_config") or getattr(config, "quantization_config", None)
+    asked = nbddp_quant_asked(kwargs) or getattr(config, "quantization_config", None)
     if asked is not None:
         asked = asked if isinstance(asked, dict) else asked.to_dict()
         return 4 if asked.get("load_in_4bit") or asked.get("bits") == 4 else \
             8 if asked.get("load_in_8bit") or asked.get("bits") == 8 else 16
-    if kwargs.get("load_in_4bit") or kwargs.get("load_in_8bit"):
-        return 4 if kwargs.get("load_in_4bit") else 8
     dtype = kwargs.get("dtype", kwargs.get("torch_dtype")) or getattr(config, "dtype", None)
     return 32 if dtype in (torch.float32, "float32") else 16
 

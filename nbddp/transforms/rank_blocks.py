@@ -8,7 +8,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst_helpers import leaves_block, live_calls
-from ..rank_conditions import OWN, RANK, RANK_ZERO, is_rank_test, node_reads
+from ..rank_conditions import OWN, RANK_ZERO, is_rank_test, node_reads
 from ..runtime import NETTED
 from ..training_end import is_own_test
 from ..tree import TreeTransformer
@@ -99,7 +99,7 @@ class _Blocks(TreeTransformer):
     def leave_FunctionDef(self, original, updated):
         """A function a decorator runs on the processes it picks (accelerate's `on_process(process_index=1)`,
         `on_last_process`): its body under `with nbddp_rank_block():` where those are not rank 0 alone."""
-        picking = [d.decorator for d in original.decorators if RANK in node_reads(d.decorator, self.names)]
+        picking = self.tree.effects.picking(original)
         if not picking or any(_picks_rank_0(d, self.names) for d in picking):
             return updated
         body = self._block(original.body, updated.body, False)

@@ -22,7 +22,7 @@ Install first (the notebook's install commands, every branch, removed here):
 # -- group: every script: ranks from torchrun's environment, this rank's device, the process group
 # -- same_random: every script: one random state on every rank, also for generators made without a seed
 # -- hooks: needed by split_place, fit, one_writer, files, agree, stdin_fd, unsloth_group, lean_sync, peft_shim, xformers_shim, global_batch, balance, shard_mode
-# -- split_place: needed by fit, shard, shard_mode
+# -- split_place: needed by fit, shard, shard_quant, shard_mode
 # -- fit: the notebook loads a model: DDP if it fits one GPU, else one process split over all of them
 # -- one_writer: every script: saving and pushing on rank 0 only, also where the converter cannot see it
 # -- files: every script: a file that every rank writes is written by one rank per machine; the notebook calls nbddp_main_process_first: once per machine, the other ranks wait
