@@ -87,8 +87,13 @@ class Effects:
 
     def picking(self, node) -> list:
         """The decorators of a def that pick the processes it runs on, by what they read (accelerate's
-        `on_process(process_index=1)`, `on_last_process`)."""
-        return [d.decorator for d in getattr(node, "decorators", ()) if RANK in reads_rank(d.decorator, self.names)]
+        `on_process(process_index=1)`, `on_last_process`), or by what a decorator of the notebook's own does
+        (`@on_rank(1)` whose wrapper tests `dist.get_rank()`)."""
+        def own(decorator):
+            return RANK_LOGIC in (self.of_call(decorator) if isinstance(decorator, cst.Call) else frozenset().union(
+                *(self.of_def(d) for d in self.names.definitions(decorator))))
+        return [d.decorator for d in getattr(node, "decorators", ())
+                if RANK in reads_rank(d.decorator, self.names) or own(d.decorator)]
 
     def of_node(self, node) -> frozenset:
         """The kinds of everything a statement or expression runs (def and lambda bodies: when called)."""

@@ -600,6 +600,10 @@ def test_a_global_the_notebooks_function_sets_that_training_reads_is_set_on_ever
     "    open('s.txt', 'w').write('x')\nsecond()\n",
     "import accelerate\nstate = accelerate.PartialState()\n@state.on_last_process\ndef last():\n"
     "    model.save_pretrained('last')\nlast()\n",
+    # a decorator of the notebook's own whose wrapper tests the rank
+    "import torch.distributed as dist\ndef on_rank(r):\n    def deco(f):\n        def wrapped():\n"
+    "            if dist.get_rank() == r:\n                return f()\n        return wrapped\n    return deco\n"
+    "@on_rank(1)\ndef one():\n    open('one.txt', 'w').write('x')\none()\n",
 ])
 def test_what_the_notebooks_own_rank_test_writes_is_written_by_the_ranks_it_picks(cell):
     out, report = convert(TRAIN, cell)
