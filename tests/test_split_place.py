@@ -48,14 +48,18 @@ def test_every_tensor_is_placed_once_the_layers_in_order_and_the_head_where_its_
     assert len(used) == 2
 
 
+def full_size(family, **shape):
+    """A full-size causal LM of `family` (transformers' `<family>ForCausalLM`) on the meta device, head untied."""
+    config = getattr(transformers, f"{family}Config")(**shape, tie_word_embeddings=False)
+    with torch.device("meta"):
+        return getattr(transformers, f"{family}ForCausalLM")(config)
+
+
 def test_the_head_and_its_logits_take_layers_off_their_gpu_and_the_estimates_come_out_even():
     """A Qwen2.5-7B shape in 4-bit over two 6 GiB GPUs (where accelerate's "balanced" put 6 layers on the first and
     22 and the head on the second, which ran out of memory): more layers on the first GPU, the two within 5%."""
-    config = transformers.Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                                      num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-                                      tie_word_embeddings=False)
-    with torch.device("meta"):
-        model = transformers.Qwen2ForCausalLM(config)
+    model = full_size("Qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                      num_attention_heads=28, num_key_value_heads=4, vocab_size=152064)
     placed, counts, used = nbddp_split_map(model, [6 * GIB, 6 * GIB], bits=4)
     assert counts == [19, 9], counts  # docs/sharded.md's figure
     assert max(used) / min(used) < 1.05, used
@@ -64,11 +68,8 @@ def test_the_head_and_its_logits_take_layers_off_their_gpu_and_the_estimates_com
 
 
 def test_a_16_bit_8b_model_over_two_15_gib_gpus_is_cut_17_15():
-    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                                      tie_word_embeddings=False)
-    with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(config)
+    model = full_size("Llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
     _, counts, used = nbddp_split_map(model, [15 * GIB, 15 * GIB], bits=16)
     assert counts == [17, 15] and max(used) / min(used) < 1.05, (counts, used)  # docs/sharded.md's figure
 
