@@ -44,6 +44,22 @@ def test_importing_the_runtime_imports_no_training_library():
     assert bare.strip() == "False"  # the package itself imports none of its modules
 
 
+def test_no_two_runtime_modules_define_one_name():
+    """A script carries its runtime modules inlined into one namespace: a name two modules define is the later one's
+    in both (split mode's placement once read agree's dict as a byte count)."""
+    import ast
+
+    from nbddp.runtime import MODULES
+    where = {}
+    for module in MODULES:
+        with open(os.path.join(os.path.dirname(agree.__file__), f"{module}.py"), encoding="utf-8") as source:
+            for node in ast.parse(source.read()).body:
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                names = [node.name] if hasattr(node, "name") else [t.id for t in targets if isinstance(t, ast.Name)]
+                for name in names:
+                    assert where.setdefault(name, module) == module, f"{name}: {where[name]} and {module}"
+
+
 def test_group_one_process_on_the_cpu(monkeypatch):
     assert group.nbddp_device_map() == {"": group.NBDDP_DEVICE}
     assert group.nbddp_dist() is False and group.NBDDP_IS_MAIN

@@ -4,7 +4,8 @@ saved by `save_pretrained` and loaded on 2 gloo ranks, each decoder layer read f
 each layer, gathered, holds the checkpoint's tensors; each layer's step read that layer's tensors alone, the modules
 outside the layers none of them. In fp32, bf16 (tied embeddings, the rotary frequencies computed again) and fp16
 (an index over several files), and with peft's adapters added on the meta model (new, initialized as peft does:
-B zero). A load that reads one layer from another layer's keys fails all three checks.
+B zero), and a tiny Gemma 3 (its embedding's scale a buffer the checkpoint does not hold, made by a module whose
+class takes no config). A load that reads one layer from another layer's keys fails all three checks.
 
 This file is also the case that torchrun runs on each rank (`python test_shard_load.py FOLDER`): the test's own
 process imports no transformers."""
@@ -38,10 +39,23 @@ def save_checkpoint(folder, dtype="float32", tied=False, shard=None):
     model.to(getattr(torch, dtype)).save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
 
 
+def save_gemma3(folder):
+    """A tiny Gemma 3 (random weights): its embedding's scale is a buffer the checkpoint does not hold, made by a
+    module whose class takes no config."""
+    import torch
+    import transformers
+    config = transformers.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                           vocab_size=VOCAB, max_position_embeddings=64, sliding_window=8)
+    torch.manual_seed(1)
+    transformers.Gemma3ForCausalLM(config).save_pretrained(folder)
+
+
 def save_checkpoints(root):
-    """The tiny Llama saved in each dtype under `root`."""
+    """The tiny Llama saved in each dtype under `root`, and the tiny Gemma 3 in float32."""
     for name, tied, shard in (("float32", False, None), ("bfloat16", True, None), ("float16", False, "40KB")):
         save_checkpoint(os.path.join(root, name), name, tied, shard)
+    save_gemma3(os.path.join(root, "gemma3"))
 
 
 def test_a_checkpoint_loads_layer_by_layer_into_the_sharded_mode_as_the_whole_model(tmp_path):
@@ -52,12 +66,12 @@ def test_a_checkpoint_loads_layer_by_layer_into_the_sharded_mode_as_the_whole_mo
     assert len([f for f in os.listdir(tmp_path / "float16") if f.endswith(".safetensors")]) > 1  # an index
     result = json.loads(next(line for line in done.stdout.splitlines() if "RESULT " in line).split("RESULT ", 1)[1])
     for rank in result:
-        for name in ("float32", "bfloat16", "float16", "float32+lora"):
+        for name in ("float32", "bfloat16", "float16", "float32+lora", "gemma3"):
             got = rank[name]
             assert got["logits_equal"] and got["loss_equal"], (name, got)
             assert got["reads_per_layer"] and got["outside_reads_no_layer"], (name, got)
             assert got["blocks"] == LAYERS and got["frozen_sharded"] > 0, (name, got)
-        for name in ("float32", "bfloat16", "float16"):
+        for name in ("float32", "bfloat16", "float16", "gemma3"):
             assert rank[name]["gathered"] == rank[name]["frozen_sharded"] and not rank[name]["mismatched"], rank[name]
             assert rank[name]["new"] == [], rank[name]
         lora = rank["float32+lora"]
@@ -90,11 +104,10 @@ def case(root):
     runs = [("float32", "float32", {}), ("bfloat16", "bfloat16", {}), ("float16", "float16", {}),
             ("float32 layer 1 from layer 0", "float32",
              {"key_of": lambda key: key.replace("model.layers.1.", "model.layers.0.")}),
-            ("float32+lora", "float32", {"prepare": with_lora})]
+            ("float32+lora", "float32", {"prepare": with_lora}), ("gemma3", "float32", {})]
     mine = {}
-    for name, folder, how in runs:
-        folder = os.path.join(root, folder)
-        dtype = getattr(torch, os.path.basename(folder))
+    for name, dtype, how in runs:
+        folder, dtype = os.path.join(root, name.split()[0].split("+")[0]), getattr(torch, dtype)
         whole = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
         model, shards = nbddp_load_sharded(folder, dtype=dtype, **how)
         model.eval()

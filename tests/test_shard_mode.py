@@ -229,6 +229,15 @@ def test_the_dtype_is_read_as_from_pretrained_reads_it(tmp_path, shard_mode):
     assert shard_mode.nbddp_shard_dtype(None, config) is None  # none in the config: as saved
 
 
+def test_the_keywords_the_sharded_load_takes_as_from_pretrained_takes_them(shard_mode):
+    import transformers
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4)
+    kwargs = {"_from_auto": True, "_commit_hash": "abc", "_from_pipeline": "text-generation", "device_map": "auto",
+              "load_in_4bit": True, "rms_norm_eps": 0.5, "my_option": 1}  # the first three: the Auto classes pass them
+    assert shard_mode.nbddp_config_keywords(config, kwargs) == ["my_option"]
+    assert config.rms_norm_eps == 0.5  # a keyword of the config's sets it
+
+
 def test_the_share_the_fit_check_gets(tmp_path, shard_mode, monkeypatch):
     """GiB a process (fit.nbddp_shard_gib) where the mode can load the model: 2 processes or more, 16 or 32 bits, its
     files on this machine; else None (the fit check then picks split, or none)."""

@@ -124,10 +124,20 @@ def test_the_patched_load_gets_the_placement_where_it_asks_for_balancing_and_kee
     assert seen[2:] == ["sequential", "balanced_low_0", {"": 0}, "balanced"]
     out = capsys.readouterr().out
     assert "Base.from_pretrained(" in out and "layers per GPU 4 / 4" in out and "GiB" in out
+    assert "head and loss on the last GPU" in out
+
+
+def test_the_line_says_a_tied_head_stays_on_the_first_gpu(tmp_path, monkeypatch, capsys):
+    meta_model(True).config.save_pretrained(tmp_path)
+    Base, seen = patched(monkeypatch)
+    Base.from_pretrained(str(tmp_path), device_map="balanced")
+    assert seen[0]["lm_head"] == 0 and "head and loss on the first GPU, with the embeddings it shares" in \
+        capsys.readouterr().out
 
 
 def test_a_model_it_cannot_make_keeps_accelerates_placement_and_says_why(tmp_path, monkeypatch, capsys):
     Base, seen = patched(monkeypatch)
     Base.from_pretrained(str(tmp_path / "nothing"), device_map="balanced")
     assert seen == ["balanced"]
-    assert "accelerate's placement (" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "accelerate's placement (OSError in " in out and " line " in out  # where it failed, for a report

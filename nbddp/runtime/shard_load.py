@@ -61,8 +61,9 @@ class NbddpLoader:
     """Fills a meta model's tensors from a checkpoint, module by module (`fill`). `prefixes`: each module of the
     unprepared model (by id) to its name in the checkpoint, so that a module peft wrapped keeps its keys."""
 
-    def __init__(self, checkpoint, config, prefixes, device, dtype, key_of, make=None):
+    def __init__(self, checkpoint, config, prefixes, device, dtype, key_of, make=None, model_cls=None):
         self.checkpoint, self.config, self.prefixes, self.make = checkpoint, config, prefixes, make
+        self.model_cls, self.reference = model_cls, None
         self.device, self.dtype, self.key_of = torch.device(device), dtype, key_of or (lambda key: key)
         self.memo = {}  # id of a meta tensor -> what replaced it (a tensor held by two modules: tied weights)
         self.missing = []
@@ -114,15 +115,18 @@ class NbddpLoader:
         return new
 
     def _recompute(self, module, module_name, key):
-        """A non-persistent buffer (not saved: the rotary embedding's frequencies) from a fresh module of its class,
-        made on the device from the config."""
+        """A non-persistent buffer (not saved: the rotary embedding's frequencies, an embedding's scale) as the
+        model makes it: from the model made once more, its parameters on the meta device and its buffers real."""
+        if self.reference is None:
+            from accelerate import init_empty_weights
+            with init_empty_weights(include_buffers=False):
+                self.reference = self.model_cls(self.config)
+        prefix = self.prefixes.get(id(module))
         try:
-            with torch.device(self.device):
-                fresh = type(module)(config=self.config)
-        except TypeError as error:
-            raise ValueError(f"{module_name}.{key}: a buffer the checkpoint does not hold, and {type(module).__name__}"
-                             f"(config=...) cannot make it again: {error}") from error
-        return fresh._buffers[key].to(self.device)
+            return self.reference.get_submodule(prefix or "").get_buffer(key).to(self.device)
+        except AttributeError as error:
+            raise ValueError(f"{module_name}.{key}: a buffer the checkpoint does not hold, and the model made from "
+                             f"its config has none there: {error}") from error
 
 
 def _nbddp_model_class(config, model_cls):
@@ -151,8 +155,9 @@ def nbddp_load_sharded(folder, device="cpu", dtype=None, prepare=None, key_of=No
     import transformers
     config = config if config is not None else transformers.AutoConfig.from_pretrained(folder)
     checkpoint = NbddpCheckpoint(folder)
+    model_cls = _nbddp_model_class(config, model_cls)
     with torch.device("meta"):
-        model = _nbddp_model_class(config, model_cls)(config)
+        model = model_cls(config)
     if skeleton is not None:
         model = skeleton(model)
     prefixes = {id(m): n for n, m in model.named_modules()}
@@ -160,7 +165,7 @@ def nbddp_load_sharded(folder, device="cpu", dtype=None, prepare=None, key_of=No
         param.requires_grad_(False)  # the base is frozen; what `prepare` adds trains
     if prepare is not None:
         model = prepare(model)
-    loader = NbddpLoader(checkpoint, config, prefixes, device, dtype, key_of, make)
+    loader = NbddpLoader(checkpoint, config, prefixes, device, dtype, key_of, make, model_cls)
     blocks = nbddp_blocks(model)
     inside = {id(m) for block in blocks for m in block.modules()}
     loader.fill([(n, m) for n, m in model.named_modules() if id(m) not in inside])  # outside: whole on each rank

@@ -38,7 +38,8 @@ NBDDP_SHARDED = []  # the NbddpShards of each model loaded sharded
 _NBDDP_NOT_NEEDED = frozenset({
     "cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "use_safetensors",
     "weights_only", "device_map", "max_memory", "offload_folder", "offload_state_dict", "offload_buffers",
-    "low_cpu_mem_usage", "trust_remote_code", "ignore_mismatched_sizes", "disable_mmap", "_fast_init"})
+    "low_cpu_mem_usage", "trust_remote_code", "ignore_mismatched_sizes", "disable_mmap", "_fast_init",
+    "_from_auto", "_from_pipeline", "_commit_hash"})  # the last three: what transformers' Auto classes pass on
 _NBDDP_QUANTIZE = ("quantization_config", "load_in_4bit", "load_in_8bit")
 
 
@@ -163,14 +164,7 @@ def nbddp_from_pretrained_sharded(cls, name, config=None, **kwargs):
     pre_quantized = bool(quantizer and quantizer.pre_quantized)
     if kwargs.get("attn_implementation"):
         config._attn_implementation = kwargs.pop("attn_implementation")
-    left = []
-    for key, value in kwargs.items():
-        if key in _NBDDP_NOT_NEEDED or key in _NBDDP_QUANTIZE:
-            continue
-        if hasattr(config, key):  # as from_pretrained does: a keyword of the config's sets it
-            setattr(config, key, value)
-        else:
-            left.append(key)
+    left = nbddp_config_keywords(config, kwargs)
     if left:
         nbddp_say(f"shard-left-{shown}", f"{shown}: {', '.join(left)} not taken by the sharded load")
     nbddp_dist()
@@ -198,6 +192,20 @@ def nbddp_from_pretrained_sharded(cls, name, config=None, **kwargs):
                                 f"{whole} whole on every rank (embeddings, head, norms); gathers: "
                                 + ("copies from shared host memory" if transport == "host" else f"all-gathers ({why})"))
     return model
+
+
+def nbddp_config_keywords(config, kwargs):
+    """As from_pretrained does, each keyword that names a setting of the config sets it; returns the keywords that
+    the sharded load neither needs nor takes."""
+    left = []
+    for key, value in kwargs.items():
+        if key in _NBDDP_NOT_NEEDED or key in _NBDDP_QUANTIZE:
+            continue
+        if hasattr(config, key):
+            setattr(config, key, value)
+        else:
+            left.append(key)
+    return left
 
 
 def nbddp_shard_transport(config, bits):

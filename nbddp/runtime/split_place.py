@@ -17,6 +17,8 @@ it (the runtime's post-import hook, in split mode only): a load that asks for ac
 "balanced": nbddp's default) gets this placement as its device_map, said in one line; a notebook's "sequential" or
 "balanced_low_0", a map or `max_memory` of its own, stays as written."""
 import functools
+import os
+import traceback
 
 import torch
 
@@ -24,7 +26,7 @@ from .hooks import NBDDP_IMPORTS, nbddp_say
 
 NBDDP_SPLIT_TOKENS = 1024  # the micro-batch the activations are counted for
 NBDDP_LORA_RANK = 16  # adapters counted before the load: LoRA r=16 on every matrix of the layers
-_NBDDP_TRAINED = 16  # bytes a trained value: float32 weight and gradient, Adam's two states
+_NBDDP_TRAINED_BYTES = 16  # bytes a trained value: float32 weight and gradient, Adam's two states
 _NBDDP_LOGIT = 10  # bytes a logit: half-precision logits, their float32 copy, the log-softmax
 _NBDDP_BALANCING = ("auto", "balanced")
 
@@ -33,6 +35,11 @@ def nbddp_layer_list(model):
     """The `nn.ModuleList` of the model's repeated blocks: the one holding the most parameters (a decoder's layers)."""
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
     return max(lists, key=lambda m: sum(p.numel() for p in m.parameters())) if lists else None
+
+
+def _nbddp_tied(model):
+    """The model's head is its input embeddings' tensor."""
+    return model.get_output_embeddings().weight is model.get_input_embeddings().weight
 
 
 def nbddp_split_cut(fixed, layers, free):
@@ -94,9 +101,9 @@ def _nbddp_part_bytes(part, bits, counted, in_block):
             continue
         counted.add(id(t))
         if bits is None:
-            total += t.numel() * (_NBDDP_TRAINED if t.requires_grad else t.element_size())
+            total += t.numel() * (_NBDDP_TRAINED_BYTES if t.requires_grad else t.element_size())
         elif t.dim() == 2 and in_block:
-            adapters = NBDDP_LORA_RANK * sum(t.shape) * _NBDDP_TRAINED
+            adapters = NBDDP_LORA_RANK * sum(t.shape) * _NBDDP_TRAINED_BYTES
             total += t.numel() * bits / 8 * (1 + 1 / 32 if bits <= 4 else 1) + adapters
         else:
             total += t.numel() * max(bits, 16) / 8
@@ -114,7 +121,7 @@ def nbddp_split_map(model, free, bits=None, tokens=NBDDP_SPLIT_TOKENS):
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     saved = tokens * config.hidden_size * 2  # each layer's input, kept for its recompute
     logits = tokens * head.weight.shape[0] * _NBDDP_LOGIT
-    tied = head.weight is model.get_input_embeddings().weight
+    tied = _nbddp_tied(model)
 
     def side(where):  # the GPU of what is not a block: before them the first, after them the last, the head its own
         return 0 if where == "before" or (where == "head" and tied) else len(free) - 1
@@ -170,13 +177,15 @@ def nbddp_split_placement(cls, name, kwargs):
         free = [torch.cuda.mem_get_info(gpu)[0] for gpu in range(torch.cuda.device_count())]
         placed, counts, used = nbddp_split_map(model, free, _nbddp_load_bits(config, kwargs))
     except Exception as exc:  # the notebook's load goes on with accelerate's placement
-        placed, used = None, f"{type(exc).__name__}: {exc}"
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        placed, used = None, f"{type(exc).__name__} in {os.path.basename(where.filename)} line {where.lineno}: {exc}"
     shown = f"{cls.__name__}.from_pretrained({str(name)!r})"
     if placed is None:
         nbddp_say(f"split-{shown}", f"{shown}: accelerate's placement ({used or 'no decoder layers found'})")
         return None
+    head = "the first GPU, with the embeddings it shares" if _nbddp_tied(model) else "the last GPU"
     nbddp_say(f"split-{shown}", f"{shown}: layers per GPU {' / '.join(map(str, counts))}, by their bytes and the "
-                                f"activations of {NBDDP_SPLIT_TOKENS} tokens (head and loss on the last GPU): ~"
+                                f"activations of {NBDDP_SPLIT_TOKENS} tokens (head and loss on {head}): ~"
                                 + " / ".join(f"{u / 2 ** 30:.1f}" for u in used) + " GiB")
     return placed
 
