@@ -242,6 +242,25 @@ def test_a_python_program_the_notebook_runs_is_said_to_run_outside_the_job(cell,
     assert said in report.format() and "outside this job" in report.format()
 
 
+@pytest.mark.parametrize("cell", [
+    # arguments the converter cannot read: in a loop, in a function through an alias, a module's run
+    "import subprocess, sys\nfor lr in [1e-4, 2e-4]:\n    subprocess.run([sys.executable, 'train.py', str(lr)])\n",
+    "import subprocess as sp\nimport sys\ndef sweep(seeds):\n    for s in seeds:\n"
+    "        sp.check_call([sys.executable, '-m', 'mypkg.train', '--seed', str(s)])\nsweep(range(3))\n",
+    "from subprocess import call\nimport sys\nname = input()\ncall([sys.executable, 'eval.py', '--name', name])\n",
+])
+def test_a_python_program_given_values_it_cannot_read_runs_once(cell):
+    out, report = convert(cell)
+    assert "if NBDDP_IS_MAIN:" in "".join(out) and "outside this job" in report.format(), "".join(out)
+
+
+def test_a_program_whose_module_it_cannot_read_stays_every_ranks_and_a_launch_with_values_stops():
+    out, report = convert("import subprocess, sys\nmod = input()\nsubprocess.run([sys.executable, '-m', mod])\n")
+    assert "NBDDP_IS_MAIN:" not in "".join(out) and "outside this job" not in report.format()  # pip, maybe
+    with pytest.raises(Exception, match="starts a distributed job of its own"):
+        convert("import subprocess\nn = 2\nsubprocess.run(['torchrun', '--nproc_per_node', str(n), 'train.py'])\n")
+
+
 def test_other_shell_lines_are_not_said_to_run_outside_the_job():
     _, report = convert("!ls -la\n!pip install x\n")
     assert "outside this job" not in report.format()

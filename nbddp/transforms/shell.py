@@ -96,19 +96,32 @@ def one_line(text: str, limit: int = 100) -> str:
 def program_command(call: cst.Call, names) -> str | None:
     """The command line a call that starts a program is given (`subprocess.run(["torchrun", "train.py"])`,
     `os.system("pip install x")`): its literal words (an f-string's text with `x` for each value, `python` for
-    `sys.executable`), joined; None where a word is a value the converter cannot read."""
+    `sys.executable`), joined. A value the converter cannot read is `x` once the program and what it runs are read
+    (the program; for Python, its script, `-m` module or `-c` code: the first word that is not an option), else the
+    command is None."""
     value = call.args[0].value if call.args else None
     nodes = [e.value for e in value.elements] if isinstance(value, (cst.List, cst.Tuple)) else \
         [value] if value is not None else []
-    words = []
+    words, program_read = [], False
     for node in nodes:
         if isinstance(node, cst.FormattedString):
             words.append("".join(p.value if isinstance(p, cst.FormattedStringText) else "x" for p in node.parts))
             continue
         text = names.literal(node)
-        words.append(text if isinstance(text, str) else "python" if names.meanings(node) == {"sys.executable"} else
-                     None)
-    return None if not words or None in words else " ".join(words)
+        word = text if isinstance(text, str) else "python" if names.meanings(node) == {"sys.executable"} else None
+        program_read = program_read or (not words and word is not None)
+        if word is None and not (program_read and _target_read(words)):
+            return None
+        words.append("x" if word is None else word)
+    return " ".join(words) if words else None
+
+
+def _target_read(words: list[str]) -> bool:
+    """What the program runs is among these words (the program read): a program other than Python, or Python with a
+    word after it that is not an option."""
+    tool = words[0].rsplit("/", 1)[-1]
+    python = tool in PYTHONS or tool.startswith("python3.")
+    return not python or any(not word.startswith("-") for word in words[1:])
 
 
 def may_install(call: cst.Call, names) -> bool:
