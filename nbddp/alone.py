@@ -7,7 +7,7 @@
                                      (a prompt or a login: nbddp.vocabulary.prompt) and are handed no function of the
                                      notebook's (the library may run it);
                                      and of the loops, tests and `with`s made of such lines alone (a loop of
-                                     hooks), whose own names no later statement reads;
+                                     hooks);
                                      paths: the literal paths their calls are given (not a URL), which a machine
                                      without rank 0's storage gets a copy of
 
@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import libcst as cst
 
 from .changes import CAPTURED, SHOWS, started
-from .cst_helpers import live_calls, names_in
+from .cst_helpers import live_calls, names_in, statement_blocks
 from .entries import STANDARD, WAITS_FOR_PROGRAM
 from .inside import effect_only
 from .rank_conditions import is_rank_test
@@ -54,10 +54,29 @@ def own_names(stmt) -> set:
     return names_in(stmt.target) if isinstance(stmt, cst.For) else set()
 
 
-def _only_acts(stmt, scan, names, later) -> int | None:
+def loop_names(stmt) -> set:
+    """The names a loop or `with` binds of its own, and those of the loops and `with`s inside it."""
+    inner = [] if isinstance(stmt, cst.SimpleStatementLine) else [
+        s for block in statement_blocks(stmt) for s in block.body]
+    return own_names(stmt).union(*map(loop_names, inner))
+
+
+def read_later(body, alone, reads) -> dict:
+    """{id: names} of the statements in `alone` whose loops' and `with`s' own names a later statement of `body`
+    reads (`reads(stmt)`): rank 0 runs them, and every rank gets those names."""
+    found, later = {}, set()
+    for stmt in reversed(list(body)):
+        given = loop_names(stmt) & later if id(stmt) in alone else set()
+        if given:
+            found[id(stmt)] = sorted(given)
+        later |= reads(stmt)
+    return found
+
+
+def _only_acts(stmt, scan, names) -> int | None:
     """How many lines act outside the process (effect_only, asking nothing, handed none of the notebook's functions)
-    in a line, or a loop, test or `with` whose lines all act or only steer (`pass`, `continue`, `break`) and whose own
-    names (a loop's variable, a `with`'s `as`) no later statement reads; else None."""
+    in a line, or a loop, test or `with` whose lines all act or only steer (`pass`, `continue`, `break`); else
+    None."""
     if isinstance(stmt, cst.SimpleStatementLine):
         if all(isinstance(small, (cst.Pass, cst.Continue, cst.Break)) for small in stmt.body):
             return 0
@@ -68,23 +87,18 @@ def _only_acts(stmt, scan, names, later) -> int | None:
     if not isinstance(stmt, (cst.For, cst.If, cst.With)) or isinstance(stmt, (cst.For, cst.With)) and \
             stmt.asynchronous or is_rank_test(stmt, names):  # (a rank test: the notebook's or nbddp's, as written)
         return None
-    own = own_names(stmt)
     orelse = getattr(stmt, "orelse", None)
     inner = [*stmt.body.body, *(orelse.body.body if isinstance(orelse, cst.Else) else [orelse] if orelse else [])]
-    counts = [_only_acts(s, scan, names, later) for s in inner]
-    return None if own & later or None in counts else sum(counts)
+    counts = [_only_acts(s, scan, names) for s in inner]
+    return None if None in counts else sum(counts)
 
 
 def acts_alone(body, scan, names) -> dict:
-    found, body, later = {}, list(body), set()
-    after = []  # what the statements after each one read
-    for stmt in reversed(body):
-        after.append(frozenset(later))
-        later |= scan.facts(stmt)[0]
-    for stmt, later in zip(body, reversed(after)):
+    found = {}
+    for stmt in body:
         compound = not isinstance(stmt, cst.SimpleStatementLine)
         if compound and not isinstance(stmt, (cst.For, cst.If, cst.With)) or not compound and not _shows_a_call(stmt) \
-                or scan.kinds(stmt) & MAIN_ONLY or not _only_acts(stmt, scan, names, later):  # (none, or no line that
+                or scan.kinds(stmt) & MAIN_ONLY or not _only_acts(stmt, scan, names):  # (none, or no line that
             continue  # acts; MAIN_ONLY: the vocabulary's rank-0 work: the rank guards take it by its kind)
         paths = {c[5:] for c in scan.facts(stmt)[1] | scan.seen(stmt).loads if c.startswith("file:")}
         found[id(stmt)] = sorted(p for p in paths if len(urlsplit(p).scheme) < 2)  # (`C:` is a drive)

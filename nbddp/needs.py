@@ -21,9 +21,10 @@
                   training's objects nor Python's standard library come from (`rows = mylib.fetch(url)`): id -> (the
                   names training reads, those libraries); the report says so, an effect there happens on every rank
     plan.alone -> the statements that only act outside the process (nbddp.alone): rank 0 runs them where there is
-                  no training's end to plan by (a notebook that does not train, a `%ddp` session's cells)
-    plan.results -> the lines that keep what a program they start gives back (nbddp.alone.program_results): rank 0
-                  runs them and every rank gets the names they bind, there and where training reads them
+                  no training's end to plan by (a notebook that does not train, a `%ddp` session's cells), and every
+                  rank gets their loops' own names a later line reads (plan.later), and the names a line that keeps
+                  what a program gives back binds (plan.results: nbddp.alone.program_results; there and where
+                  training reads them)
 
 The rule. Every rank runs what training needs: the statements that do work every rank must do (the vocabulary's
 collectives, nbddp's own helpers, what reads the rank or the world size by meaning: `open(f"log-{dist.get_rank()}.txt",
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .alone import acts_alone, program_results
+from .alone import acts_alone, program_results, read_later
 from .bindings import params_of, static
 from .changes import Changes
 from .cst_helpers import is_if_false
@@ -85,6 +86,7 @@ class Plan:
     unread: dict = field(default_factory=dict)  # id of a `%run` line whose file cannot be read -> the line
     alone: dict = field(default_factory=dict)  # id of a statement that only acts outside the process -> its paths
     results: dict = field(default_factory=dict)  # id of a line that keeps a program's result -> the names it binds
+    later: dict = field(default_factory=dict)  # id of a statement in `alone` -> its loops' names read later
 
 
 class _Scan:
@@ -255,8 +257,7 @@ def _outside(stmt, scan) -> list[str]:
 
 
 def training_needs(body, names, effects, folder=None) -> Plan:
-    scan = _Scan(names, effects, body, folder)
-    plan = Plan()
+    scan, plan = _Scan(names, effects, body, folder), Plan()
     plan.end, plan.marked = training_end(body, scan.kinds, lambda stmt: scan.seen(stmt).rank)
     plan.calls = {key: seen.calls for key, seen in scan.read.items()}
     plan.unread = {key: seen.unread for key, seen in scan.read.items() if seen.unread}
@@ -264,6 +265,7 @@ def training_needs(body, names, effects, folder=None) -> Plan:
         scan.libraries |= frozenset().union(*VALUE_HOMES.values()) - NOT_LIBRARIES
         scan.learn_libraries(body)
         plan.alone, plan.results = acts_alone(body, scan, names), program_results(body, scan, names)
+        plan.later = read_later(body, plan.alone, lambda stmt: scan.facts(stmt)[0])  # (nbddp.alone)
         return plan
     scan.learn_libraries(body[:plan.end + 1])
     plan.libraries, plan.packages = scan.libraries, scan.packages
@@ -278,8 +280,7 @@ def training_needs(body, names, effects, folder=None) -> Plan:
         if is_rank_test(stmt, names):  # left as it is: every rank tests it, any may run its body; what it saves is
             needed |= reads if files or not is_own_guard(stmt) else set()  # made before it (nbddp's guard: rank 0's)
             continue
-        if files:
-            plan.files[id(stmt)] = files
+        plan.files.update({id(stmt): files} if files else {})
         set_up = set() if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else scan.seen(stmt).configures
         if seed and set_up & scan.libraries:
             plan.setup[id(stmt)] = sorted(set_up & scan.libraries)

@@ -907,7 +907,6 @@ STAYS = ["import mylib\nrows = mylib.fetch()\n", "from unsloth import PatchFastR
          "import subprocess, sys\nlog = subprocess.check_output([sys.executable, '-m', 'pip', 'install', 'x'])\n",
          "import mylib, subprocess\nrows = mylib.parse(subprocess.check_output(['ls']))\n",  # another library's value
          "import subprocess\ncmd = input()\nsubprocess.run(cmd, shell=True)\n",  # a command it cannot read
-         "import requests\nfor u in ['a', 'b']:\n    requests.post('https://x/' + u)\nlast = u\n",  # its variable read
          "import requests\nrows = []\nfor u in ['a']:\n    rows.append(requests.get('https://x/' + u))\n",  # fills
          "import os\nfor d in ['a', 'b']:\n    os.makedirs(d)\n"]                      # Python's own, in a loop
 
@@ -922,6 +921,22 @@ def test_without_training_what_only_acts_outside_the_process_runs_once(cells):
     assert "if NBDDP_IS_MAIN:" in out[-2] and "nbddp_barrier(" in out[-2], out[-2]
     for cell in STAYS:
         assert "NBDDP_IS_MAIN" not in convert(cell, "x = 1\n")[0][0], cell
+
+
+@pytest.mark.parametrize("cells, given", [
+    (["import requests\nfor u in ['a', 'b']:\n    requests.post('https://x/' + u)\nlast = u\n"], '"u"'),
+    (["import requests as rq\nfor a in ['x']:\n    for b in ['y']:\n        rq.post(a + b)\n", "print(a, b)\n"],
+     '"a", "b"'),                                                                  # nested, read in a later cell
+    (["import subprocess, sys\ndef best(x):\n    return x\n",
+      "for lr in (1, 2):\n    subprocess.run([sys.executable, 'train.py', str(lr)])\nkept = best(lr)\n"], '"lr"'),
+])
+def test_without_training_a_loop_that_only_acts_outside_runs_once_and_every_rank_gets_its_variable(cells, given):
+    """A loop of hooks, uploads or programs whose variable a later line reads: rank 0 runs it, and every rank gets
+    rank 0's loop variables (before, every rank ran it: each post sent, each program run, once per rank)."""
+    out, report = convert(*cells, "x = 1\n")
+    loop = next(cell for cell in out if "for " in cell)
+    assert "if NBDDP_IS_MAIN:\n    for " in loop and f"nbddp_share_values(globals(), {given})" in loop, loop
+    assert "(a later line reads " in report.format()
 
 
 RESULTS = [

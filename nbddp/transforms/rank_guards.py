@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..alone import own_names
+from ..alone import loop_names, own_names
 from ..cells import starts_cell
 from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, regroup,
                            statement_blocks)
@@ -87,6 +87,7 @@ class _Guards:
         self.sharing: dict = {}  # id of the body of such a statement, taken -> those names
         self.results: dict = {}  # of those, the lines that keep a program's result (no training's end)
         self.later: dict = {}  # of those, a %ddp cell's loops and `with`s: their own names, for later cells
+        self.later_said = "a later cell may read"  # the report's words for those (no training's end: a later line)
         self.once_why = "training does not need it"  # the report's words for `once` (no training's end: nbddp.alone)
 
     def reason(self, call):
@@ -291,7 +292,7 @@ class RankGuards(TreeStep):
             plan = on_body(tree.plan, tree.first.body, body, tree.names, guards.hoisted)
             guards.calls, plan.alone = plan.calls, {id(s): plan.alone[id(s)] for s in body if id(s) in plan.alone}
             alone(guards, plan)
-            guards.later = {id(s): sorted(own_names(s)) for s in body if id(s) in plan.alone and own_names(s)}
+            guards.later = {id(s): sorted(loop_names(s)) for s in body if id(s) in plan.alone and loop_names(s)}
             guards.shares = {**plan.results, **guards.later}
         module = module.with_changes(body=regroup(body, guards.select, guards.wrap, origin=tree.names.origin))
         guards.say()

@@ -51,8 +51,10 @@ def apply_plan(body, guards, tree, ctx) -> list:
     plan = on_body(tree.plan, tree.first.body, body, tree.names, guards.hoisted)
     guards.calls = plan.calls
     _unread(body, plan, ctx)
-    if plan.end is None:  # no training's end to plan by: what only acts outside the process is rank 0's
-        alone(guards, plan)
+    if plan.end is None:  # no training's end to plan by: what only acts outside the process is rank 0's, and every
+        alone(guards, plan)  # rank gets its loops' own names that a later line reads
+        guards.later, guards.later_said = plan.later, "a later line reads"
+        guards.shares = {**plan.results, **plan.later}
         return body
     guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
     guards.nested_once = plan.nested_once
@@ -134,6 +136,7 @@ def on_body(plan, read, body, names, hoisted) -> Plan:
     new.unread = {first[key]: value for key, value in plan.unread.items() if key in first}
     new.alone = {id(stmt): plan.alone[id(names.orig(stmt))] for stmt in body if id(names.orig(stmt)) in plan.alone}
     new.results = {first[key]: value for key, value in plan.results.items() if key in first}
+    new.later = {first[key]: value for key, value in plan.later.items() if key in first}
     if plan.end is None:
         return new
     for stmt in body:
@@ -162,7 +165,7 @@ def take_given(guards, stmt):
     guards.reasons.setdefault(guards.cell, []).append(
         f"{why[0][1] + ', ' if why else ''}every rank gets rank 0's {', '.join(names)} " + (
             f"(`{_started(calls, guards.names)}` starts a program: once)" if id(stmt) in guards.results else
-            f"(a later cell may read {them})" if id(stmt) in guards.later else
+            f"({guards.later_said} {them})" if id(stmt) in guards.later else
             f"(training reads {them}; each rank would compute {'its' if len(names) == 1 else 'their'} own)"))
     guards.tainted |= reads_writes(stmt)[1] - set(names)
     return TAKE
