@@ -157,8 +157,9 @@ PROGRAMS = [
     "import json, os, subprocess, sys\nrc = subprocess.run([sys.executable, 'prep.py'], capture_output = True, text = True)\n",
     "from subprocess import check_output as co\nout = co([sys.executable, 'prep.py'], text = True)\n",
     "for tag in ['a']:  # an argument the converter cannot read\n    subprocess.run([sys.executable, 'prep.py', tag + '1'])\n",
+    "last_tag = tag * 2  # the loop's variable, read later\n",
     "with open(f\"seen-{os.environ['RANK']}.json\", 'w') as fh:\n"
-    "    json.dump([rc.returncode, rc.stdout, out], fh)\n",
+    "    json.dump([rc.returncode, rc.stdout, out, last_tag], fh)\n",
 ]
 
 
@@ -167,7 +168,7 @@ def test_without_training_a_programs_result_is_rank_0s_on_every_rank(tmp_path):
     assert_clean_exit(done)
     assert (tmp_path / "ran.log").read_text() == "ran\n" * 3, done.explain()  # each program once, not per rank
     for rank in range(2):
-        assert json.loads((tmp_path / f"seen-{rank}.json").read_text()) == [0, "prepared\n", "prepared\n"]
+        assert json.loads((tmp_path / f"seen-{rank}.json").read_text()) == [0, "prepared\n", "prepared\n", "aa"]
 
 
 NAMED = [
