@@ -12,8 +12,7 @@
                   compute for itself (the clock, a uuid: nbddp.entries.PER_PROCESS) -> the names they bind that
                   training reads: rank 0 runs the statement, every rank gets its values (nbddp_share_values)
     plan.differs -> such statements that bind no value to give (`random.seed(time.time())`): id -> what it calls
-    plan.setup -> statements every rank runs because they call a function of a library training comes from for its
-                  effect (`PatchFastRL(...)`): id -> those libraries (the report says so: it could go either way)
+    plan.setup -> statements every rank runs as set-up of a library (`PatchFastRL(...)`, the rule) -> libraries
     plan.nested_once -> lines inside the blocks and functions every rank runs that only call a library none of
                   training's, Python's own or a computing one's for its effect (a web hook, a notifier): rank 0 runs
                   them (and the statements that hold them, by id)
@@ -30,8 +29,9 @@ The rule. Every rank runs what training needs: the statements that do work every
 collectives, nbddp's own helpers, what reads the rank or the world size by meaning: `open(f"log-{dist.get_rank()}.txt",
 "w")`, nbddp.rank_conditions), the process's set-up (imports, definitions, the environment, seeds, warnings,
 logging, torch's flags: nbddp.entries.is_process_config; and a module function of a library that training's own
-objects come from, called for its effect alone: `PatchFastRL("GRPO", FastLanguageModel)`, `datasets.disable_caching()`;
-the same call of any other library is an effect and runs once), what a test of the rank reads, and, transitively,
+objects come from, called for its effect alone: `PatchFastRL("GRPO", FastLanguageModel)`, `datasets.disable_caching()`,
+or of one whose calls make a value training needs, before them: `mylib.register(...)`; the same call of any other
+library is an effect and runs once), what a test of the rank reads, and, transitively,
 every earlier statement that binds or may change a value those read (nbddp.changes says what a statement may
 change). A function or class is needed where what training needs reads its name; then so is what its body reads.
 Files count as values where their path is a literal: a save of a folder whose path a needed call is given later
@@ -98,6 +98,7 @@ class _Scan:
         self.aliases = aliases(body)
         self.body, self._carried = body, None
         self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
+        self.fed: set = set()  # libraries whose calls make values training needs (`rows = mylib.load(...)`)
         self.packages = imported_packages(body) | {"torch"}
         self.own = OwnModules(body, names, folder)  # the notebook's own modules: the packages their code imports
         self.imports = imported_values(body)  # what its imports bind (nbddp.ran_files)
@@ -203,7 +204,7 @@ class _Scan:
             return reads, writes, True, True
         changes = self.seen(stmt)
         seed = changes.config or changes.together or changes.imports or \
-            bool(changes.configures & (self.libraries | {CONFIG})) or \
+            bool(changes.configures & (self.libraries | self.fed | {CONFIG})) or \
             bool(changes.rank) or any(COLLECTIVE in self.effects.of_call(c) for c in changes.calls)
         whole = isinstance(stmt, cst.SimpleStatementLine) and all(
             isinstance(s, (cst.Assign, cst.AnnAssign)) for s in stmt.body)
@@ -228,8 +229,7 @@ class _Scan:
             for call in self.seen(stmt).calls if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else ():
                 if self.effects.of_call(call) & {COLLECTIVE, CONFIG}:  # a function of the library, or its value's
                     self.libraries.update({m.split(".", 1)[0] for m in self.names.meanings(call.func)} & self.packages)
-        self.libraries |= {home for home, makers in VALUE_HOMES.items() if makers & self.libraries}  # and what
-        # those libraries' values are (an Unsloth model is a transformers model)
+        self.libraries |= {home for home, makers in VALUE_HOMES.items() if makers & self.libraries}  # values' too
 
 
 def _share(plan, stmt, scan, names):
@@ -240,8 +240,7 @@ def _share(plan, stmt, scan, names):
     found = scan.kinds(stmt) | ({TRACK} if scan.effects.reads_tracker(stmt) else set())
     if not found & {GENERATE, OWN_VALUE, SAVE, PUSH, TRACK} and id(stmt) not in plan.results or COLLECTIVE in found:
         return
-    changes = scan.seen(stmt)
-    names = [name for name in names if name in changes.mutated or name in reads_writes(stmt)[1]]
+    names = [name for name in names if name in scan.seen(stmt).mutated or name in reads_writes(stmt)[1]]
     if names and not found & MAKES:  # a trainer's configuration, a model: every rank makes its own, never rank 0's
         plan.shares[id(stmt)] = names
     elif OWN_VALUE in found:
@@ -282,14 +281,15 @@ def training_needs(body, names, effects, folder=None) -> Plan:
             continue
         plan.files.update({id(stmt): files} if files else {})
         set_up = set() if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else scan.seen(stmt).configures
-        if seed and set_up & scan.libraries:
-            plan.setup[id(stmt)] = sorted(set_up & scan.libraries)
+        if seed and set_up & (scan.libraries | scan.fed):
+            plan.setup[id(stmt)] = sorted(set_up & (scan.libraries | scan.fed))
         if seed or changes & needed:
             given = sorted(n for n in changes & needed if not n.startswith("file:"))
             _share(plan, stmt, scan, given)
             outside = _outside(stmt, scan) if given and not seed and id(stmt) not in plan.shares else []
             if outside:
                 plan.outside[id(stmt)] = (given, outside)
+                scan.fed.update(outside)  # its module functions called before, for their effect: its set-up
             if whole:
                 needed -= changes
             needed |= reads if id(stmt) not in plan.shares else set()  # (rank 0 alone computes what it gives)

@@ -188,3 +188,23 @@ def test_a_plain_value_another_library_makes_is_rank_0s_on_every_rank(tmp_path):
     assert_clean_exit(done)
     seen = [(tmp_path / "nb" / f"seen-{rank}.txt").read_text() for rank in range(2)]
     assert seen[0] == seen[1] and seen[0].startswith("runs/"), seen
+
+
+REGISTERED = [
+    "import dsreg\ndsreg.register('mine', [1.0, 2.0])\n",
+    "import torch, torch.distributed as dist\nrows = dsreg.load('mine')\nwidth = torch.tensor([sum(rows)])\n"
+    "dist.all_reduce(width)\n",
+    "with open(f'seen-{dist.get_rank()}.txt', 'w') as fh:\n    fh.write(str(width.item()))\n",
+]
+
+
+def test_the_set_up_of_a_library_whose_values_training_reads_runs_on_every_rank(tmp_path):
+    """`dsreg` is a library nbddp has no entries for, with a registry of its own: what training reads comes from
+    `dsreg.load`, so the `dsreg.register` before it runs on every rank (rank 1's load found nothing before)."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "nb").mkdir()
+    (tmp_path / "lib" / "dsreg.py").write_text("REGISTRY = {}\n\ndef register(name, rows):\n    REGISTRY[name] = rows\n\n"
+                                               "def load(name):\n    return list(REGISTRY[name])\n")
+    done, _ = run_notebook(REGISTERED, tmp_path / "nb", timeout=120, env={"PYTHONPATH": str(tmp_path / "lib")})
+    assert_clean_exit(done)
+    assert [(tmp_path / "nb" / f"seen-{rank}.txt").read_text() for rank in range(2)] == ["6.0", "6.0"], done.explain()

@@ -507,6 +507,28 @@ def test_a_value_training_needs_from_another_library_is_reported_as_every_ranks(
            "training's own objects do not come from" in report.format()
 
 
+@pytest.mark.parametrize("cells", [
+    ["import dsreg as dr\ndr.register_dataset('mine', path='d.jsonl')\n", "rows = dr.load('mine')\n"],  # an alias
+    ["from dsreg import register\nimport dsreg\ndef setup():\n    register('mine')\n", "setup()\n",
+     "rows = dsreg.load('mine')\n"],                                             # in a function, over cells
+    ["import mylib\nfor name in ['a', 'b']:\n    mylib.add_source(name)\nrows = mylib.collect()\n"],  # in a loop
+])
+def test_set_up_of_a_library_whose_values_training_reads_runs_on_every_rank(cells):
+    """`mylib.register(...)` before `rows = mylib.load(...)`, which training reads: the load runs on every rank, and
+    so does what set that library's state before it (before, rank 0 alone registered, and rank 1's load failed)."""
+    out, report = convert(*cells, "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows)\n"
+                                  "trainer.train()\n")
+    assert "NBDDP_IS_MAIN" not in "".join(out[:-1]), out
+    assert "for its effect, a library whose calls make values training reads" in report.format()
+
+
+def test_a_call_of_another_library_before_such_a_load_still_runs_once():
+    out, _ = convert("import dsreg, notify\nnotify.send('start')\nrows = dsreg.load('mine')\n",
+                     "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows)\n"
+                     "trainer.train()\n")
+    assert "if NBDDP_IS_MAIN:\n    notify.send('start')" in out[0], out[0]
+
+
 SAME = 'nbddp_same_values(globals(), "run")\n'
 USES_RUN = "from trl import SFTConfig\nargs = SFTConfig(output_dir=run)\n" + TRAIN.replace("ds)", "ds, args=args)")
 

@@ -64,9 +64,11 @@ def apply_plan(body, guards, tree, ctx) -> list:
         kept.append(stmt)
         cell = starts_cell(stmt) or cell
         if id(stmt) in plan.setup:
-            ctx.report.change(cell, f"runs on every rank: it calls {' and '.join(plan.setup[id(stmt)])} for its effect, "
-                                    "a library training's own objects come from (set-up; a library they do not come "
-                                    "from would run once)", line(stmt))
+            libraries = plan.setup[id(stmt)]
+            whose = "training's own objects come from" if set(libraries) <= plan.libraries else \
+                "whose calls make values training reads"  # (nbddp.needs: its state, set before them)
+            ctx.report.change(cell, f"runs on every rank: it calls {' and '.join(libraries)} for its effect, a library "
+                                    f"{whose} (set-up; a library they do not come from would run once)", line(stmt))
         if id(stmt) in plan.outside:
             given, libraries = plan.outside[id(stmt)]
             ctx.report.change(cell, f"runs on every rank: training reads {', '.join(given)}, made by calls of "
@@ -124,8 +126,9 @@ def alone(guards, plan):
 def on_body(plan, read, body, names, hoisted) -> Plan:
     """The plan, read on the statements `read` (the first tree's), for the statements of `body` (the steps' rewrites:
     a statement is the one the plan read where `names.orig` leads to it; several may: what the plan says of one
-    statement holds for each, and what it gives (shares, files, report lines) goes to the first). Training's end is the last statement from the
-    plan's end or before it that is not the rank-0 part of a hoisted collective (what shows its result)."""
+    statement holds for each, and what it gives (shares, files, report lines) goes to the first). Training's end is
+    the last statement from the plan's end or before it that is not the rank-0 part of a hoisted collective (what
+    shows its result)."""
     at = {id(stmt): i for i, stmt in enumerate(read)}
     where = [at.get(id(names.orig(stmt))) for stmt in body]
     new = Plan(marked=plan.marked, libraries=plan.libraries, packages=plan.packages,
