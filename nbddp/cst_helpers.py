@@ -269,7 +269,10 @@ def regroup(body: Sequence[cst.BaseStatement], select: Callable, wrap: Callable,
                 if origin is not None:
                     origin[group[0]] = origin.get(first, first)
             wrapped = list(wrap(list(group), nested))
-            wrapped[0] = wrapped[0].with_changes(leading_lines=tuple(lead) + tuple(wrapped[0].leading_lines))
+            made = wrapped[0]
+            wrapped[0] = made.with_changes(leading_lines=tuple(lead) + tuple(made.leading_lines))
+            if origin is not None and made in origin:  # the wrapper's own origin (where the plan placed it) stays
+                origin[wrapped[0]] = origin[made]
             out.extend(wrapped)
             group.clear()
 

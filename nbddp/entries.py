@@ -281,15 +281,15 @@ PIPELINE = "transformers.pipeline"
 # that they made is no effect on every rank worth a report line.
 STANDARD = frozenset(sys.stdlib_module_names)  # Python's own packages
 COMPUTES = frozenset({"numpy", "pandas", "polars", "pyarrow", "scipy", "sklearn", "einops", "tqdm", "regex"})
-# Libraries whose module functions, called for their effect alone and given no file, can only change the process's
-# own state: options, error handling, registrations (`np.seterr(all="raise")`, `pd.set_option(...)`, `tqdm.pandas()`,
-# `sklearn.set_config(...)`, `decimal.setcontext(...)`; the data's and models' libraries, also where training's objects
-# do not come from them: `datasets.disable_caching()`, `transformers.logging.set_verbosity_error()`). That is set-up
-# every rank does (nbddp.changes).
+# Libraries whose module functions, called for their effect alone and given no file, only change the process's own
+# state (`np.seterr(...)`, `pd.set_option(...)`, `tqdm.pandas()`, `sklearn.set_config(...)`, `decimal.setcontext(...)`;
+# the data's and models' libraries too: `datasets.disable_caching()`): set-up every rank does (nbddp.changes).
 IN_PROCESS = COMPUTES | frozenset({"decimal", "locale", "codecs", "mimetypes", "copyreg", "tracemalloc", "importlib",
                                    "random", "heapq", "bisect", "threading", "contextvars", "datasets", "transformers"})
-# Python's own modules whose calls reach other machines: a line that only calls them for their effect (a ping, a
-# datagram) is one, as another library's would be (nbddp.inside)
+# Libraries whose module functions send to other machines (HTTP clients, messaging): training reading their values
+# (`cfg = requests.get(url).json()`) makes none of their calls set-up (`requests.post(hook)` stays once: nbddp.needs)
+SENDS = frozenset({"requests", "httpx", "aiohttp", "urllib3", "slack_sdk", "discord_webhook", "telegram", "twilio"})
+# Python's own modules whose calls reach other machines (a ping, a datagram: an effect, as another library's)
 REACHES_OUT = ("urllib.request.", "http.client.", "smtplib.", "socket.", "ftplib.", "imaplib.", "poplib.",
                "xmlrpc.client.", "webbrowser.")
 

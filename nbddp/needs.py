@@ -52,7 +52,7 @@ from .alone import acts_alone, program_results, read_later
 from .bindings import params_of, static
 from .changes import Changes
 from .cst_helpers import is_if_false
-from .entries import COMPUTES, NOT_LIBRARIES, STANDARD, VALUE_HOMES
+from .entries import COMPUTES, NOT_LIBRARIES, SENDS, STANDARD, VALUE_HOMES
 from .flows import aliases, carried, declared_global
 from .inside import nested_effects
 from .rank_conditions import is_rank_test
@@ -289,7 +289,7 @@ def training_needs(body, names, effects, folder=None) -> Plan:
             outside = _outside(stmt, scan) if given and not seed and id(stmt) not in plan.shares else []
             if outside:
                 plan.outside[id(stmt)] = (given, outside)
-                scan.fed.update(outside)  # its module functions called before, for their effect: its set-up
+                scan.fed.update(set(outside) - SENDS)  # its module functions called before, for their effect: set-up
             if whole:
                 needed -= changes
             needed |= reads if id(stmt) not in plan.shares else set()  # (rank 0 alone computes what it gives)

@@ -130,9 +130,10 @@ def test_training_is_never_matched_by_name_for_such_a_value(meaning):
     assert not kinds([meaning], {meaning.split(".")[0]}) & {TRAINS, STEP, LOAD}
 
 
-@pytest.mark.parametrize("module", sorted(entries.IN_PROCESS))
+@pytest.mark.parametrize("module", sorted(entries.IN_PROCESS | entries.SENDS))
 def test_every_in_process_library_is_a_package(module):
-    """nbddp.entries.IN_PROCESS names packages (a module function of one, called for its effect, is set-up)."""
+    """nbddp.entries.IN_PROCESS names packages (a module function of one, called for its effect, is set-up); so does
+    SENDS (the libraries that send to other machines)."""
     if module not in entries.STANDARD and importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed here")
     assert "." not in module and importlib.import_module(module)

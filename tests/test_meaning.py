@@ -519,14 +519,21 @@ def test_set_up_of_a_library_whose_values_training_reads_runs_on_every_rank(cell
     out, report = convert(*cells, "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows)\n"
                                   "trainer.train()\n")
     assert "NBDDP_IS_MAIN" not in "".join(out[:-1]), out
-    assert "for its effect, a library whose calls make values training reads" in report.format()
+    said = report.format()
+    assert "the first rank of each machine first: it calls" in said, said
+    assert "for its effect, a library whose calls make values training reads" in said, said
+    assert "with nbddp_main_process_first():" in "".join(out), out  # a download or a registry: once per machine first
 
 
-def test_a_call_of_another_library_before_such_a_load_still_runs_once():
-    out, _ = convert("import dsreg, notify\nnotify.send('start')\nrows = dsreg.load('mine')\n",
-                     "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows)\n"
-                     "trainer.train()\n")
-    assert "if NBDDP_IS_MAIN:\n    notify.send('start')" in out[0], out[0]
+@pytest.mark.parametrize("cell, once", [
+    ("import dsreg, notify\nnotify.send('start')\nrows = dsreg.load('mine')\n", "notify.send('start')"),  # another
+    ("import requests\nrequests.post('http://hook', json={})\nrows = requests.get('http://x').json()\n",  # one that
+     "requests.post('http://hook', json={})"),                                   # sends: its value read, not its set-up
+])
+def test_a_call_of_another_library_or_of_one_that_sends_before_such_a_load_still_runs_once(cell, once):
+    out, _ = convert(cell, "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows)\n"
+                           "trainer.train()\n")
+    assert f"if NBDDP_IS_MAIN:\n    {once}" in out[0], out[0]
 
 
 SAME = 'nbddp_same_values(globals(), "run")\n'

@@ -32,6 +32,13 @@ def _is_ordered_with(stmt, names) -> bool:
         for item in stmt.items)
 
 
+def _sets_up_what_training_reads(tree, stmt) -> bool:
+    """A top-level statement every rank runs as set-up of a library whose calls make values training reads, not one
+    of training's own (nbddp.needs: `nltk.download(...)` before `rows = [nltk.word_tokenize(t) ...]`)."""
+    libraries = tree.plan.setup.get(id(tree.names.orig(stmt)))
+    return bool(libraries) and not set(libraries) <= tree.plan.libraries
+
+
 def _seed_keyword(names, call):
     """The keyword that seeds this split or shuffle (nbddp.entries.SEED_KEYWORDS), else None."""
     for meaning in names.meanings(call.func):
@@ -75,6 +82,8 @@ class DataPrep(TreeStep):
             if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or is_if_false(stmt) or \
                     _is_ordered_with(stmt, tree.names):
                 return LEAVE
+            if not nested and ctx.options.whole and _sets_up_what_training_reads(tree, stmt):
+                return TAKE  # a download or a registry another library's later calls read: reported by the plan
             found = [kinds(c) for c in live_calls(stmt)]
             if not any(DATA in k for k in found):
                 return LEAVE
@@ -83,7 +92,9 @@ class DataPrep(TreeStep):
             return DESCEND if statement_blocks(stmt) else TAKE
 
         def wrap(group, nested):
-            wrapped[cell[0]] = wrapped.get(cell[0], 0) + len(group)
+            data = [stmt for stmt in group if nested or not _sets_up_what_training_reads(tree, stmt)]
+            if data:
+                wrapped[cell[0]] = wrapped.get(cell[0], 0) + len(data)
             with_item = cst.WithItem(cst.Call(cst.Name(FIRST)))
             block = cst.With(items=[with_item], body=cst.IndentedBlock(body=group))
             tree.names.origin[block] = tree.names.orig(group[0])  # where the plan placed what it holds

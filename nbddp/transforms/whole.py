@@ -65,10 +65,11 @@ def apply_plan(body, guards, tree, ctx) -> list:
         cell = starts_cell(stmt) or cell
         if id(stmt) in plan.setup:
             libraries = plan.setup[id(stmt)]
-            whose = "training's own objects come from" if set(libraries) <= plan.libraries else \
-                "whose calls make values training reads"  # (nbddp.needs: its state, set before them)
-            ctx.report.change(cell, f"runs on every rank: it calls {' and '.join(libraries)} for its effect, a library "
-                                    f"{whose} (set-up; a library they do not come from would run once)", line(stmt))
+            ours = set(libraries) <= plan.libraries  # else one whose calls make what training reads: its state
+            where = "runs on every rank" if ours else "runs on every rank, the first rank of each machine first"
+            whose = "training's own objects come from" if ours else "whose calls make values training reads"
+            ctx.report.change(cell, f"{where}: it calls {' and '.join(libraries)} for its effect, a library {whose} "
+                                    "(set-up; a library they do not come from would run once)", line(stmt))
         if id(stmt) in plan.outside:
             given, libraries = plan.outside[id(stmt)]
             ctx.report.change(cell, f"runs on every rank: training reads {', '.join(given)}, made by calls of "
