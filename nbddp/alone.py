@@ -27,7 +27,7 @@ import libcst as cst
 
 from .changes import CAPTURED, SHOWS, started
 from .cst_helpers import live_calls, names_in, statement_blocks
-from .entries import STANDARD, WAITS_FOR_PROGRAM
+from .entries import COMPUTES, SENDS, STANDARD, WAITS_FOR_PROGRAM
 from .inside import effect_only
 from .rank_conditions import is_rank_test
 from .vocabulary import MAIN_ONLY, prompt
@@ -103,6 +103,19 @@ def acts_alone(body, scan, names) -> dict:
         paths = {c[5:] for c in scan.facts(stmt)[1] | scan.seen(stmt).loads if c.startswith("file:")}
         found[id(stmt)] = sorted(p for p in paths if len(urlsplit(p).scheme) < 2)  # (`C:` is a drive)
     return found
+
+
+def set_up_by_values(body, scan) -> dict:
+    """{id: libraries} of the top-level lines that call a module function of a library for its effect where another
+    line binds a value that library's calls make (`dsreg.register(...)`, then `rows = dsreg.load(...)`): with no
+    training's end, every rank makes that value, so every rank runs what set the library's state, the first rank of
+    each machine first (scan.fed; not a library that sends to other machines: nbddp.entries.SENDS)."""
+    binds = [s for s in body if isinstance(s, cst.SimpleStatementLine) and
+             any(isinstance(small, (cst.Assign, cst.AnnAssign)) for small in s.body)]
+    scan.fed |= set().union(*(scan.seen(s).packages for s in binds)) & scan.packages - scan.libraries - STANDARD - \
+        COMPUTES - SENDS
+    return {id(s): sorted(scan.seen(s).configures & scan.fed) for s in body if not isinstance(
+        s, (cst.FunctionDef, cst.ClassDef)) and scan.seen(s).configures & scan.fed}
 
 
 def program_results(body, scan, names) -> dict:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .alone import acts_alone, program_results, read_later
+from .alone import acts_alone, program_results, read_later, set_up_by_values
 from .bindings import params_of, static
 from .changes import Changes
 from .cst_helpers import is_if_false
@@ -95,8 +95,7 @@ class _Scan:
         self.modules = imported_names(body)
         self.read: dict = {}
         self.defs: dict = {}  # what a function of the notebook's body does (a _Changes set) -> function -> its union
-        self.aliases = aliases(body)
-        self.body, self._carried = body, None
+        self.aliases, self.body, self._carried = aliases(body), body, None
         self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
         self.fed: set = set()  # libraries whose calls make values training needs (`rows = mylib.load(...)`)
         self.packages = imported_packages(body) | {"torch"}
@@ -263,6 +262,7 @@ def training_needs(body, names, effects, folder=None) -> Plan:
     if plan.end is None:  # no training seen: training's libraries, as far as the vocabulary knows them
         scan.libraries |= frozenset().union(*VALUE_HOMES.values()) - NOT_LIBRARIES
         scan.learn_libraries(body)
+        plan.setup = set_up_by_values(body, scan)  # (first: what sets up such a library is no line acting alone)
         plan.alone, plan.results = acts_alone(body, scan, names), program_results(body, scan, names)
         plan.later = read_later(body, plan.alone, lambda stmt: scan.facts(stmt)[0])  # (nbddp.alone)
         return plan
@@ -280,9 +280,9 @@ def training_needs(body, names, effects, folder=None) -> Plan:
             needed |= reads if files or not is_own_guard(stmt) else set()  # made before it (nbddp's guard: rank 0's)
             continue
         plan.files.update({id(stmt): files} if files else {})
-        set_up = set() if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else scan.seen(stmt).configures
-        if seed and set_up & (scan.libraries | scan.fed):
-            plan.setup[id(stmt)] = sorted(set_up & (scan.libraries | scan.fed))
+        set_up = set() if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else \
+            scan.seen(stmt).configures & (scan.libraries | scan.fed)
+        plan.setup.update({id(stmt): sorted(set_up)} if seed and set_up else {})
         if seed or changes & needed:
             given = sorted(n for n in changes & needed if not n.startswith("file:"))
             _share(plan, stmt, scan, given)

@@ -208,3 +208,16 @@ def test_the_set_up_of_a_library_whose_values_training_reads_runs_on_every_rank(
     done, _ = run_notebook(REGISTERED, tmp_path / "nb", timeout=120, env={"PYTHONPATH": str(tmp_path / "lib")})
     assert_clean_exit(done)
     assert [(tmp_path / "nb" / f"seen-{rank}.txt").read_text() for rank in range(2)] == ["6.0", "6.0"], done.explain()
+
+
+def test_without_training_the_set_up_of_a_library_whose_values_every_rank_makes_runs_on_every_rank(tmp_path):
+    """The same library with no training: what every rank loads from it was registered on every rank."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "nb").mkdir()
+    (tmp_path / "lib" / "dsreg.py").write_text("REGISTRY = {}\n\ndef register(name, rows):\n    REGISTRY[name] = rows\n\n"
+                                               "def load(name):\n    return list(REGISTRY[name])\n")
+    cells = [REGISTERED[0], "import os\nrows = dsreg.load('mine')\n",
+             "with open(f\"seen-{os.environ['RANK']}.txt\", 'w') as fh:\n    fh.write(str(sum(rows)))\n"]
+    done, _ = run_notebook(cells, tmp_path / "nb", timeout=120, env={"PYTHONPATH": str(tmp_path / "lib")})
+    assert_clean_exit(done)
+    assert [(tmp_path / "nb" / f"seen-{rank}.txt").read_text() for rank in range(2)] == ["3.0", "3.0"], done.explain()

@@ -525,6 +525,20 @@ def test_set_up_of_a_library_whose_values_training_reads_runs_on_every_rank(cell
     assert "with nbddp_main_process_first():" in "".join(out), out  # a download or a registry: once per machine first
 
 
+@pytest.mark.parametrize("cells", [
+    ["import dsreg\ndsreg.register('mine', [1.0])\n", "rows = dsreg.load('mine')\nprint(sum(rows))\n"],
+    ["import nltk as nl\ndef prepare():\n    nl.download('punkt')\nprepare()\n", "words = nl.word_tokenize('a b')\n"],
+    ["import mylib\nfor name in ['a', 'b']:\n    mylib.add_source(name)\n", "rows = mylib.collect()\n"],
+])
+def test_without_training_set_up_of_a_library_whose_values_a_later_line_makes_runs_on_every_rank(cells):
+    """No training's end: `dsreg.register(...)` only calls another library for its effect, but a later line makes a
+    value of that library on every rank: the registration (a download) runs on every rank, the first of each machine
+    first (before, rank 0 alone registered and rank 1's load failed)."""
+    out, report = convert(*cells)
+    assert "NBDDP_IS_MAIN" not in out[0] and "with nbddp_main_process_first():" in out[0], out[0]
+    assert "a library whose calls make values every rank reads" in report.format()
+
+
 @pytest.mark.parametrize("cell, once", [
     ("import dsreg, notify\nnotify.send('start')\nrows = dsreg.load('mine')\n", "notify.send('start')"),  # another
     ("import requests\nrequests.post('http://hook', json={})\nrows = requests.get('http://x').json()\n",  # one that

@@ -51,6 +51,8 @@ def apply_plan(body, guards, tree, ctx) -> list:
     plan = on_body(tree.plan, tree.first.body, body, tree.names, guards.hoisted)
     guards.calls = plan.calls
     _unread(body, plan, ctx)
+    line = _line_of(tree)
+    _set_up(body, plan, ctx, line)
     if plan.end is None:  # no training's end to plan by: what only acts outside the process is rank 0's, and every
         alone(guards, plan)  # rank gets its loops' own names that a later line reads
         guards.later, guards.later_said = plan.later, "a later line reads"
@@ -59,17 +61,10 @@ def apply_plan(body, guards, tree, ctx) -> list:
     guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
     guards.nested_once = plan.nested_once
     guards.libraries, guards.packages = plan.libraries, plan.packages
-    cell, kept, end, objects, line = None, [], None, None, _line_of(tree)
+    cell, kept, end, objects = None, [], None, None
     for at, stmt in enumerate(body):
         kept.append(stmt)
         cell = starts_cell(stmt) or cell
-        if id(stmt) in plan.setup:
-            libraries = plan.setup[id(stmt)]
-            ours = set(libraries) <= plan.libraries  # else one whose calls make what training reads: its state
-            where = "runs on every rank" if ours else "runs on every rank, the first rank of each machine first"
-            whose = "training's own objects come from" if ours else "whose calls make values training reads"
-            ctx.report.change(cell, f"{where}: it calls {' and '.join(libraries)} for its effect, a library {whose} "
-                                    "(set-up; a library they do not come from would run once)", line(stmt))
         if id(stmt) in plan.outside:
             given, libraries = plan.outside[id(stmt)]
             ctx.report.change(cell, f"runs on every rank: training reads {', '.join(given)}, made by calls of "
@@ -103,6 +98,21 @@ def apply_plan(body, guards, tree, ctx) -> list:
                                                 "ranks wait for it"))
     line = cst.SimpleStatementLine([cst.Expr(cst.Call(cst.Name(REST)))], leading_lines=[comment])
     return body[:end + 1] + [line] + rest
+
+
+def _set_up(body, plan, ctx, line):
+    """The report's line for each statement every rank runs as a library's set-up (nbddp.needs' plan.setup)."""
+    cell = None
+    for stmt in body:
+        cell = starts_cell(stmt) or cell
+        libraries = plan.setup.get(id(stmt))
+        if libraries:
+            ours = set(libraries) <= plan.libraries  # else one whose calls make what training reads: its state
+            where = "runs on every rank" if ours else "runs on every rank, the first rank of each machine first"
+            whose = "training's own objects come from" if ours else \
+                f"whose calls make values {'every rank' if plan.end is None else 'training'} reads"
+            ctx.report.change(cell, f"{where}: it calls {' and '.join(libraries)} for its effect, a library {whose} "
+                                    "(set-up; a library they do not come from would run once)", line(stmt))
 
 
 def _unread(body, plan, ctx):
@@ -141,12 +151,13 @@ def on_body(plan, read, body, names, hoisted) -> Plan:
     new.alone = {id(stmt): plan.alone[id(names.orig(stmt))] for stmt in body if id(names.orig(stmt)) in plan.alone}
     new.results = {first[key]: value for key, value in plan.results.items() if key in first}
     new.later = {first[key]: value for key, value in plan.later.items() if key in first}
+    new.setup = {first[key]: value for key, value in plan.setup.items() if key in first}
     if plan.end is None:
         return new
     for stmt in body:
         if id(names.orig(stmt)) in plan.once:
             new.once.add(id(stmt))
-    for name in ("files", "shares", "differs", "setup", "outside"):
+    for name in ("files", "shares", "differs", "outside"):
         setattr(new, name, {first[key]: value for key, value in getattr(plan, name).items() if key in first})
     ends = [i for i, w in enumerate(where) if w is not None and w <= plan.end and id(body[i].body) not in hoisted]
     new.end = ends[-1] if ends else None
