@@ -105,6 +105,12 @@ def acts_alone(body, scan, names) -> dict:
     return found
 
 
+def other_libraries(stmt, scan) -> set:
+    """The libraries a statement's calls come from that neither training's objects nor Python's standard library nor
+    a computing library do (module functions and the values they made: `mylib.fetch(url)`)."""
+    return scan.seen(stmt).packages & scan.packages - scan.libraries - STANDARD - COMPUTES
+
+
 def set_up_by_values(body, scan) -> dict:
     """{id: libraries} of the top-level lines that call a module function of a library for its effect where another
     line binds a value that library's calls make (`dsreg.register(...)`, then `rows = dsreg.load(...)`): with no
@@ -112,8 +118,7 @@ def set_up_by_values(body, scan) -> dict:
     each machine first (scan.fed; not a library that sends to other machines: nbddp.entries.SENDS)."""
     binds = [s for s in body if isinstance(s, cst.SimpleStatementLine) and
              any(isinstance(small, (cst.Assign, cst.AnnAssign)) for small in s.body)]
-    scan.fed |= set().union(*(scan.seen(s).packages for s in binds)) & scan.packages - scan.libraries - STANDARD - \
-        COMPUTES - SENDS
+    scan.fed |= set().union(*(other_libraries(s, scan) for s in binds)) - SENDS
     return {id(s): sorted(scan.seen(s).configures & scan.fed) for s in body if not isinstance(
         s, (cst.FunctionDef, cst.ClassDef)) and scan.seen(s).configures & scan.fed}
 

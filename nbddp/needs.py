@@ -12,7 +12,7 @@
                   compute for itself (the clock, a uuid: nbddp.entries.PER_PROCESS) -> the names they bind that
                   training reads: rank 0 runs the statement, every rank gets its values (nbddp_share_values)
     plan.differs -> such statements that bind no value to give (`random.seed(time.time())`): id -> what it calls
-    plan.setup -> statements every rank runs as set-up of a library (`PatchFastRL(...)`, the rule) -> libraries
+    plan.setup -> statements every rank runs as a library's set-up (`PatchFastRL(...)`: the rule below) -> those
     plan.nested_once -> lines inside the blocks and functions every rank runs that only call a library none of
                   training's, Python's own or a computing one's for its effect (a web hook, a notifier): rank 0 runs
                   them (and the statements that hold them, by id)
@@ -48,11 +48,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .alone import acts_alone, program_results, read_later, set_up_by_values
+from .alone import acts_alone, other_libraries, program_results, read_later, set_up_by_values
 from .bindings import params_of, static
 from .changes import Changes
 from .cst_helpers import is_if_false
-from .entries import COMPUTES, NOT_LIBRARIES, SENDS, STANDARD, VALUE_HOMES
+from .entries import NOT_LIBRARIES, SENDS, VALUE_HOMES
 from .flows import aliases, carried, declared_global
 from .inside import nested_effects
 from .rank_conditions import is_rank_test
@@ -247,11 +247,10 @@ def _share(plan, stmt, scan, names):
 
 
 def _outside(stmt, scan) -> list[str]:
-    """The libraries a statement's calls come from that neither training's objects nor Python's standard library
-    do (module functions and the values they made: `mylib.fetch(url)`, `requests.get(url).json()`)."""
-    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or scan.kinds(stmt) & MAKES:  # (training's own objects)
+    """nbddp.alone.other_libraries of a statement that makes none of training's own objects."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or scan.kinds(stmt) & MAKES:
         return []
-    return sorted(scan.seen(stmt).packages & scan.packages - scan.libraries - STANDARD - COMPUTES)
+    return sorted(other_libraries(stmt, scan))
 
 
 def training_needs(body, names, effects, folder=None) -> Plan:

@@ -87,7 +87,6 @@ class _Guards:
         self.sharing: dict = {}  # id of the body of such a statement, taken -> those names
         self.results: dict = {}  # of those, the lines that keep a program's result (no training's end)
         self.later: dict = {}  # of those, a %ddp cell's loops and `with`s: their own names, for later cells
-        self.later_said = "a later cell may read"  # the report's words for those (no training's end: a later line)
         self.once_why = "training does not need it"  # the report's words for `once` (no training's end: nbddp.alone)
 
     def reason(self, call):

@@ -55,7 +55,7 @@ def apply_plan(body, guards, tree, ctx) -> list:
     _set_up(body, plan, ctx, line)
     if plan.end is None:  # no training's end to plan by: what only acts outside the process is rank 0's, and every
         alone(guards, plan)  # rank gets its loops' own names that a later line reads
-        guards.later, guards.later_said = plan.later, "a later line reads"
+        guards.later = plan.later
         guards.shares = {**plan.results, **plan.later}
         return body
     guards.once, guards.files, guards.shares = plan.once, plan.files, plan.shares
@@ -177,10 +177,11 @@ def take_given(guards, stmt):
     guards.taken[id(stmt.body)] = (frozenset().union(*(k for k, _, _ in why)) | {GIVEN}, word)
     guards.sharing[id(stmt.body)] = names
     them = "it" if len(names) == 1 else "them"
+    later = "line reads" if guards.options.whole else "cell may read"  # (%ddp: the later cells are unknown)
     guards.reasons.setdefault(guards.cell, []).append(
         f"{why[0][1] + ', ' if why else ''}every rank gets rank 0's {', '.join(names)} " + (
             f"(`{_started(calls, guards.names)}` starts a program: once)" if id(stmt) in guards.results else
-            f"({guards.later_said} {them})" if id(stmt) in guards.later else
+            f"(a later {later} {them})" if id(stmt) in guards.later else
             f"(training reads {them}; each rank would compute {'its' if len(names) == 1 else 'their'} own)"))
     guards.tainted |= reads_writes(stmt)[1] - set(names)
     return TAKE
