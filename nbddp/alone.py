@@ -111,6 +111,33 @@ def other_libraries(stmt, scan) -> set:
     return scan.seen(stmt).packages & scan.packages - scan.libraries - STANDARD - COMPUTES
 
 
+def sends(stmt, scan) -> bool:
+    """A call of the statement, or of a function of the notebook's it calls, is given a web address (a literal, an
+    f-string that starts with one, or a name last assigned either): it reaches another machine, whatever library."""
+    calls, seen = list(scan.seen(stmt).calls), set()
+    for call in calls:
+        for definition in scan.names.definitions(call.func):
+            if definition not in seen:
+                seen.add(definition)
+                calls.extend(live_calls(definition.body))
+        for arg in call.args:
+            value = scan.names.value(arg.value) if isinstance(arg.value, cst.Name) else arg.value
+            text = scan.names.literal(value) if value is not None else None
+            if isinstance(value, cst.FormattedString) and isinstance(value.parts[0], cst.FormattedStringText):
+                text = value.parts[0].value
+            if isinstance(text, str) and urlsplit(text).scheme in ("http", "https", "ws", "wss", "ftp", "smtp"):
+                return True
+    return False
+
+
+def fed_set_up(stmt, scan) -> set:
+    """The libraries whose calls make values training needs (scan.fed) that a statement calls a module function of
+    for its effect, where none of its calls is given a web address (`mylib.register(...)`, not a hook)."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or not scan.seen(stmt).configures & scan.fed:
+        return set()
+    return set() if sends(stmt, scan) else scan.seen(stmt).configures & scan.fed
+
+
 def set_up_by_values(body, scan) -> dict:
     """{id: libraries} of the top-level lines that call a module function of a library for its effect where another
     line binds a value that library's calls make (`dsreg.register(...)`, then `rows = dsreg.load(...)`): with no
@@ -119,8 +146,7 @@ def set_up_by_values(body, scan) -> dict:
     binds = [s for s in body if isinstance(s, cst.SimpleStatementLine) and
              any(isinstance(small, (cst.Assign, cst.AnnAssign)) for small in s.body)]
     scan.fed |= set().union(*(other_libraries(s, scan) for s in binds)) - SENDS
-    return {id(s): sorted(scan.seen(s).configures & scan.fed) for s in body if not isinstance(
-        s, (cst.FunctionDef, cst.ClassDef)) and scan.seen(s).configures & scan.fed}
+    return {id(s): sorted(fed_set_up(s, scan)) for s in body if fed_set_up(s, scan)}
 
 
 def program_results(body, scan, names) -> dict:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .alone import acts_alone, other_libraries, program_results, read_later, set_up_by_values
+from .alone import acts_alone, fed_set_up, other_libraries, program_results, read_later, set_up_by_values
 from .bindings import params_of, static
 from .changes import Changes
 from .cst_helpers import is_if_false
@@ -202,8 +202,8 @@ class _Scan:
                                                              for s in stmt.body):
             return reads, writes, True, True
         changes = self.seen(stmt)
-        seed = changes.config or changes.together or changes.imports or \
-            bool(changes.configures & (self.libraries | self.fed | {CONFIG})) or \
+        seed = changes.config or changes.together or changes.imports or bool(fed_set_up(stmt, self)) or \
+            bool(changes.configures & (self.libraries | {CONFIG})) or \
             bool(changes.rank) or any(COLLECTIVE in self.effects.of_call(c) for c in changes.calls)
         whole = isinstance(stmt, cst.SimpleStatementLine) and all(
             isinstance(s, (cst.Assign, cst.AnnAssign)) for s in stmt.body)
@@ -279,8 +279,8 @@ def training_needs(body, names, effects, folder=None) -> Plan:
             needed |= reads if files or not is_own_guard(stmt) else set()  # made before it (nbddp's guard: rank 0's)
             continue
         plan.files.update({id(stmt): files} if files else {})
-        set_up = set() if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else \
-            scan.seen(stmt).configures & (scan.libraries | scan.fed)
+        set_up = fed_set_up(stmt, scan) | (set() if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else
+                                          scan.seen(stmt).configures & scan.libraries)
         plan.setup.update({id(stmt): sorted(set_up)} if seed and set_up else {})
         if seed or changes & needed:
             given = sorted(n for n in changes & needed if not n.startswith("file:"))
@@ -294,6 +294,7 @@ def training_needs(body, names, effects, folder=None) -> Plan:
             needed |= reads if id(stmt) not in plan.shares else set()  # (rank 0 alone computes what it gives)
         elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).calls:
             plan.once.add(id(stmt))  # one that calls nothing (`x = 5`) follows what it reads
-    plan.nested_once = nested_effects([s for s in body[:plan.end + 1] if id(s) not in plan.once], scan, names)
+    plan.nested_once = nested_effects([s for s in body[:plan.end + 1] if id(s) not in plan.once and  # (nbddp's
+                                       not is_own_guard(s)], scan, names)  # guard: rank 0's, converting it again)
     plan.alone = acts_alone(body, scan, names)
     return plan

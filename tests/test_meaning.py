@@ -543,7 +543,13 @@ def test_without_training_set_up_of_a_library_whose_values_a_later_line_makes_ru
     ("import dsreg, notify\nnotify.send('start')\nrows = dsreg.load('mine')\n", "notify.send('start')"),  # another
     ("import requests\nrequests.post('http://hook', json={})\nrows = requests.get('http://x').json()\n",  # one that
      "requests.post('http://hook', json={})"),                                   # sends: its value read, not its set-up
-])
+    # a library nbddp never mentions, given a web address (through a name, an f-string), in a function
+    ("import niquests as nq\nHOOK = 'https://hooks/x'\nnq.post(HOOK, json={})\nrows = nq.get('https://x').json()\n",
+     "nq.post(HOOK, json={})"),
+    ("import pycurlish as pc\ndef ping(n):\n    pc.send(f'https://hooks/{n}')\nping(1)\nrows = pc.fetch('data')\n",
+     "ping(1)"),
+    ("import notify, dsreg\ndef ping(n):\n    notify.send(n)\nping(1)\nrows = dsreg.load('mine')\n", "ping(1)"),  # its
+])                                                                                # body as it was, converted again
 def test_a_call_of_another_library_or_of_one_that_sends_before_such_a_load_still_runs_once(cell, once):
     out, _ = convert(cell, "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, train_dataset=rows)\n"
                            "trainer.train()\n")
