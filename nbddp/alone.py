@@ -130,6 +130,16 @@ def sends(stmt, scan) -> bool:
     return False
 
 
+def handles(stmt, given, scan) -> bool:
+    """Every name the line binds (of `given`, where given) is a handle: its every read calls one of its methods
+    (`pager = sidefx.Pager()`, then `pager.send(...)`), a client, not data another library keeps state for."""
+    smalls = stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ()
+    targets = [t.target for small in smalls if isinstance(small, cst.Assign) for t in small.targets] + [
+        small.target for small in smalls if isinstance(small, cst.AnnAssign)]
+    bound = [t for t in targets if isinstance(t, cst.Name) and (given is None or t.value in given)]
+    return bool(bound) and all(scan.names.only_called(t) for t in bound)
+
+
 def fed_set_up(stmt, scan) -> set:
     """The libraries whose calls make values training needs (scan.fed) that a statement calls a module function of
     for its effect, where none of its calls is given a web address (`mylib.register(...)`, not a hook)."""
@@ -144,7 +154,7 @@ def set_up_by_values(body, scan) -> dict:
     training's end, every rank makes that value, so every rank runs what set the library's state, the first rank of
     each machine first (scan.fed; not a library that sends to other machines: nbddp.entries.SENDS)."""
     binds = [s for s in body if isinstance(s, cst.SimpleStatementLine) and
-             any(isinstance(small, (cst.Assign, cst.AnnAssign)) for small in s.body)]
+             any(isinstance(small, (cst.Assign, cst.AnnAssign)) for small in s.body) and not handles(s, None, scan)]
     scan.fed |= set().union(*(other_libraries(s, scan) for s in binds)) - SENDS
     return {id(s): sorted(fed_set_up(s, scan)) for s in body if fed_set_up(s, scan)}
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .alone import acts_alone, fed_set_up, other_libraries, program_results, read_later, set_up_by_values
+from .alone import acts_alone, fed_set_up, handles, other_libraries, program_results, read_later, set_up_by_values
 from .bindings import params_of, static
 from .changes import Changes
 from .cst_helpers import is_if_false
@@ -288,7 +288,7 @@ def training_needs(body, names, effects, folder=None) -> Plan:
             outside = _outside(stmt, scan) if given and not seed and id(stmt) not in plan.shares else []
             if outside:
                 plan.outside[id(stmt)] = (given, outside)
-                scan.fed.update(set(outside) - SENDS)  # its module functions called before, for their effect: set-up
+                scan.fed.update(set() if handles(stmt, given, scan) else set(outside) - SENDS)  # (set-up: nbddp.alone)
             if whole:
                 needed -= changes
             needed |= reads if id(stmt) not in plan.shares else set()  # (rank 0 alone computes what it gives)

@@ -525,6 +525,21 @@ def test_set_up_of_a_library_whose_values_training_reads_runs_on_every_rank(cell
     assert "with nbddp_main_process_first():" in "".join(out), out  # a download or a registry: once per machine first
 
 
+@pytest.mark.parametrize("cells, once", [
+    (["import sidefx as sx\nsx.announce('start')\npager = sx.Pager()\n"], "sx.announce('start')"),  # an alias
+    (["import sidefx\n", "sidefx.announce('start')\n", "from sidefx import Pager\npager = Pager()\n"],
+     "sidefx.announce('start')"),                                                 # over cells
+])
+def test_a_client_training_only_calls_methods_of_makes_no_set_up_of_its_library(cells, once):
+    """Training reads `pager` only to call its methods (a client that sends): its library's calls before it stay
+    effects, once (the 2-rank e2e_once notebook's pager)."""
+    out, _ = convert(*cells, "from trl import SFTTrainer\ndef fit():\n    pager.send('fit')\n"
+                             "    return SFTTrainer(model=model, train_dataset=ds).train()\nstats = fit()\n")
+    assert f"if NBDDP_IS_MAIN:\n    nbddp_show({once})" in "".join(out) or f"if NBDDP_IS_MAIN:\n    {once}" in \
+        "".join(out), out
+    assert "with nbddp_main_process_first()" not in "".join(out), out
+
+
 @pytest.mark.parametrize("cells", [
     ["import dsreg\ndsreg.register('mine', [1.0])\n", "rows = dsreg.load('mine')\nprint(sum(rows))\n"],
     ["import nltk as nl\ndef prepare():\n    nl.download('punkt')\nprepare()\n", "words = nl.word_tokenize('a b')\n"],
