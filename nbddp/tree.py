@@ -12,7 +12,6 @@ from __future__ import annotations
 import operator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-
 from functools import cached_property
 
 import libcst as cst
@@ -21,6 +20,7 @@ from libcst._nodes.internal import CodegenState
 from .cells import MARKER, CellIndex, cell_at, cell_number, marker_number, starts_cell
 from .cst_helpers import is_if_false, names_in, parse
 from .effects import Effects
+from .features import read_features
 from .meanings import Names
 from .needs import training_needs
 from .reads_writes import reads_writes
@@ -155,10 +155,14 @@ class Tree:
         """Where each statement runs (nbddp.needs), once, on the first tree: steps read it through names.orig."""
         return training_needs(self.first.body, self.names, self.effects, self.folder)
 
+    @cached_property
+    def features(self):
+        """What the notebook asks of the runtime, and the call-site decisions that follow (nbddp.features), once."""
+        return read_features(self)
+
     def facts(self, stmt) -> frozenset:
         """What a top-level statement holds (see _Facts), read once from the first tree."""
-        names = self.names
-        stmt = names.orig(stmt)
+        names, stmt = self.names, self.names.orig(stmt)
         if stmt not in self._facts:
             if stmt in self._top:
                 self._facts[stmt] = self._seen.of(names, stmt)
@@ -175,8 +179,7 @@ class Tree:
 
     def names_in(self, stmt) -> set:
         """The names a top-level statement holds (read in the analysis' one pass over the first tree)."""
-        names = self.names  # the analysis' pass fills the statement facts
-        stmt = names.orig(stmt)
+        stmt = self.names.orig(stmt)  # (the analysis' pass fills the statement facts)
         return self._seen.names.get(stmt, set()) if stmt in self._top else names_in(stmt)
 
     def visit(self, transformer, wants=None, mentions=None) -> cst.Module:
@@ -289,11 +292,8 @@ class TreeTransformer(Recording, cst.CSTTransformer):
         self.cell = None
 
     def on_visit(self, node):
-        number = starts_cell(node) if isinstance(node, cst.BaseStatement) else None
-        if number is not None:
-            self.cell = number
         if isinstance(node, cst.BaseStatement):
-            self.tree.at = node
+            self.cell, self.tree.at = starts_cell(node) or self.cell, node
         if isinstance(node, cst.If) and is_if_false(node):
             return False
         return super().on_visit(node)

@@ -9,11 +9,9 @@ from __future__ import annotations
 import libcst as cst
 
 from ..cst_helpers import add_keyword, code_of, dotted, keyword
+from ..features import ADD, COMPUTED, OURS, PLACED, SPLIT, STARS, placement
 from ..vocabulary import LOAD, parts
 from .base import CallRewriter, TreeStep
-
-SPLITTING_MAPS = frozenset({"auto", "balanced", "balanced_low_0", "sequential"})
-OURS = "nbddp_device_map"
 
 
 def loader_name(call) -> str:
@@ -25,34 +23,29 @@ class _Placement(CallRewriter):
     def leave_Call(self, original, updated):
         if LOAD not in self.kinds(original):
             return updated
-        ours = cst.Call(cst.Name(OURS))
-        loader = loader_name(updated)
-        existing = keyword(updated, "device_map")
-        if existing is None:
-            if any(arg.star == "**" for arg in updated.args):
+        where, ours, loader = placement(original), cst.Call(cst.Name(OURS)), loader_name(updated)
+        if where in (PLACED, STARS):
+            if where == STARS:
                 self.report.warn(self.cell, f"{loader}(**kwargs): cannot tell if device_map is set; "
                                  "make sure it is device_map=nbddp_device_map()")
-                return updated
+            return updated
+        if where == ADD:
             self.report.change(self.cell, f"{loader}: device_map → this rank's own device")
             return add_keyword(updated, "device_map", ours)
-        value = existing.value
-        if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == OURS:
+        existing = keyword(updated, "device_map")
+        shown = code_of(existing.value)
+        if where == COMPUTED:
+            self.report.warn(self.cell, f"{loader}: device_map={shown} is computed by the notebook; left as is, "
+                             "but under DDP it must be this rank's device: use device_map=nbddp_device_map()")
             return updated
-        shown = code_of(value)
-        if isinstance(value, (cst.SimpleString, cst.Dict, cst.Integer)) or (isinstance(value, cst.Name)
-                                                                          and value.value == "None"):
-            if isinstance(value, cst.SimpleString) and value.evaluated_value in SPLITTING_MAPS:
-                self.report.warn(self.cell, f"{loader}: device_map={shown} split the model across GPUs; under DDP "
-                                 "each GPU holds the whole model, and where it does not fit one GPU the script runs "
-                                 f"one process with device_map={shown} instead (decided at run time)")
-                ours = ours.with_changes(args=[cst.Arg(value)])
-            else:
-                self.report.change(self.cell, f"{loader}: device_map={shown} → this rank's own device")
-            args = [a.with_changes(value=ours) if a is existing else a for a in updated.args]
-            return updated.with_changes(args=args)
-        self.report.warn(self.cell, f"{loader}: device_map={shown} is computed by the notebook; left as is, "
-                         "but under DDP it must be this rank's device: use device_map=nbddp_device_map()")
-        return updated
+        if where == SPLIT:
+            self.report.warn(self.cell, f"{loader}: device_map={shown} split the model across GPUs; under DDP "
+                             "each GPU holds the whole model, and where it does not fit one GPU the script runs "
+                             f"one process with device_map={shown} instead (decided at run time)")
+            ours = ours.with_changes(args=[cst.Arg(existing.value)])
+        else:
+            self.report.change(self.cell, f"{loader}: device_map={shown} → this rank's own device")
+        return updated.with_changes(args=[a.with_changes(value=ours) if a is existing else a for a in updated.args])
 
 
 class Placement(TreeStep):
