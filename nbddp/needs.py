@@ -99,7 +99,7 @@ class _Scan:
         self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
         self.fed: set = set()  # libraries whose calls make values training needs (`rows = mylib.load(...)`)
         self.packages = imported_packages(body) | {"torch"}
-        self.own = OwnModules(body, names, folder)  # the notebook's own modules: the packages their code imports
+        self.own = getattr(names, "own", None) or OwnModules(body, names, folder)  # its own modules (nbddp.written)
         self.imports = imported_values(body)  # what its imports bind (nbddp.ran_files)
 
     def homes(self, meanings) -> set[str]:

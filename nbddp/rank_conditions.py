@@ -1,7 +1,8 @@
 """What reads the rank or the world size, by what it reads: a value of torch.distributed, the launcher's environment
 (`os.environ["RANK"]`, `os.getenv("WORLD_SIZE")`), an attribute of a value that accelerate, a Trainer, its arguments
 or Lightning made (`accelerator.is_main_process`, `trainer.args.world_size`), nbddp's own rank names, the notebook's
-names bound to one of those (`main = dist.get_rank() == 0`), and the notebook's functions that return one. A name
+names bound to one of those (`main = dist.get_rank() == 0`), and the notebook's functions that return one (also those
+of a module of its own, nbddp.written). A name
 alone says nothing: a LoRA `rank = 16` is a number.
 
     reads_rank(node, names)    -> {"rank", "world", "gpus"}: what of the job's shape the node reads (empty: nothing;
@@ -16,7 +17,7 @@ import libcst as cst
 
 from .bindings import returns_of
 from .entries import is_entry, is_trainer
-from .meanings import PARTIALS
+from .meanings import PARTIALS, Names
 from .vocabulary import CONFIG, kinds
 from .walk import walk
 
@@ -128,11 +129,13 @@ def _held(node, names, depth) -> set:
 
 
 def _call_reads(node, names, depth) -> set:
-    if isinstance(node.func, cst.Attribute) and node.func.attr.value not in CALLED:
-        return _returns_read(node.func, names, depth)  # a method of no value that tells the shape, or the notebook's
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value not in CALLED:  # a method of no value that
+        return _returns_read(node.func, names, depth) | _module_reads(node.func, names, depth)  # tells the shape
     meanings = names.meanings(node.func)
     found = {DISTRIBUTED[m] for m in meanings if m in DISTRIBUTED} | {
         w for w in (_of_value(m, names) for m in meanings) if w}
+    if "builtins.getattr" in meanings:  # `getattr(acc, "is_main_process")` is `acc.is_main_process`
+        found |= {w for w in (_of_value(m, names) for m in names.meanings(node)) if w}
     args = node.args
     if isinstance(node.func, cst.Name):  # `who()` after `who = partial(os.environ.get, "RANK")`
         given = names.value(node.func)
@@ -140,7 +143,24 @@ def _call_reads(node, names, depth) -> set:
             args = (*given.args[1:], *args)
     if meanings & ENVIRONMENT_READS and args:
         found |= _environment(args[0].value, names)
-    return found | _returns_read(node.func, names, depth)
+    return found | _returns_read(node.func, names, depth) | _module_reads(node.func, names, depth)
+
+
+def _module_reads(func, names, depth) -> set:
+    """What a function of the notebook's own module returns of the job's shape (`%%writefile dist_info.py`, then
+    `dist_info.is_lead()`: nbddp.written), read in that module's code as in the notebook's."""
+    own, found = getattr(names, "own", None), set()
+    for meaning in names.meanings(func) if own is not None and depth < MAX_DEPTH else ():
+        module, _, name = meaning.partition(".")
+        code = own.code(module) if name.isidentifier() else None
+        if code is None:
+            continue
+        inner = names.rank_reads.setdefault(("module", module), None) or Names(code)
+        names.rank_reads[("module", module)] = inner
+        inner.own = own
+        for definition in (s for s in code.body if isinstance(s, cst.FunctionDef) and s.name.value == name):
+            found |= set().union(*(_reads(value, inner, depth + 1) for value in returns_of(definition)))
+    return found
 
 
 def _returns_read(func, names, depth, properties=False) -> set:

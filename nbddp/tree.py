@@ -26,6 +26,7 @@ from .needs import training_needs
 from .reads_writes import reads_writes
 from .vocabulary import AMP, DEVICE, ENV
 from .walk import walk
+from .written import OwnModules
 
 
 def marker(number) -> cst.EmptyLine:
@@ -131,11 +132,9 @@ class _Facts(cst.CSTVisitor):
 
 class Tree:
     def __init__(self, cells, step: str = "tree", folder=None):
-        self.module = build(cells, step)
+        self.first = self.module = build(cells, step)
         self.folder = folder  # where the notebook's own modules are (nbddp.written)
-        self.first = self.module
-        self.numbers = [cell_number(cell) for cell in cells]
-        self._facts: dict = {}
+        self.numbers, self._facts = [cell_number(cell) for cell in cells], {}
         self._seen = _Facts()  # filled by the analysis' pass over the first tree
         self._top = set(self.first.body)
         self.at = None  # the statement a step is at (an error names its cell and line)
@@ -143,7 +142,9 @@ class Tree:
 
     @cached_property
     def names(self) -> Names:
-        return Names(self.first, self._seen.watch)
+        names = Names(self.first, self._seen.watch)
+        names.own = OwnModules(self.first.body, names, self.folder)  # the notebook's own modules (nbddp.written)
+        return names
 
     @cached_property
     def effects(self) -> Effects:
@@ -174,8 +175,7 @@ class Tree:
 
     def calls_in(self, stmt) -> list:
         """The calls a top-level statement of the first tree holds (read in the analysis' one pass)."""
-        self.names  # noqa: B018 - the analysis' pass fills the statement facts
-        return self._seen.calls.get(self.names.orig(stmt), [])
+        return self._seen.calls.get(self.names.orig(stmt), [])  # (`names` first: the pass fills the facts)
 
     def names_in(self, stmt) -> set:
         """The names a top-level statement holds (read in the analysis' one pass over the first tree)."""

@@ -4,6 +4,7 @@ their code calls into.
 
     OwnModules(body, names, folder).packages("utils") -> the packages utils' code imports ({"utils"}: not the
     notebook's own); .packages("utils", "ping"): those its def ping's body reads (and the defs it reads)
+    .code("utils") -> its code, parsed (nbddp.rank_conditions reads what its functions return)
 
 nbddp.needs reads a call into such a module as a call of the libraries the module's own code imports, not as a
 library of its own: `utils.set_seed(42)` where utils.py imports torch sets up training (every rank), `utils.ping()`
@@ -85,6 +86,8 @@ class OwnModules:
         self.folder, self.found = folder, {}  # module name -> the packages its code imports (None: not its own)
         self.functions: dict = {}  # module name -> its top-level def -> the packages that def calls into
         self.texts: dict = {}  # path of a .py file the notebook writes with a literal text -> that text
+        self.sources: dict = {}  # module name -> the text the notebook writes it with, or the file beside it
+        self.parsed: dict = {}  # module name -> its code, parsed (None: not the notebook's own, or no parse)
         for stmt in body:
             written = _written(stmt, names)
             if written:
@@ -93,6 +96,7 @@ class OwnModules:
             if read:
                 name = os.path.basename(written[0])[:-3]
                 self.found[name], self.functions[name] = read[0], read[1]
+                self.sources[name] = written[1]
 
     def _direct(self, name) -> set[str] | None:
         if name not in self.found:
@@ -101,6 +105,19 @@ class OwnModules:
             self.found[name] = set().union(*(r[0] for r in read)) - {name} if read else None
             self.functions[name] = {k: v for r in read for k, v in r[1].items()}
         return self.found[name]
+
+    def code(self, name) -> cst.Module | None:
+        """Module `name`'s code: the text the notebook writes it with, else its one file beside the notebook."""
+        if name not in self.parsed:
+            text = self.sources.get(name)
+            if text is None and self.folder and name.isidentifier():
+                found = _beside(self.folder, name)
+                text = found[0] if found and len(found) == 1 else None
+            try:
+                self.parsed[name] = cst.parse_module(text) if text is not None else None
+            except cst.ParserSyntaxError:
+                self.parsed[name] = None
+        return self.parsed[name]
 
     def packages(self, name, attr=None) -> set[str]:
         """The packages module `name`'s code imports (only its def `attr` calls into, where `attr` is one), through

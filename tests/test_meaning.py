@@ -55,11 +55,39 @@ def test_a_name_alone_is_no_rank_test(lora):
     "    open('d.txt', 'w').write('d')\n",
     "state = trainer.accelerator\nif state.process_index == 1:\n    open('e.txt', 'w').write('e')\n",
     "if trainer.accelerator.process_index == 1:\n    open('e.txt', 'w').write('e')\n",
+    "lead = getattr(acc, 'is_main_process')\nif not lead:\n    open('f.txt', 'w').write('f')\n",
+    "KEY = 'process_index'\ndef which():\n    return getattr(acc, KEY, 0)\nif which() == 1:\n    open('g.txt', 'w').write('g')\n",
 ])
 def test_per_rank_code_after_training_runs_on_every_rank(after):
     head = "from accelerate import Accelerator\nacc = Accelerator()\n"
     out, _ = convert(head + TRAIN, "print('trained')\n", after, "print('end')\n")
     assert _unblocked(out[2]) == after + REST and REST not in out[0] + out[1], out  # as it is, then training's end
+
+
+@pytest.mark.parametrize("module, cell", [
+    ("import os\ndef is_lead():\n    return int(os.environ.get('RANK', '0')) == 0\n",
+     "from dist_info import is_lead\nif not is_lead():\n    open('notes.txt', 'a').write('x')\n"),
+    ("import torch.distributed as dist\ndef rank():\n    return dist.get_rank() if dist.is_initialized() else 0\n"
+     "def is_lead():\n    return rank() == 0\n",
+     "import dist_info as di\nif not di.is_lead():\n    open('notes.txt', 'a').write('x')\n"),
+    ("import os\ndef rank():\n    return int(os.environ['LOCAL_RANK'])\n",
+     "from dist_info import rank as where\nfor _ in range(1):\n    if where() == 1:\n        open('n.txt', 'a').write('x')\n"),
+])
+def test_a_rank_test_through_a_module_of_the_notebooks_own_keeps_its_meaning(module, cell):
+    """`%%writefile dist_info.py`: its functions that return the rank test it as the notebook's own would, after
+    training's end too (before, rank 0 alone ran the test and its body never ran on rank 1)."""
+    out, _ = convert("%%writefile dist_info.py\n" + module, TRAIN, cell, "print('end')\n")
+    assert _unblocked(out[2]) == cell + REST and REST not in out[1], out  # as it is, then training's end
+
+
+@pytest.mark.parametrize("read", ["getattr(acc, 'is_main_process')", "getattr(acc, 'local_process_index', 0) == 0",
+                                  "acc.is_main_process"])
+def test_a_rank_test_read_through_getattr_before_training_keeps_its_meaning(read):
+    """Else the body goes under rank 0's guard and its barrier inside the test that rank 0 skips: the others hang."""
+    out, _ = convert(f"from accelerate import Accelerator\nacc = Accelerator()\nlead = {read}\n",
+                     "if not lead:\n    with open('helper.json', 'w') as fh:\n        fh.write('x')\n", TRAIN)
+    assert _unblocked(out[1]) == "if not lead:\n    with open('helper.json', 'w') as fh:\n        fh.write('x')\n", out
+    assert "NBDDP_IS_MAIN" not in out[0] + out[1], out
 
 
 @pytest.mark.parametrize("cell, call", [
@@ -204,6 +232,12 @@ def test_training_through_a_function_a_subclass_or_another_library(cells):
       "    return total // max(1, torch.cuda.device_count())\n",
       "args = TrainingArguments('o', gradient_accumulation_steps=accumulation(16))\n"],
      "gradient_accumulation_steps=nbddp_batch_as_written(accumulation(16)))"),
+    # a function of a module of the notebook's own (%%writefile), through another of its functions
+    (["%%writefile dist_info.py\nimport os\ndef _size():\n    return int(os.environ.get('WORLD_SIZE', '1'))\n"
+      "def world():\n    return max(1, _size())\n",
+      "import dist_info as di\nfrom trl import SFTConfig\nargs = SFTConfig(output_dir='o', gradient_accumulation_steps=16 // "
+      "di.world())\n"],
+     "gradient_accumulation_steps=nbddp_batch_as_written(16 // di.world()))"),
 ])
 def test_a_batch_the_notebook_adapts_to_the_world_size_is_kept_as_written(cells, written):
     out, report = convert(*cells)
