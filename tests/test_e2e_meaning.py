@@ -9,7 +9,8 @@ aliases, in a function, in a loop), samples a generator of the notebook's own dr
 needs makes its folders without exist_ok, on every rank; another sets a global that training reads, and one saves
 features and returns their path, which training reads; another moves a file it then reads.
 It writes a training script with `%%writefile` and runs it with `!python`, and starts it again through subprocess
-from its own function, with a copy of its environment, and through os.spawnv: the script would join a process group of WORLD_SIZE processes if it saw this job's.
+from its own function, with a copy of its environment, through os.spawnv, os.posix_spawn, and a fork that starts it
+(as pty.spawn and pexpect do): the script would join a process group of WORLD_SIZE processes if it saw this job's.
 Its own multiprocessing starts processes with spawn and forkserver (a Pool, a ProcessPoolExecutor in a function,
 Processes with a queue), which must run what they are given, not the script again. A notebook that trains nothing
 keeps what programs it starts give back: each program runs once, and every rank gets its result.
@@ -45,6 +46,10 @@ CELLS = [
     "import subprocess as sp\nsp.run([sys.executable, 'child.py', 'envcopy'], env = dict(os.environ, OMP_NUM_THREADS = '1'), "
     "check = True, timeout = 60)\n",
     "def spawn_child(how):\n    os.spawnv(os.P_WAIT, sys.executable, [sys.executable, 'child.py', how])\nspawn_child('spawnv')\n",
+    "def forked(how):  # as pty.spawn and pexpect start a program\n    pid = os.fork()\n    if pid == 0:\n"
+    "        os.execv(sys.executable, [sys.executable, 'child.py', how])\n    os.waitpid(pid, 0)\nforked('forkexec')\n",
+    "spawned = os.posix_spawn(sys.executable, [sys.executable, 'child.py', 'posix'], dict(os.environ))\n"
+    "os.waitpid(spawned, 0)\n",
     "tags = {'alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta', 'theta'}\norder = list(tags)\n"
     "rng = np.random.default_rng()\nnoise = rng.normal(size = 3).tolist()\n",
     "import random as rnd\nfrom numpy.random import RandomState, PCG64, Generator as NpGen, SeedSequence\n"
@@ -145,7 +150,7 @@ def test_processes_the_notebook_spawns_run_what_they_are_given(job):
 
 def test_a_script_the_notebook_starts_is_one_process_of_its_own(job):
     done, conversion = job
-    for how in ("shell", "subprocess", "envcopy", "spawnv"):
+    for how in ("shell", "subprocess", "envcopy", "spawnv", "forkexec", "posix"):
         assert (done.cwd / f"child-{how}.txt").read_text() == "alone\n", done.explain()  # once, not in the job
     assert "`!python child.py shell` runs a Python program: it starts in one process of its own" in \
         conversion.report.format()

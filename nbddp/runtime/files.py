@@ -62,7 +62,8 @@ def nbddp_children_outside_the_job():
     """Programs the notebook starts (a `!` line, subprocess, os.system) without an environment of their own get this
     process's without the job's rank variables: a training script the notebook runs (`!python train.py`, accelerate
     or torch.distributed inside it) is one process of its own, as in the notebook, instead of waiting forever for
-    ranks of this job that never come; so do one given a copy of this process's environment, and os.spawn*'s. A
+    ranks of this job that never come; so do one given a copy of this process's environment, os.spawn*'s,
+    os.posix_spawn's, and a program a process this rank forked starts (pty.spawn, pexpect: os.exec* in the child). A
     child given an environment of its own keeps it."""
     if NBDDP_WORLD_SIZE == 1 or getattr(subprocess.Popen.__init__, "_nbddp_outside", False):
         return
@@ -81,6 +82,18 @@ def nbddp_children_outside_the_job():
         return status << 8 if status >= 0 else -status
 
     os.system = system
+    rank, execv, execve = os.getpid(), os.execv, os.execve
+
+    def _execv(path, args):  # a process this rank forked (pty.spawn, pexpect) starts a program: outside the job
+        return execv(path, args) if os.getpid() == rank else execve(path, args, nbddp_child_environment())
+
+    def _execve(path, args, env):
+        return execve(path, args, env if os.getpid() == rank else nbddp_child_environment(env))
+
+    os.execv, os.execve = _execv, _execve  # (os.exec*, os.execvp*: through these; a rank replacing itself stays)
+    for name in ("posix_spawn", "posix_spawnp"):
+        if hasattr(os, name):
+            setattr(os, name, functools.partial(_nbddp_posix_spawn, getattr(os, name)))
     spawn = getattr(os, "_spawnvef", None)  # every os.spawn* (POSIX)
     if spawn is not None:
         with_env = {os.execv: os.execve, os.execvp: os.execvpe}
@@ -89,6 +102,10 @@ def nbddp_children_outside_the_job():
             return spawn(mode, file, args, nbddp_child_environment(env), with_env.get(func, func))
 
         os._spawnvef = _spawnvef
+
+
+def _nbddp_posix_spawn(spawn, path, argv, env, **kwargs):
+    return spawn(path, argv, nbddp_child_environment(env), **kwargs)
 
 
 NBDDP_AT_START.append(nbddp_children_outside_the_job)
