@@ -180,8 +180,8 @@ class Changes(LiveVisitor):
             self.reaches |= {m.split(".", 1)[0] for m in started(meanings)}
         carrier = self._runs_handed(node, meanings)
         for definition in definitions:  # the notebook's own function: what its body saves, sets up and calls
-            self.saves |= self.scan.saved_by(definition)
-            self.configures |= self.scan.set_up_by(definition)
+            self.saves |= self.scan.packages_of(definition, "saves")
+            self.configures |= self.scan.packages_of(definition, "configures")
             self.packages |= self.scan.packages_of(definition)
             self.reaches |= self.scan.packages_of(definition, "reaches")
         if RANK_LOGIC in self.scan.effects.of_call(node):  # a function of the notebook's that decides by the rank

@@ -82,9 +82,9 @@ PER_PROCESS = frozenset({
     "time.monotonic", "time.perf_counter", "datetime.datetime.now", "datetime.datetime.utcnow",
     "datetime.datetime.today", "datetime.date.today", "uuid.uuid1", "uuid.uuid4", "os.urandom", "os.getpid",
     "secrets.token_hex", "secrets.token_bytes", "secrets.token_urlsafe", "secrets.randbits", "secrets.randbelow",
-    "secrets.choice", *(f"random.SystemRandom().{m}" for m in (  # each draw from the OS's entropy
+    "secrets.choice", *(f"{cls}().{m}" for cls in ("random.SystemRandom", "secrets.SystemRandom") for m in (  # (one
         "random", "randint", "randrange", "choice", "choices", "sample", "shuffle", "uniform", "gauss",
-        "normalvariate", "getrandbits", "randbytes", "triangular", "expovariate")),
+        "normalvariate", "getrandbits", "randbytes", "triangular", "expovariate")),  # class) each draw: OS entropy
     "tempfile.mkdtemp", "tempfile.mktemp", "time.monotonic_ns", "time.perf_counter_ns", "time.process_time",
     "time.process_time_ns", "time.thread_time", "time.thread_time_ns",
     "os.getrandom", "os.times", "threading.get_ident", "threading.get_native_id", "time.clock_gettime",

@@ -51,12 +51,13 @@ import libcst as cst
 from .alone import acts_alone, fed_set_up, handles, other_libraries, program_results, read_later, set_up_by_values
 from .bindings import params_of, static
 from .changes import Changes
-from .cst_helpers import is_if_false
+from .cst_helpers import is_if_false, live_calls
 from .entries import NOT_LIBRARIES, SENDS, VALUE_HOMES
 from .flows import aliases, carried, declared_global
 from .inside import nested_effects
 from .rank_conditions import is_rank_test
-from .reads_writes import free_reads, imported_names, imported_packages, imported_values, reads_writes
+from .reads_writes import (at_definition, free_reads, imported_names, imported_packages, imported_values,
+                           reads_writes)
 from .training_end import is_own_guard, training_end
 from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT, PUSH, SAVE, TRACK
 from .walk import walk
@@ -159,18 +160,10 @@ class _Scan:
         return {p.name.value for p in (definition.params.star_arg, definition.params.star_kwarg)
                 if isinstance(p, cst.Param)}
 
-    def saved_by(self, definition) -> set[str]:
-        """The files a function of the notebook saves at literal paths when it runs."""
-        return self._by(definition, "saves")
-
-    def set_up_by(self, definition) -> set[str]:
-        """The set-up a function of the notebook does when it runs: the libraries of the functions it calls for their
-        effect, and CONFIG where it sets up the process (nbddp.vocabulary.is_process_config)."""
-        return self._by(definition, "configures")
-
     def packages_of(self, definition, which: str = "packages") -> set[str]:
-        """The packages a function of the notebook calls into when it runs (`which="reaches"`: of Python's own, those
-        whose calls reach other machines)."""
+        """The packages a function of the notebook calls into when it runs; `which`: "reaches" (of Python's own, those
+        whose calls reach other machines), "saves" (the files it saves at literal paths), "configures" (its set-up:
+        the libraries of the functions it calls for their effect, CONFIG where it sets up the process)."""
         return self._by(definition, which)
 
     def imported(self, name: str) -> bool:
@@ -236,6 +229,10 @@ def _share(plan, stmt, scan, names):
     saves, pushes or calls a tracker (rank-0 work) and gives back what training reads (`path = save_features(...)`,
     `run_id = wandb.util.generate_id()`): rank 0's values of `names`, given to every rank (plan.shares), or where it
     binds none, a line in the report (plan.differs)."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):  # what it computes when defined: a class attribute
+        own = [c for part in at_definition(stmt) for c in live_calls(part) if OWN_VALUE in scan.effects.of_call(c)]
+        plan.differs.update({id(stmt): own[0]} if own else {})
+        return
     found = scan.kinds(stmt) | ({TRACK} if scan.effects.reads_tracker(stmt) else set())
     if not found & {GENERATE, OWN_VALUE, SAVE, PUSH, TRACK} and id(stmt) not in plan.results or COLLECTIVE in found:
         return

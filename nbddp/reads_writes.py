@@ -3,6 +3,7 @@
   reads_writes(node) -> (names read, names bound): `x = f(y)` reads f and y and binds x; def and class bodies run
                         later (only their names are bound); a comprehension's or lambda's own names are its own.
   header_of(stmt)    -> the parts of a compound statement that run before its blocks decide anything.
+  at_definition(stmt) -> what a def or class computes when it is defined (decorators, defaults, class attributes)
   free_reads(node)   -> the names a def or class reads from outside it
   file_of(call, ...) -> the file or folder a saving call writes by a literal path, as a name (`file:<path>`)
   files_named(call)  -> every literal path a call is given, as such names (what it may read)
@@ -143,6 +144,19 @@ def header_of(stmt) -> list:
     if isinstance(stmt, cst.With):
         return list(stmt.items)
     return []
+
+
+def at_definition(stmt) -> list:
+    """The expressions a def or class computes when it is defined: its decorators, its parameters' defaults, its
+    bases, and its class body's own lines (a class attribute, a field's default; of its methods, the same)."""
+    found = [d.decorator for d in stmt.decorators]
+    if isinstance(stmt, cst.FunctionDef):
+        params = stmt.params
+        return found + [p.default for p in (*params.posonly_params, *params.params, *params.kwonly_params) if p.default]
+    found += [arg.value for arg in (*stmt.bases, *stmt.keywords)]
+    for line in stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else ():
+        found += at_definition(line) if isinstance(line, (cst.FunctionDef, cst.ClassDef)) else [line]
+    return found
 
 
 def _as_file(text):

@@ -319,6 +319,7 @@ GIVE_TRAIN = "from trl import SFTTrainer\ntrainer = SFTTrainer(model=model, trai
     ("from random import SystemRandom as SR\ndef pick(xs):\n    return SR().sample(xs, 2)\nrows = pick([1, 2, 3])\n",
      ["rows"]),
     ("import random\nrows = [1, 2, 3]\nrandom.SystemRandom().shuffle(rows)\n", ["rows"]),
+    ("import secrets\nrows = [secrets.SystemRandom().randint(0, 9)]\n", ["rows"]),  # random's class, by secrets
     ("import pandas as pd\nstamp = pd.Timestamp.now().strftime('%H%M%S')\nrows = [stamp]\n", ["stamp"]),  # pandas' clock
     ("import multiprocessing as mp\nrows = [mp.current_process().pid]\n", ["rows"]),  # the process, by another module
     ("from time import clock_gettime as clock, CLOCK_REALTIME\nrows = [clock(CLOCK_REALTIME)]\n", ["rows"]),
@@ -351,6 +352,13 @@ def test_values_training_needs_that_each_rank_would_compute_alone_are_rank_0s_gi
      "args = make_args()\n", "make_args"),  # a trainer's configuration holds the process's state: never rank 0's
     ("import uuid\nfrom transformers import TrainingArguments as TA\nargs = TA(output_dir='o/' + uuid.uuid4().hex)\n",
      "uuid.uuid4"),
+    # computed when a class or function is defined: a class attribute, a field's default, a parameter's default
+    ("from datetime import datetime as DT\nclass Cfg:\n    out = DT.now().strftime('%H%M%S')\nfrom trl import SFTConfig\n"
+     "args = SFTConfig(output_dir=Cfg.out)\n", "DT.now"),
+    ("import time\nfrom dataclasses import dataclass\n@dataclass\nclass Run:\n    out: str = f'o-{time.time()}'\n"
+     "from trl import SFTConfig\nargs = SFTConfig(output_dir=Run().out)\n", "time.time"),
+    ("import uuid\nfrom trl import SFTConfig\ndef make(tag=uuid.uuid4().hex):\n    return SFTConfig(output_dir=tag)\n"
+     "args = make()\n", "uuid.uuid4"),
 ])
 def test_a_value_of_its_own_that_training_needs_but_no_name_holds_is_reported(cell, call):
     (out, _), report = convert(cell, GIVE_TRAIN.replace("rows)", "rows, args=args)") if "args" in cell else GIVE_TRAIN)
