@@ -1,5 +1,6 @@
 """What a call does, through the notebook's own functions: the vocabulary's kinds of the callee, and for a function,
-lambda, `functools.partial` or method the notebook defines, the kinds of everything its body calls, transitively.
+lambda, `functools.partial` or method the notebook defines, or a function of a module of its own (`%%writefile
+utils.py`, then `utils.run(...)`: nbddp.written), the kinds of everything its body calls, transitively.
 
     effects = Effects(names)             # names: nbddp.meanings.Names of the notebook's tree
     effects.of_call(call)    -> frozenset of nbddp.vocabulary kinds
@@ -33,6 +34,9 @@ class Effects:
         self.names = names
         self._defs: dict = {}
         self._calls: dict = {}
+        self._modules: dict = {}  # the Names of a module of the notebook's own (nbddp.written) -> its Effects
+        own = getattr(names, "own", None)
+        self._module_def = own.definition if own is not None else lambda meaning: None
 
     def of_call(self, call: cst.Call) -> frozenset:
         call = self.names.orig(call)
@@ -55,6 +59,8 @@ class Effects:
             found.add(OWN_VALUE)  # `np.datetime64("now")`: the clock, by what it is given
         for node in names.definitions(call.func):
             found |= self.of_def(node)
+        for inner, node in filter(None, map(self._module_def, meanings)):  # a function of a module of its own
+            found |= (self._modules.get(inner) or self._modules.setdefault(inner, Effects(inner))).of_def(node)
         for cls in names.classes:  # a class of the notebook's: making one runs its fields' default factories
             if f"__main__.{cls.name.value}" in meanings:
                 found |= self._factories(cls)

@@ -108,9 +108,11 @@ class Features:
 
 class _Facts(cst.CSTVisitor):
     def __init__(self, names, adapters):
-        self.analysis = names  # nbddp.meanings.Names: what the notebook's calls are
+        self.analysis = self.names = names  # nbddp.meanings.Names: what the notebook's calls are (a module's own
+        # while one of its functions is read)
         self.found = Features(set(names.packages), adapters)
         self.cell = 0
+        self.followed: set = set()  # the functions of the notebook's own modules read so far (nbddp.written)
 
     def on_visit(self, node):
         if isinstance(node, cst.BaseStatement):
@@ -213,9 +215,22 @@ class _Facts(cst.CSTVisitor):
         elif LOAD in what:
             self._model(node)
             found.split_model = found.split_model or placement(node) in (STARS, COMPUTED) or split_map(node) is not None
+        self._follow(meanings)
+
+    def _follow(self, meanings):
+        """A function of a module of the notebook's own that it calls asks for what its body asks for (a Trainer
+        built in `utils.run(...)`), read with that module's names."""
+        own = getattr(self.analysis, "own", None)
+        for inner, definition in filter(None, map(own.definition, meanings)) if own is not None else ():
+            if definition not in self.followed:
+                self.followed.add(definition)
+                outer, self.analysis = self.analysis, inner
+                walk(definition.body, self)
+                self.analysis = outer
 
     def visit_Name(self, node):
-        if node.value in IPYTHON_BUILTINS and self.analysis.meanings(node) == {node.value}:
+        if node.value in IPYTHON_BUILTINS and self.analysis is self.names and self.analysis.meanings(node) == {
+                node.value}:
             self.found.ipython.add(node.value)  # display(...) without an import: IPython's builtin
 
     def visit_Arg(self, node):

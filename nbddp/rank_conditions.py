@@ -17,7 +17,7 @@ import libcst as cst
 
 from .bindings import returns_of
 from .entries import is_entry, is_trainer
-from .meanings import PARTIALS, Names
+from .meanings import PARTIALS
 from .vocabulary import CONFIG, kinds
 from .walk import walk
 
@@ -151,15 +151,9 @@ def _module_reads(func, names, depth) -> set:
     `dist_info.is_lead()`: nbddp.written), read in that module's code as in the notebook's."""
     own, found = getattr(names, "own", None), set()
     for meaning in names.meanings(func) if own is not None and depth < MAX_DEPTH else ():
-        module, _, name = meaning.partition(".")
-        code = own.code(module) if name.isidentifier() else None
-        if code is None:
-            continue
-        inner = names.rank_reads.setdefault(("module", module), None) or Names(code)
-        names.rank_reads[("module", module)] = inner
-        inner.own = own
-        for definition in (s for s in code.body if isinstance(s, cst.FunctionDef) and s.name.value == name):
-            found |= set().union(*(_reads(value, inner, depth + 1) for value in returns_of(definition)))
+        inner, definition = own.definition(meaning) or (None, None)
+        for value in returns_of(definition) if definition is not None else ():
+            found |= _reads(value, inner, depth + 1)
     return found
 
 

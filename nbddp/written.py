@@ -4,7 +4,8 @@ their code calls into.
 
     OwnModules(body, names, folder).packages("utils") -> the packages utils' code imports ({"utils"}: not the
     notebook's own); .packages("utils", "ping"): those its def ping's body reads (and the defs it reads)
-    .code("utils") -> its code, parsed (nbddp.rank_conditions reads what its functions return)
+    .code("utils") -> its code, parsed; .names("utils"): its nbddp.meanings.Names; .definition("utils.run"): (those
+    Names, its def run), which nbddp.effects and nbddp.rank_conditions follow as they follow the notebook's own defs
 
 nbddp.needs reads a call into such a module as a call of the libraries the module's own code imports, not as a
 library of its own: `utils.set_seed(42)` where utils.py imports torch sets up training (every rank), `utils.ping()`
@@ -118,6 +119,25 @@ class OwnModules:
             except cst.ParserSyntaxError:
                 self.parsed[name] = None
         return self.parsed[name]
+
+    def names(self, name):
+        """nbddp.meanings.Names of module `name`'s code (once), or None where it is not the notebook's own."""
+        if ("names", name) not in self.parsed:
+            from .meanings import Names  # (the notebook's Names holds these modules: nbddp.tree)
+
+            code = self.code(name)
+            self.parsed["names", name] = Names(code) if code is not None else None
+            if code is not None:
+                self.parsed["names", name].own = self
+        return self.parsed["names", name]
+
+    def definition(self, meaning: str):
+        """(the module's Names, its top-level def) that a meaning (`utils.run` of `utils.run(...)`) calls, or None."""
+        module, _, name = meaning.partition(".")
+        names = self.names(module) if name.isidentifier() else None
+        found = [stmt for stmt in names.module.body if isinstance(stmt, cst.FunctionDef) and
+                 stmt.name.value == name] if names is not None else ()
+        return (names, found[-1]) if found else None
 
     def packages(self, name, attr=None) -> set[str]:
         """The packages module `name`'s code imports (only its def `attr` calls into, where `attr` is one), through

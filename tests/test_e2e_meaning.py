@@ -226,3 +226,26 @@ def test_without_training_the_set_up_of_a_library_whose_values_every_rank_makes_
     done, _ = run_notebook(cells, tmp_path / "nb", timeout=120, env={"PYTHONPATH": str(tmp_path / "lib")})
     assert_clean_exit(done)
     assert [(tmp_path / "nb" / f"seen-{rank}.txt").read_text() for rank in range(2)] == ["3.0", "3.0"], done.explain()
+
+
+OWN_MODULE = [
+    "%%writefile steps.py\nimport torch.distributed as dist\n\ndef _synced(model):\n"
+    "    for p in model.parameters():\n        dist.all_reduce(p.grad)\n        p.grad /= dist.get_world_size()\n\n"
+    "def run(model, opt, rounds):\n    for _ in range(rounds):\n        model(torch.ones(2, 4)).sum().backward()\n"
+    "        _synced(model)\n        opt.step()\n        opt.zero_grad()\n    return [p.tolist() for p in model.parameters()]\n\n"
+    "import torch\n",
+    "import os, json, torch\nimport steps as st\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\n"
+    "opt = torch.optim.SGD(model.parameters(), lr = 0.1)\nmodel(torch.zeros(1, 4)).sum().backward()\nopt.zero_grad()\n",
+    "def train(rounds):\n    return st.run(model, opt, rounds)\nweights = train(2)\n",
+    "with open('seen.json', 'w') as fh:\n    json.dump(weights, fh)\n",
+]
+
+
+def test_training_in_a_function_of_a_module_of_its_own_runs_on_every_rank(tmp_path):
+    """The notebook writes steps.py and trains through its function (all_reduce inside): training ends there, not
+    at the backward pass before it, so every rank runs it (before, rank 0 alone did and waited for rank 1: a hang)."""
+    done, conversion = run_notebook(OWN_MODULE, tmp_path, timeout=60)
+    assert_clean_exit(done)
+    assert len(json.loads((tmp_path / "seen.json").read_text())) == 2, done.explain()
+    script = conversion.script[conversion.script.index("# %% cell 1"):]
+    assert "\n    weights = train(2)\n" in script and "nbddp_rest_on_rank0()" not in script.split("weights = train")[0]

@@ -106,3 +106,14 @@ def test_a_prompt_says_whether_rank_0_alone_asks():
     said = {n.cell: n.text for n in ctx.report.changes if "asks" in n.text}
     assert said[1].startswith("getpass(): rank 0 asks, every rank gets the answer"), said
     assert said[2].startswith("input(): in a rank-0-only block: only rank 0 asks"), said
+
+
+def test_what_a_function_of_a_module_of_its_own_asks_for_counts():
+    """`%%writefile fit_lib.py` builds the Trainer and loads the model: the script carries what a Trainer and a
+    sized model need, as where the notebook's cells do it (before, neither was seen)."""
+    found, ctx = features("%%writefile fit_lib.py\nfrom transformers import AutoModelForCausalLM as Auto, Trainer\n"
+                          "def load():\n    return Auto.from_pretrained('org/x', load_in_4bit = True)\n"
+                          "def go(model, rows):\n    return Trainer(model = model, train_dataset = rows).train()\n",
+                          "import fit_lib as fl\nmodel = fl.load()\n", "stats = fl.go(model, rows)\n")
+    assert found.trainer and found.quantized and found.models == [("org/x", 4, 2, "none")]
+    assert {"global_batch", "balance", "fit", "lean_sync"} <= set(ctx.runtime.reasons)

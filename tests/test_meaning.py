@@ -186,6 +186,14 @@ def test_fit_and_train_of_values_that_are_not_trainers_are_not_training(cells):
      "steps[0]()\n"],
     ["import torch.distributed as D\nclass Meter:\n    def synced(self, t):\n        op = getattr(D, 'all_reduce')\n"
      "        op(t)\n        return t\n", "total = Meter().synced(loss)\n"],
+    # a function of a module of the notebook's own (%%writefile): through an alias, the notebook's function, a loop
+    ["%%writefile fit_lib.py\nfrom transformers import Trainer\ndef go(m, d):\n    Trainer(model=m, train_dataset=d).train()\n",
+     "import fit_lib\nfit_lib.go(model, data)\n"],
+    ["%%writefile fit_lib.py\ndef step(loss, opt):\n    loss.backward()\n    opt.step()\n",
+     "from fit_lib import step as one_step\ndef epoch(batches):\n    for b in batches:\n        one_step(model(b).sum(), opt)\n"
+     "epoch(data)\n"],
+    ["%%writefile fit_lib.py\nimport torch.distributed as dist\ndef _sync(t):\n    dist.all_reduce(t)\n"
+     "def average(t):\n    _sync(t)\n    return t\n", "import fit_lib as fl\ntotal = fl.average(loss)\n"],
 ])
 def test_training_through_a_function_a_subclass_or_another_library(cells):
     out, _ = convert(*cells, "print('done')\n")
@@ -364,6 +372,12 @@ def test_a_value_of_its_own_that_training_needs_but_no_name_holds_is_reported(ce
     (out, _), report = convert(cell, GIVE_TRAIN.replace("rows)", "rows, args=args)") if "args" in cell else GIVE_TRAIN)
     assert "NBDDP_IS_MAIN" not in out and "nbddp_share_values" not in out, out
     assert f"`{call}()` gives each rank a value of its own" in report.format()
+
+
+def test_a_value_of_its_own_from_a_module_of_the_notebooks_own_is_rank_0s():
+    (_, out, train), report = convert("%%writefile naming.py\nimport uuid\ndef run_id():\n    return uuid.uuid4().hex\n",
+                                      "import naming\nrows = [naming.run_id()]\n", GIVE_TRAIN)
+    assert 'nbddp_share_values(globals(), "rows")\n' in out and train == GIVE_TRAIN, out
 
 
 def test_a_clock_read_training_does_not_need_is_left_to_rank_0():
