@@ -5,6 +5,7 @@ value holds changes to (a `partial` of a function of the notebook's given them, 
     aliases(body)              -> name -> the names whose value it may share, transitively
     declared_global(def)       -> the names a def declares `global`
     carried(body, scan)        -> name -> the outside names that calling what it holds may change
+    imported_by_call(body, names) -> name -> the package of the module a top-level line binds it to by a call
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import libcst as cst
 
 from .changes import base_name, given_changes
 from .cst_helpers import names_in
+from .meanings import IMPORTS
 from .reads_writes import reads_writes
 from .walk import walk
 
@@ -69,4 +71,18 @@ def aliases(body) -> dict:
         for name, other in pairs:
             if other is not None and other != name:
                 found.setdefault(name, set()).update({other} | found.get(other, set()))
+    return found
+
+
+def imported_by_call(body, names) -> dict[str, str]:
+    """The top-level names a line binds to a module by a call (`net = importlib.import_module("requests")`,
+    `np = __import__("numpy")`), as an import binds them: name -> the module's package."""
+    found = {}
+    for small in (small for stmt in body if isinstance(stmt, cst.SimpleStatementLine) for small in stmt.body):
+        call = small.value if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(
+            small.targets[0].target, cst.Name) else None
+        module = names.literal(call.args[0].value) if isinstance(call, cst.Call) and call.args and \
+            names.meanings(call.func) & IMPORTS else None
+        if isinstance(module, str) and module:
+            found[small.targets[0].target.value] = module.split(".")[0]
     return found

@@ -34,6 +34,7 @@ from .walk import scopes, walk
 MAX_MEANINGS, MAX_DEPTH = 12, 12
 MAIN = "__main__"  # the notebook's own functions and classes are `__main__.name`, as in the script
 PARTIALS = frozenset({"functools.partial", "partial"})
+IMPORTS = frozenset({"importlib.import_module", "builtins.__import__"})  # a module, by its name
 # What IPython adds to the builtins of the process it runs in (where %%torchrun and %ddp convert): the notebook's own
 # names, as in a script, not Python's builtins (libcst asks the live `builtins` module).
 IPYTHON_BUILTINS = frozenset({"display", "get_ipython"})
@@ -41,15 +42,14 @@ IPYTHON_BUILTINS = frozenset({"display", "get_ipython"})
 
 class Names:
     def __init__(self, module: cst.Module, watcher=None):
-        self.module = module
-        self.scopes = scopes(module)
+        self.module, self.scopes = module, scopes(module)
         bindings = Bindings(set(module.body), watcher)
         walk(module, bindings)
         self.values, self.classes, self.order = bindings.values, bindings.classes, bindings.order
         self.fields, self.class_fields, self.attribute_reads = bindings.fields, bindings.class_fields, bindings.reads
         self.receivers = {c.func.value for c in bindings.calls if isinstance(c.func, cst.Attribute)}  # x of x.m()
-        self.params, self._calls, self._sites = bindings.params, bindings.calls, None
-        self.packages = frozenset(bindings.packages)  # roots whose meanings are qualified names (nbddp.vocabulary)
+        self.params, self._calls, self._sites = bindings.params, bindings.calls, None  # packages: roots whose
+        self.packages = frozenset(bindings.packages)  # meanings are qualified names (nbddp.vocabulary)
         self.methods = {method for methods in self.classes.values() for method in methods.values()}
         self.referents = {access.node: access.referents for scope in set(self.scopes.values()) if scope is not None
                           for access in scope.accesses}
@@ -101,6 +101,9 @@ class Names:
             called = self.meanings(expr.func, depth + 1)
             if called & PARTIALS and expr.args:  # partial(f, ...) is f, with some arguments given
                 return set(self.meanings(expr.args[0].value, depth + 1))
+            named = self.literal(expr.args[0].value) if called & IMPORTS and expr.args else None
+            if isinstance(named, str):  # `importlib.import_module("requests")` is the module `requests`
+                return {named}
             if "builtins.getattr" in called and len(expr.args) > 1:  # getattr(m, "x") is m.x; some attribute of m
                 got = self.literal(expr.args[1].value)
                 got = got if isinstance(got, str) else "?"
@@ -156,9 +159,8 @@ class Names:
     def field_values(self, expr: cst.Attribute, depth: int = 0) -> list:
         """The values the methods of a class of the notebook assign to `self.<attr>`, where `expr` is read through a
         method's own `self`, or through an instance the class made (`h.bot` after `h = Helper()`)."""
-        fields = self._fields(expr)
-        if fields is not None:
-            return fields.values.get(expr.attr.value, [])
+        if self._fields(expr) is not None:
+            return self._fields(expr).values.get(expr.attr.value, [])
         return [value for cls in self._classes_of(expr.value, depth + 1) if cls in self.class_fields
                 for value in self.class_fields[cls].values.get(expr.attr.value, [])]
 
@@ -166,12 +168,9 @@ class Names:
         """Every read of the value `expr` names (a name of the notebook's, `self.x` in a method) calls one of its
         methods (`client.chat_postMessage(...)`): no other code sees what those calls do to it."""
         expr = self.orig(expr)
-        if isinstance(expr, cst.Attribute):
-            reads = self._field_reads(expr)
-        elif isinstance(expr, cst.Name):
-            reads = [r.node for a in self._assignments(expr) or () for r in getattr(a, "references", ())]
-        else:
-            return False
+        reads = self._field_reads(expr) if isinstance(expr, cst.Attribute) else [
+            r.node for a in self._assignments(expr) or () for r in getattr(a, "references", ())] if isinstance(
+            expr, cst.Name) else []
         return bool(reads) and all(r in self.receivers for r in reads)
 
     def _returned(self, func, depth) -> set:

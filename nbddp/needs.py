@@ -53,7 +53,7 @@ from .bindings import params_of, static
 from .changes import Changes
 from .cst_helpers import is_if_false, live_calls
 from .entries import NOT_LIBRARIES, SENDS, VALUE_HOMES
-from .flows import aliases, carried, declared_global
+from .flows import aliases, carried, declared_global, imported_by_call
 from .inside import nested_effects
 from .rank_conditions import is_rank_test
 from .reads_writes import (at_definition, free_reads, imported_names, imported_packages, imported_values,
@@ -93,13 +93,14 @@ class Plan:
 class _Scan:
     def __init__(self, names, effects, body, folder=None):
         self.names, self.effects = names, effects
-        self.modules = imported_names(body)
+        by_call = imported_by_call(body, names)  # `net = importlib.import_module("requests")`: an import
+        self.modules = imported_names(body) | set(by_call)
         self.read: dict = {}
         self.defs: dict = {}  # what a function of the notebook's body does (a _Changes set) -> function -> its union
         self.aliases, self.body, self._carried = aliases(body), body, None
         self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
         self.fed: set = set()  # libraries whose calls make values training needs (`rows = mylib.load(...)`)
-        self.packages = imported_packages(body) | {"torch"}
+        self.packages = imported_packages(body) | {"torch"} | set(by_call.values())
         self.own = getattr(names, "own", None) or OwnModules(body, names, folder)  # its own modules (nbddp.written)
         self.imports = imported_values(body)  # what its imports bind (nbddp.ran_files)
 
