@@ -17,8 +17,8 @@ import libcst as cst
 
 from ..alone import loop_names, own_names
 from ..cells import starts_cell
-from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, regroup,
-                           statement_blocks)
+from ..cst_helpers import (DESCEND, LEAVE, TAKE, arguments, code_of, is_if_false, leaves_block, live_calls, names_in,
+                           regroup, statement_blocks)
 from ..inside import is_hooks
 from ..ran_files import said
 from ..runtime import HELPERS
@@ -160,11 +160,13 @@ class _Guards:
                                         "runs on every rank: put what it writes or prints under `if NBDDP_IS_MAIN:`")
             return DESCEND
         if header_reads & self.tainted:
-            if not why and collective:
-                self.report.warn(self.cell, f"uses {', '.join(sorted(header_reads & self.tainted))}, which only rank "
-                                            "0 computed, in work every rank must do; left unguarded: compute it where "
-                                            "every rank runs it (outside the rank-0 part)")
-                self.tainted -= writes
+            if not why and collective:  # a collective given rank 0's value (a broadcast): every rank's after it
+                shared = {n for c in calls if self.effects.collective(c) for a in c.args for n in names_in(a.value)}
+                if not header_reads & self.tainted <= shared:
+                    self.report.warn(self.cell, f"uses {', '.join(sorted(header_reads & self.tainted))}, which only "
+                                     "rank 0 computed, in work every rank must do; left unguarded: compute it where "
+                                     "every rank runs it (outside the rank-0 part)")
+                self.tainted -= writes | shared
                 return LEAVE
             self.used.setdefault(self.cell, set()).update(header_reads & self.tainted)
             why.append((frozenset({USES}), "", ""))
