@@ -19,6 +19,7 @@ from ..rank_conditions import GPUS, WORLD, reads_rank
 from ..reads_writes import reads_writes
 from ..tree import TreeTransformer
 from ..vocabulary import CONFIG
+from ..walk import walk
 from .base import TreeStep, call_kinds
 from .trainer_args import config_name
 
@@ -146,15 +147,50 @@ class _Spread(TreeTransformer):
                                           else new for old, new in zip(original.args, updated.args)])
 
 
+class _SetLater(cst.CSTVisitor):
+    """The names of configs whose accumulation or per-device batch a line sets from the world size after the config
+    is made (`args.gradient_accumulation_steps //= args.world_size`, `= args.gradient_accumulation_steps // n`,
+    `setattr(args, "gradient_accumulation_steps", 16 // n)`), and the configs made for those names."""
+
+    def __init__(self, names):
+        self.names, self.set, self.made = names, set(), []
+
+    def _sets(self, target, value):
+        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.attr.value in \
+                DEFAULTS and WIDTH & reads_rank(value, self.names):
+            self.set.add(target.value.value)  # and what the notebook's calls give a parameter of that name
+            self.set |= {arg.value for binding in self.names.bindings(target.value) if isinstance(binding, cst.Param)
+                         for arg in self.names.passed(binding) if isinstance(arg, cst.Name)}
+
+    def visit_Assign(self, node):
+        for target in node.targets:
+            self._sets(target.target, node.value)
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and \
+                isinstance(node.value, cst.Call) and CONFIG in call_kinds(self.names, node.value):
+            self.made.append((node.targets[0].target.value, node.value))
+
+    def visit_AugAssign(self, node):
+        self._sets(node.target, node.value)
+
+    def visit_Call(self, node):
+        if "builtins.setattr" in self.names.meanings(node.func) and len(node.args) == 3:
+            key = self.names.literal(node.args[1].value)
+            if isinstance(key, str):
+                self._sets(cst.Attribute(node.args[0].value, cst.Name(key)), node.args[2].value)
+
+
 class _Report(TreeTransformer):
     def __init__(self, tree, ctx):
         super().__init__(tree, ctx)
         self.spread = set()  # the names of mappings a config is given as `**name`
+        later = _SetLater(tree.names)
+        walk(tree.module, later)
+        self.later = {id(call) for name, call in later.made if name in later.set}  # set from the world size later
 
     def leave_Call(self, original, updated):
         if CONFIG in call_kinds(self.names, original):
             self.spread |= {a.value.value for a in original.args if a.star == "**" and isinstance(a.value, cst.Name)}
-            adapted = _adapted(original, self.names)
+            adapted = _adapted(original, self.names) or ([ACCUMULATION] if id(original) in self.later else [])
             if adapted and not has_star_kwargs(original):
                 self.report.change(self.cell, f"{config_name(original)}: {' and '.join(adapted)} follow{'s' if len(adapted) == 1 else ''} the world "
                                               "size already: the notebook's batch is kept as it computes it (nbddp "
