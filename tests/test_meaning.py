@@ -253,6 +253,19 @@ def test_a_batch_the_notebook_adapts_to_the_world_size_is_kept_as_written(cells,
     assert "follow" in report.format() and "the world size already" in report.format()
 
 
+@pytest.mark.parametrize("later", [
+    "args.gradient_accumulation_steps //= args.world_size\n",
+    "args.gradient_accumulation_steps = args.gradient_accumulation_steps // args.world_size\n",
+    "import os\ndef adapt(a):\n    setattr(a, 'gradient_accumulation_steps', 16 // int(os.environ['WORLD_SIZE']))\nadapt(args)\n",
+])
+def test_a_config_whose_batch_a_later_line_adapts_to_the_world_size_is_made_as_written(later):
+    """Else the runtime divides the config's 16 when it is made and the notebook's line divides the 8 again."""
+    out, report = convert("from transformers import TrainingArguments\n"
+                          "args = TrainingArguments('o', gradient_accumulation_steps=16)\n", later)
+    assert "gradient_accumulation_steps=nbddp_batch_as_written(16))" in out[0], out
+    assert "the world size already" in report.format()
+
+
 def test_a_count_of_gpus_after_training_is_no_test_of_the_ranks():
     """`torch.cuda.device_count()` counts as the world for the batch alone: read after training (a report, a hook),
     it does not move training's end there, and the hook that sends it still runs once."""
@@ -378,6 +391,33 @@ def test_a_value_of_its_own_from_a_module_of_the_notebooks_own_is_rank_0s():
     (_, out, train), report = convert("%%writefile naming.py\nimport uuid\ndef run_id():\n    return uuid.uuid4().hex\n",
                                       "import naming\nrows = [naming.run_id()]\n", GIVE_TRAIN)
     assert 'nbddp_share_values(globals(), "rows")\n' in out and train == GIVE_TRAIN, out
+
+
+@pytest.mark.parametrize("bound", ["import importlib\nnet = importlib.import_module('requests')\n",
+                                   "net = __import__('requests')\n", "from importlib import import_module as im\n"
+                                   "net = im('requests')\n"])
+def test_a_module_bound_by_a_call_is_an_import(bound):
+    """`net = importlib.import_module("requests")`: `net.post(...)` is requests' post, once, at the top level and in
+    the loop that trains (before, the top-level post ran on every rank, as if it changed `net`)."""
+    loop = ("import torch\nfor i in range(2):\n    loss = torch.ones(1, requires_grad=True).sum()\n    loss.backward()\n"
+            "    net.post('https://hook', json={'i': i})\n")
+    out, _ = convert(bound + "reply = net.post('https://hook', json={})\n", loop)
+    assert "if NBDDP_IS_MAIN:\n    reply = net.post('https://hook', json={})" in out[0], out
+    assert "    if NBDDP_IS_MAIN:\n        net.post('https://hook', json={'i': i})" in out[1], out
+
+
+@pytest.mark.parametrize("cell, line", [
+    ("from accelerate import Accelerator\nfrom accelerate.utils import broadcast_object_list\nacc = Accelerator()\n"
+     "obj = [None]\nif acc.is_main_process:\n    obj = ['best']\nbroadcast_object_list(obj)\n", "broadcast_object_list(obj)"),
+    ("import torch.distributed as dist\nbox = [None]\nif dist.get_rank() == 0:\n    box = [42]\n"
+     "dist.broadcast_object_list(box, src=0)\n", "dist.broadcast_object_list(box, src=0)"),
+    ("import torch, torch.distributed as D\nt = torch.zeros(1)\nif D.get_rank() == 0:\n    t = torch.ones(1)\n"
+     "send = D.broadcast\nsend(t, 0)\n", "send(t, 0)"),
+])
+def test_rank_0s_value_given_to_a_collective_is_every_ranks_after_it(cell, line):
+    """The notebook's own broadcast stays on every rank, with no warning that it reads what only rank 0 computed."""
+    (out, train), report = convert(cell + "print(len(" + line.split("(")[1].split(",")[0].rstrip(")") + "))\n", TRAIN)
+    assert "\n" + line + "\n" in out and "only rank 0 computed" not in report.format(), (out, report.format())
 
 
 def test_a_clock_read_training_does_not_need_is_left_to_rank_0():
