@@ -43,6 +43,20 @@ SEEDED, AMP, DEVICE = "seeded", "amp", "device"  # a split or shuffle; torch.cud
 DEVICE_MOVES = frozenset({"to", "cuda", "cpu"})  # a method that moves any value between devices (by its name)
 ENV = "env"  # a statement that names CUDA_VISIBLE_DEVICES (nbddp.tree's statement facts)
 OWN_DDP = "own-ddp"  # the notebook distributes training itself: torch's DDP or FSDP, accelerate, Lightning's Fabric
+# Of the collectives, those that hand each rank the others' values (a broadcast, a gather, a reduction): what only
+# rank 0 computed, given to one, is every rank's after it (nbddp.transforms.rank_guards)
+EXCHANGES = (TORCH_COLLECTIVES - {"torch.distributed.barrier", "torch.distributed.monitored_barrier"}) | frozenset({
+    "accelerate.utils.gather", "accelerate.utils.gather_object", "accelerate.utils.broadcast",
+    "accelerate.utils.broadcast_object_list", "accelerate.utils.reduce", "accelerate.Accelerator().gather",
+    "accelerate.Accelerator().gather_for_metrics", "accelerate.Accelerator().reduce", "lightning.Fabric().all_reduce",
+    "lightning.Fabric().all_gather", "lightning.Fabric().broadcast"})
+
+
+def exchanges(meanings) -> bool:
+    """A call of one of EXCHANGES."""
+    return any(is_entry(m, EXCHANGES) for m in meanings)
+
+
 MAIN_ONLY = frozenset({SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK})
 LIGHT = frozenset({DISPLAY, PRINT, MEMORY, TRACK})
 OPEN = "builtins.open"  # open(path, mode): a write at a known path is a save (is_file_write)

@@ -25,7 +25,7 @@ from ..runtime import HELPERS
 from ..training_end import IN_RANK_BLOCK, REST
 from ..rank_conditions import RANK, is_rank_test, reads_rank
 from ..reads_writes import header_of, reads_writes
-from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, is_generation_pipeline, parts
+from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, exchanges, is_generation_pipeline, parts
 from .base import TreeStep
 from .callbacks import callback
 from .rank_blocks import is_rank_block
@@ -161,7 +161,7 @@ class _Guards:
             return DESCEND
         if header_reads & self.tainted:
             if not why and collective:  # a collective given rank 0's value (a broadcast): every rank's after it
-                shared = {n for c in calls if self.effects.collective(c) for a in c.args for n in names_in(a.value)}
+                shared = {n for c in calls if exchanges(self.names.meanings(c.func)) for n in names_in(c)}
                 if not header_reads & self.tainted <= shared:
                     self.report.warn(self.cell, f"uses {', '.join(sorted(header_reads & self.tainted))}, which only "
                                      "rank 0 computed, in work every rank must do; left unguarded: compute it where "
