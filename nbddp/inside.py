@@ -55,8 +55,9 @@ def _others(meanings, scan) -> bool:
 
 
 def _sent(calls, scan) -> set:
-    """The names a line changes only by calling methods of a value such a library made, a value nothing else reads
-    (`client.chat_postMessage(...)` after `client = WebClient(token)`; `self.bot.send_message(...)` in a callback)."""
+    """The names a line changes only by calling methods of a value such a library made, or of its attributes, a value
+    nothing else reads (`client.chat_postMessage(...)` after `client = WebClient(token)`, `dk.containers.run(...)`
+    after `dk = docker.from_env()`; `self.bot.send_message(...)` in a callback)."""
     found = set()
     for call in calls:
         func = call.func
@@ -64,8 +65,11 @@ def _sent(calls, scan) -> set:
             meanings = scan.names.meanings(func)
             if {parts(m)[-1] for m in meanings} & DEVICE_MOVES:  # `.to("cpu")` of any value: where its memory is
                 continue
-            if all("()." in m for m in meanings) and _others(meanings, scan) and scan.names.only_called(func.value):
-                found.add(base_name(func.value))
+            held = func.value  # `dk.containers.run(...)`: of what `dk` holds
+            while isinstance(held, cst.Attribute) and not scan.names.only_called(held):
+                held = held.value
+            if all("()." in m for m in meanings) and _others(meanings, scan) and scan.names.only_called(held):
+                found.add(base_name(held))
     return found
 
 

@@ -47,7 +47,11 @@ class Names:
         walk(module, bindings)
         self.values, self.classes, self.order = bindings.values, bindings.classes, bindings.order
         self.fields, self.class_fields, self.attribute_reads = bindings.fields, bindings.class_fields, bindings.reads
-        self.receivers = {c.func.value for c in bindings.calls if isinstance(c.func, cst.Attribute)}  # x of x.m()
+        self.receivers = set()  # x of x.m(), and of x.y.m(): only a method is called of what it holds
+        for func in (c.func for c in bindings.calls):
+            while isinstance(func, cst.Attribute):
+                func = func.value
+                self.receivers.add(func)
         self.params, self._calls, self._sites = bindings.params, bindings.calls, None  # packages: roots whose
         self.packages = frozenset(bindings.packages)  # meanings are qualified names (nbddp.vocabulary)
         self.methods = {method for methods in self.classes.values() for method in methods.values()}
@@ -166,7 +170,8 @@ class Names:
 
     def only_called(self, expr) -> bool:
         """Every read of the value `expr` names (a name of the notebook's, `self.x` in a method) calls one of its
-        methods (`client.chat_postMessage(...)`): no other code sees what those calls do to it."""
+        methods, or its attributes' (`client.chat_postMessage(...)`, `dk.containers.run(...)`): no other code sees
+        what those calls do to it."""
         expr = self.orig(expr)
         reads = self._field_reads(expr) if isinstance(expr, cst.Attribute) else [
             r.node for a in self._assignments(expr) or () for r in getattr(a, "references", ())] if isinstance(

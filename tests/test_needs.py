@@ -72,6 +72,10 @@ HOOK = "import requests\nimport notifylib as nl\nfrom transformers import Traine
      "    def on_epoch_end(self, args, state, control, **kw):\n        self.bot.send_message(chat_id=1, text='done')\n"
      "tr = Trainer(model=model, train_dataset=ds, callbacks=[Tell('t')])\ntr.train()\ndone = True\n",
      ["            self.bot.send_message(chat_id=1, text='done')\n"]),
+    # a method of an attribute of such a value (`dk.containers.run`), through the notebook's function in the loop
+    ("import dockerlib\ndk = dockerlib.from_env()\ntr = Trainer(model=model, train_dataset=ds)\n"
+     "def launch(tag):\n    dk.containers.run('alpine', tag)\nfor epoch in range(2):\n    tr.train()\n"
+     "    dk.images.prune()\n    launch(f'echo {epoch}')\n", ["        dk.images.prune()\n", "        dk.containers.run('alpine', tag)\n"]),
     # given to a function that trains
     ("import discord_webhook as dw\nhook = dw.DiscordWebhook(url='u')\ndef run(ds, hook):\n"
      "    trainer = Trainer(model=model, train_dataset=ds)\n    trainer.train()\n    hook.execute()\n    return trainer\n"
