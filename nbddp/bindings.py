@@ -37,6 +37,16 @@ def returns_of(definition: cst.FunctionDef) -> list:
     return found.values
 
 
+def receivers(calls) -> set:
+    """The nodes whose value a method is called of: `x` of `x.m()`, `x.y` and `x` of `x.y.m()`."""
+    found = set()
+    for func in (call.func for call in calls):
+        while isinstance(func, cst.Attribute):
+            func = func.value
+            found.add(func)
+    return found
+
+
 def static(function: cst.FunctionDef) -> bool:
     return any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in function.decorators)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import BuiltinAssignment, GlobalScope, ImportAssignment
 
-from .bindings import Bindings, returns_of, static
+from .bindings import Bindings, receivers, returns_of, static
 from .cst_helpers import dotted
 from .entries import PASS_THROUGH
 from .vocabulary import kinds
@@ -47,20 +47,15 @@ class Names:
         walk(module, bindings)
         self.values, self.classes, self.order = bindings.values, bindings.classes, bindings.order
         self.fields, self.class_fields, self.attribute_reads = bindings.fields, bindings.class_fields, bindings.reads
-        self.receivers = set()  # x of x.m(), and of x.y.m(): only a method is called of what it holds
-        for func in (c.func for c in bindings.calls):
-            while isinstance(func, cst.Attribute):
-                func = func.value
-                self.receivers.add(func)
+        self.receivers = receivers(bindings.calls)  # x of x.m() and of x.y.m(): a method called of what it holds
         self.params, self._calls, self._sites = bindings.params, bindings.calls, None  # packages: roots whose
         self.packages = frozenset(bindings.packages)  # meanings are qualified names (nbddp.vocabulary)
         self.methods = {method for methods in self.classes.values() for method in methods.values()}
         self.referents = {access.node: access.referents for scope in set(self.scopes.values()) if scope is not None
                           for access in scope.accesses}
         self.origin: dict[cst.CSTNode, cst.CSTNode] = {}  # a rewritten node -> the node the analysis saw
-        self._cache: dict[cst.CSTNode, frozenset] = {}
         self.rank_reads: dict = {}  # what a node reads of the job's shape (nbddp.rank_conditions), once per analysis
-        self._visiting: set = set()
+        self._cache, self._visiting = {}, set()  # node -> its meanings; the values being read now
 
     def orig(self, node):
         return self.origin.get(node, node)
