@@ -5,7 +5,7 @@ value holds changes to (a `partial` of a function of the notebook's given them, 
     aliases(body)              -> name -> the names whose value it may share, transitively
     declared_global(def)       -> the names a def declares `global`
     carried(body, scan)        -> name -> the outside names that calling what it holds may change
-    imported_by_call(body, names) -> name -> the package of the module a top-level line binds it to by a call
+    imported_by_call(body, names) -> the top-level lines that bind a name to a module by a call
 """
 from __future__ import annotations
 
@@ -74,9 +74,9 @@ def aliases(body) -> dict:
     return found
 
 
-def imported_by_call(body, names) -> dict[str, str]:
-    """The top-level names a line binds to a module by a call (`net = importlib.import_module("requests")`,
-    `np = __import__("numpy")`), as an import binds them: name -> the module's package."""
+def imported_by_call(body, names) -> dict:
+    """The top-level lines that bind a name to a module by a call (`net = importlib.import_module("requests")`,
+    `np = __import__("numpy")`), imports as an import statement is: the line (an Assign) -> (name, the package)."""
     found = {}
     for small in (small for stmt in body if isinstance(stmt, cst.SimpleStatementLine) for small in stmt.body):
         call = small.value if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(
@@ -84,5 +84,5 @@ def imported_by_call(body, names) -> dict[str, str]:
         module = names.literal(call.args[0].value) if isinstance(call, cst.Call) and call.args and \
             names.meanings(call.func) & IMPORTS else None
         if isinstance(module, str) and module:
-            found[small.targets[0].target.value] = module.split(".")[0]
+            found[small] = (small.targets[0].target.value, module.split(".")[0])
     return found

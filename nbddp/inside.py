@@ -49,6 +49,7 @@ def effect_only(stmt, scan, handles=frozenset()) -> bool:
 def _others(meanings, scan) -> bool:
     """Meanings all in packages the notebook imports, whose code is none of training's libraries, Python's own or a
     computing one's (a module the notebook wrote: by what it imports)."""
+    meanings = {m for m in meanings if not m.startswith("__main__.")} or meanings  # `start()` returning a client
     homes, reach = scan.homes(meanings), {m.split(".", 1)[0] for m in meanings if m.startswith(REACHES_OUT)}
     return bool(homes) and {m.split(".", 1)[0] for m in meanings} <= scan.packages and \
         not homes & scan.libraries and not (homes - reach) & (STANDARD | COMPUTES)
@@ -152,3 +153,22 @@ def nested_effects(body, scan, names) -> set:
         if not isinstance(stmt, cst.SimpleStatementLine):
             walk(stmt, frozenset())
     return found
+
+
+class _Drop(cst.CSTTransformer):
+    def __init__(self, lines):
+        super().__init__()
+        self.lines = lines
+
+    def leave_SimpleStatementLine(self, original, updated):
+        return cst.SimpleStatementLine([cst.Pass()]) if id(original) in self.lines else updated
+
+
+def without_effects(stmt, lines, scan):
+    """nbddp.needs' facts of a top-level statement, reading what its lines that rank 0 runs alone (`lines`, by id:
+    nested_effects) read only where the rest of it reads it too: a server the notebook only posts to from inside the
+    loop that trains (`srv.push(loss)`) is no value training needs."""
+    if id(stmt) not in lines:
+        return scan.facts(stmt)
+    _, changes, seed, whole = scan.facts(stmt)
+    return scan.facts(stmt.visit(_Drop(lines)))[0], changes, seed, whole

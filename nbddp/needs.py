@@ -44,8 +44,6 @@ folder made, a download, an upload. Where a guarded statement and a needed one s
 random state on every rank)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import libcst as cst
 
 from .alone import acts_alone, fed_set_up, handles, other_libraries, program_results, read_later, set_up_by_values
@@ -54,7 +52,8 @@ from .changes import Changes
 from .cst_helpers import is_if_false, live_calls
 from .entries import NOT_LIBRARIES, SENDS, VALUE_HOMES
 from .flows import aliases, carried, declared_global, imported_by_call
-from .inside import nested_effects
+from .inside import nested_effects, without_effects
+from .plan import Plan
 from .rank_conditions import is_rank_test
 from .reads_writes import (at_definition, free_reads, imported_names, imported_packages, imported_values,
                            reads_writes)
@@ -68,39 +67,17 @@ PATHS = frozenset({"pathlib.Path", "pathlib.PurePath", "os.path.join", "os.path.
                    "os.path.dirname", "os.path.basename", "os.getcwd", "builtins.str", "builtins.int"})
 
 
-@dataclass
-class Plan:
-    end: int | None = None
-    marked: bool = False  # the notebook already has the runtime's line (converting converted code)
-    once: set = field(default_factory=set)  # ids of the statements that run on rank 0 only
-    files: dict = field(default_factory=dict)  # id of a save -> the paths it writes that training reads later
-    calls: dict = field(default_factory=dict)  # id of each statement read -> its live calls
-    shares: dict = field(default_factory=dict)  # id of a statement rank 0 runs for every rank -> the names to give
-    differs: dict = field(default_factory=dict)  # id of a needed statement whose value differs by rank -> its call
-    setup: dict = field(default_factory=dict)  # id of a statement every rank runs as set-up of a library -> libraries
-    outside: dict = field(default_factory=dict)  # id of a needed statement calling another library -> (names, libs)
-    nested_once: set = field(default_factory=set)  # ids of statements inside blocks and functions every rank runs that
-    # only call another library for its effect (`requests.post(hook)`, `notify(text)` in a loop that trains), and of
-    # the statements holding them
-    libraries: set = field(default_factory=set)  # the libraries training's own objects come from, and torch
-    packages: set = field(default_factory=set)  # the packages the notebook imports
-    unread: dict = field(default_factory=dict)  # id of a `%run` line whose file cannot be read -> the line
-    alone: dict = field(default_factory=dict)  # id of a statement that only acts outside the process -> its paths
-    results: dict = field(default_factory=dict)  # id of a line that keeps a program's result -> the names it binds
-    later: dict = field(default_factory=dict)  # id of a statement in `alone` -> its loops' names read later
-
-
 class _Scan:
     def __init__(self, names, effects, body, folder=None):
         self.names, self.effects = names, effects
-        by_call = imported_by_call(body, names)  # `net = importlib.import_module("requests")`: an import
-        self.modules = imported_names(body) | set(by_call)
+        self.by_call = imported_by_call(body, names)  # `net = importlib.import_module("requests")`: an import
+        self.modules = imported_names(body) | {name for name, _ in self.by_call.values()}
         self.read: dict = {}
         self.defs: dict = {}  # what a function of the notebook's body does (a _Changes set) -> function -> its union
         self.aliases, self.body, self._carried = aliases(body), body, None
         self.libraries = {"torch"}  # where training's own objects come from (training_needs fills it)
         self.fed: set = set()  # libraries whose calls make values training needs (`rows = mylib.load(...)`)
-        self.packages = imported_packages(body) | {"torch"} | set(by_call.values())
+        self.packages = imported_packages(body) | {"torch"} | {package for _, package in self.by_call.values()}
         self.own = getattr(names, "own", None) or OwnModules(body, names, folder)  # its own modules (nbddp.written)
         self.imports = imported_values(body)  # what its imports bind (nbddp.ran_files)
 
@@ -192,8 +169,8 @@ class _Scan:
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             return free_reads(stmt), {stmt.name.value}, False, True
         reads, writes = reads_writes(stmt)
-        if isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom))
-                                                             for s in stmt.body):
+        if isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) or
+                                                             s in self.by_call for s in stmt.body):
             return reads, writes, True, True
         changes = self.seen(stmt)
         seed = changes.config or changes.together or changes.imports or bool(fed_set_up(stmt, self)) or \
@@ -251,27 +228,23 @@ def _outside(stmt, scan) -> list[str]:
     return sorted(other_libraries(stmt, scan))
 
 
-def training_needs(body, names, effects, folder=None) -> Plan:
-    scan, plan = _Scan(names, effects, body, folder), Plan()
-    plan.end, plan.marked = training_end(body, scan.kinds, lambda stmt: scan.seen(stmt).rank)
-    plan.calls = {key: seen.calls for key, seen in scan.read.items()}
-    plan.unread = {key: seen.unread for key, seen in scan.read.items() if seen.unread}
-    if plan.end is None:  # no training seen: training's libraries, as far as the vocabulary knows them
-        scan.libraries |= frozenset().union(*VALUE_HOMES.values()) - NOT_LIBRARIES
-        scan.learn_libraries(body)
-        plan.setup = set_up_by_values(body, scan)  # (first: what sets up such a library is no line acting alone)
-        plan.alone, plan.results = acts_alone(body, scan, names), program_results(body, scan, names)
-        plan.later = read_later(body, plan.alone, lambda stmt: scan.facts(stmt)[0])  # (nbddp.alone)
-        return plan
-    scan.learn_libraries(body[:plan.end + 1])
-    plan.libraries, plan.packages = scan.libraries, scan.packages
-    plan.results = program_results(body, scan, names)  # (one training needs is rank 0's too, given to every rank)
+def _nested(body, plan, scan, names) -> set:
+    return nested_effects([s for s in body[:plan.end + 1] if id(s) not in plan.once and  # (nbddp's guard: rank 0's,
+                           not is_own_guard(s)], scan, names)  # converting it again)
+
+
+def _needed(body, plan, scan, names, facts):
+    """What training needs, from its end back (`facts`: a statement's reads, may-change, set-up, whole-names): what it
+    does not need goes to plan.once, with the files, set-ups, shares and values of other libraries on the way."""
+    scan.fed = set()
+    for found in (plan.once, plan.files, plan.setup, plan.shares, plan.differs, plan.outside):
+        found.clear()
     needed: set[str] = set()
     for stmt in reversed(body[:plan.end + 1]):
         if is_if_false(stmt) or isinstance(stmt, cst.SimpleStatementLine) and \
                 any(isinstance(s, cst.Del) for s in stmt.body):
             continue  # left as the notebook has it; a `del` follows what it deletes (rank_guards' taint)
-        reads, changes, seed, whole = scan.facts(stmt)
+        reads, changes, seed, whole = facts(stmt)
         files = sorted(name[5:] for name in changes & needed if name.startswith("file:"))  # saved, then read
         if is_rank_test(stmt, names):  # left as it is: every rank tests it, any may run its body; what it saves is
             needed |= reads if files or not is_own_guard(stmt) else set()  # made before it (nbddp's guard: rank 0's)
@@ -292,7 +265,27 @@ def training_needs(body, names, effects, folder=None) -> Plan:
             needed |= reads if id(stmt) not in plan.shares else set()  # (rank 0 alone computes what it gives)
         elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and scan.seen(stmt).calls:
             plan.once.add(id(stmt))  # one that calls nothing (`x = 5`) follows what it reads
-    plan.nested_once = nested_effects([s for s in body[:plan.end + 1] if id(s) not in plan.once and  # (nbddp's
-                                       not is_own_guard(s)], scan, names)  # guard: rank 0's, converting it again)
+
+
+def training_needs(body, names, effects, folder=None) -> Plan:
+    scan, plan = _Scan(names, effects, body, folder), Plan()
+    plan.end, plan.marked = training_end(body, scan.kinds, lambda stmt: scan.seen(stmt).rank)
+    plan.calls = {key: seen.calls for key, seen in scan.read.items()}
+    plan.unread = {key: seen.unread for key, seen in scan.read.items() if seen.unread}
+    if plan.end is None:  # no training seen: training's libraries, as far as the vocabulary knows them
+        scan.libraries |= frozenset().union(*VALUE_HOMES.values()) - NOT_LIBRARIES
+        scan.learn_libraries(body)
+        plan.setup = set_up_by_values(body, scan)  # (first: what sets up such a library is no line acting alone)
+        plan.alone, plan.results = acts_alone(body, scan, names), program_results(body, scan, names)
+        plan.later = read_later(body, plan.alone, lambda stmt: scan.facts(stmt)[0])  # (nbddp.alone)
+        return plan
+    scan.learn_libraries(body[:plan.end + 1])
+    plan.libraries, plan.packages = scan.libraries, scan.packages
+    plan.results = program_results(body, scan, names)  # (one training needs is rank 0's too, given to every rank)
+    _needed(body, plan, scan, names, scan.facts)
+    plan.nested_once = _nested(body, plan, scan, names)
+    if plan.nested_once:  # a value only the lines rank 0 runs alone read (`srv.push(loss)` in the loop) is not needed
+        _needed(body, plan, scan, names, lambda stmt: without_effects(stmt, plan.nested_once, scan))
+        plan.nested_once = _nested(body, plan, scan, names)
     plan.alone = acts_alone(body, scan, names)
     return plan

@@ -249,3 +249,34 @@ def test_training_in_a_function_of_a_module_of_its_own_runs_on_every_rank(tmp_pa
     assert len(json.loads((tmp_path / "seen.json").read_text())) == 2, done.explain()
     script = conversion.script[conversion.script.index("# %% cell 1"):]
     assert "\n    weights = train(2)\n" in script and "nbddp_rest_on_rank0()" not in script.split("weights = train")[0]
+
+
+SERVED = [
+    "import dashlib, torch\nsrv = dashlib.serve()\n",
+    "model = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr = 0.1)\n"
+    "for i in range(2):\n    model(torch.ones(1, 2)).sum().backward()\n    opt.step()\n    opt.zero_grad()\n"
+    "    srv.push(i)\n",
+]
+
+
+def test_a_server_only_the_effects_inside_training_use_starts_once(tmp_path):
+    """`dashlib` (a library nbddp has no entries for) listens on a port; only the loop's pushes use it: rank 0
+    starts it (before, rank 1 started a second one on the same port and failed)."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "nb").mkdir()
+    (tmp_path / "lib" / "dashlib.py").write_text(
+        "import os, socket\n\nclass Server:\n    def __init__(self, port):\n        self.sock = socket.socket()\n"
+        "        self.sock.bind(('127.0.0.1', port))\n        self.sock.listen()\n\n    def push(self, value):\n"
+        "        with open('pushed.txt', 'a') as fh:\n            fh.write(f'{value}\\n')\n\n"
+        f"def serve():\n    return Server({_free_port()})\n")
+    done, _ = run_notebook(SERVED, tmp_path / "nb", timeout=60, env={"PYTHONPATH": str(tmp_path / "lib")})
+    assert_clean_exit(done)
+    assert (tmp_path / "nb" / "pushed.txt").read_text() == "0\n1\n", done.explain()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

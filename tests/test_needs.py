@@ -87,8 +87,29 @@ def test_effects_inside_what_trains_run_once(cell, guarded):
     out, report = convert(HOOK, cell)
     for line in guarded:
         assert "if NBDDP_IS_MAIN:\n" + line in out[1], out[1]
-    assert "nbddp_barrier" not in out[1] and ".train()\n" in out[1].replace("    ", ""), out[1]  # trains on every rank
+    assert "    nbddp_barrier" not in out[1] and ".train()\n" in out[1].replace("    ", ""), out[1]  # trains on every rank
+    # (no barrier inside: a client only those lines use is made once, at the top level)
     assert "training does not need it" in report.format() or "in the callback's" in report.format()
+
+
+@pytest.mark.parametrize("cells", [
+    ["import dashlib\nsrv = dashlib.serve(port=8000)\n",
+     "tr = Trainer(model=model, train_dataset=ds)\nfor i in range(2):\n    tr.train()\n    srv.push(i)\n"],
+    ["from dashlib import serve as up\ndef start(port):\n    return up(port=port)\nboard = start(8000)\n",  # a function
+     "def run(ds):\n    tr = Trainer(model=model, train_dataset=ds)\n    tr.train()\n    board.push('done')\nrun(ds)\n"],
+    ["import dashlib\nsrv = dashlib.serve(port=8000)\n",  # in a callback's hook, over cells
+     "from transformers import TrainerCallback\nclass Push(TrainerCallback):\n"
+     "    def on_log(self, args, state, control, logs=None, **kw):\n        srv.push(logs)\n",
+     "tr = Trainer(model=model, train_dataset=ds, callbacks=[Push()])\ntr.train()\n"],
+])
+def test_a_server_that_only_the_effects_inside_training_use_starts_once(cells):
+    """The notebook starts a server (or a client) that only lines rank 0 runs alone use (pushes inside the loop, the
+    function or the callback that trains): rank 0 starts it (before, every rank did: a second server on the port)."""
+    out, report = convert("from transformers import Trainer\n", *cells)
+    started = out[1]
+    assert started.startswith(("import dashlib\nif NBDDP_IS_MAIN:\n", "from dashlib import serve as up\n")), out
+    assert "if NBDDP_IS_MAIN:\n    board = start(8000)" in started or "if NBDDP_IS_MAIN:\n    srv = " in started, out
+    assert "runs on every rank: training reads" not in report.format()
 
 
 @pytest.mark.parametrize("line", [
