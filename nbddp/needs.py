@@ -287,5 +287,6 @@ def training_needs(body, names, effects, folder=None) -> Plan:
     if plan.nested_once:  # a value only the lines rank 0 runs alone read (`srv.push(loss)` in the loop) is not needed
         _needed(body, plan, scan, names, lambda stmt: without_effects(stmt, plan.nested_once, scan))
         plan.nested_once = _nested(body, plan, scan, names)
+    set_up_by_values(body[plan.end + 1:], scan)  # (a `%ddp` cell's set-up of what a later cell makes: not alone)
     plan.alone = acts_alone(body, scan, names)
     return plan

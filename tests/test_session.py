@@ -36,8 +36,10 @@ COUNTS = ("import torch.distributed as dist\n"
           "counts.tolist()\n")
 NEXT = "print('read in the next cell:', counts.tolist(), 'world', dist.get_world_size())\n"
 LOOP = "for item in ('a', 'b'):\n    talk.call(item)\n"  # another library's calls alone: rank 0's
-AFTER_LOOP = ("seen = [None, None]\ndist.all_gather_object(seen, (item, len(talk.CALLS)))\n"
-              "print('after the loop', seen)\n")
+AFTER_LOOP = "seen = [None, None]\ndist.all_gather_object(seen, item)\nprint('after the loop', seen)\n"
+REGISTER = "import dsreg\ndsreg.register('mine', [1.0, 2.0])\n"  # another library's call alone: rank 0's, until
+LOAD = ("rows = dsreg.load('mine')\nloaded = [None, None]\n"  # a later cell makes a value of that library
+        "dist.all_gather_object(loaded, sum(rows))\nprint('loaded', loaded)\n")
 FAIL_EVERYWHERE = "x = 1\nraise ValueError('boom on every rank')\n"
 FAIL_ON_ONE = ("import os\nif os.environ['RANK'] == '1':\n    raise KeyError('missing-key')\n"
                "print('rank 0 waits at the barrier after this print')\n")
@@ -98,7 +100,11 @@ def session(tmp_path_factory):
     (cwd / "pkgs" / "talk.py").write_text("import os\n\nCALLS = []\n\n\ndef note():\n"
                                           "    with open('talk.log', 'a') as fh:\n"
                                           "        fh.write(os.environ['RANK'] + '\\n')\n\n\n"
-                                          "def call(item):\n    CALLS.append(item)\n")
+                                          "def call(item):\n    CALLS.append(item)\n"
+                                          "    with open('calls.log', 'a') as fh:\n"
+                                          "        fh.write(os.environ['RANK'] + '\\n')\n")
+    (cwd / "pkgs" / "dsreg.py").write_text("REGISTRY = {}\n\n\ndef register(name, rows):\n    REGISTRY[name] = rows\n\n\n"
+                                           "def load(name):\n    return list(REGISTRY[name])\n")
     (cwd / "tmp").mkdir()
     env = {**child_env(cwd), "TMPDIR": str(cwd / "tmp"),
            "PYTHONPATH": os.pathsep.join([str(cwd / "pkgs"), *sys.path])}
@@ -120,6 +126,7 @@ def session(tmp_path_factory):
         for name, code in (("counts", COUNTS), ("next", NEXT), ("fail everywhere", FAIL_EVERYWHERE),
                            ("fail on one", FAIL_ON_ONE), ("after failure", NEXT), ("forms", FORMS), ("local", "%%local\nlocal_value + silent_value\n"),
                            ("module writes", "import talk\ntalk.note()\n"), ("loop", LOOP), ("after loop", AFTER_LOOP),
+                           ("register", REGISTER), ("load", LOAD),
                            ("where", "%ddp")):
             done[name] = kernel.run(code)
         done["interrupt"] = _interrupt_when(kernel, LONG_TRAINING, "'loss'")
@@ -201,7 +208,39 @@ def test_a_loop_of_another_librarys_calls_runs_on_rank_0_and_every_rank_gets_its
     """A later cell may read the loop's variable: rank 0's is every rank's after the loop, which rank 0 alone ran."""
     assert session["loop"][0] == "ok", _shown(session["loop"][1])
     status, messages = session["after loop"]
-    assert status == "ok" and "after the loop [('b', 2), ('b', 0)]" in streamed(messages), _shown(messages)
+    assert status == "ok" and "after the loop ['b', 'b']" in streamed(messages), _shown(messages)
+    assert (session["cwd"] / "calls.log").read_text() == "0\n0\n"  # the loop's calls: rank 0's, once each
+
+
+def test_a_set_up_a_later_cell_needs_runs_then_on_the_other_ranks(session):
+    """`dsreg.register(...)` ran on rank 0 alone (later cells unknown); the next cell loads from dsreg on every
+    rank: the other ranks run the registration first (before, rank 1's load raised KeyError)."""
+    assert session["register"][0] == "ok", _shown(session["register"][1])
+    status, messages = session["load"]
+    assert status == "ok" and "loaded [3.0, 3.0]" in streamed(messages), _shown(messages)
+
+
+@pytest.mark.parametrize("first, later, replayed", [
+    ("import dsreg\ndsreg.register('mine', [1.0])\n", "rows = dsreg.load('mine')\n",
+     "    nbddp_show(dsreg.register('mine', [1.0]))\n"),
+    ("from dsreg import register as reg\ndef setup(name):\n    reg(name, [1.0])\nsetup('a')\n",  # a function, an alias
+     "import dsreg\nrows = dsreg.load('a')\n", "    setup('a')\n"),
+    ("import dsreg\nfor name in ('a', 'b'):\n    dsreg.register(name, [2.0])\n",  # a loop
+     "import dsreg as d\nrows = d.load('b')\n", "    for name in ('a', 'b'):\n        dsreg.register(name, [2.0])\n"),
+])
+def test_a_later_cell_that_reads_a_librarys_values_replays_its_set_up_on_the_other_ranks(first, later, replayed):
+    from nbddp.cellwise.history import History
+
+    history = History()
+    for source in ("import torch\nloss = torch.ones(1, requires_grad=True).sum()\nloss.backward()\n", first):
+        done = history.convert(source)
+        assert "if NBDDP_IS_MAIN:" in done.code or source != first, done.code  # rank 0's: later cells unknown
+        history.accept(source, done)
+    done = history.convert(later)
+    head = "if not NBDDP_IS_MAIN:\n" + replayed
+    assert head in done.code and done.code.index(head) < done.code.index("load("), done.code
+    history.accept(later, done)
+    assert "if not NBDDP_IS_MAIN" not in history.convert(later).code  # once
 
 
 def test_a_failing_cell_raises_rank_failed_error_and_the_next_cell_runs(session):

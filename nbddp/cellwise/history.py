@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import libcst as cst
+
 #: runtime modules a session never imports: its ranks are always DDP ranks, started by torchrun
 NOT_IN_A_SESSION = frozenset({"launcher", "fit"})
 
@@ -28,6 +30,8 @@ class Converted:
     warnings: list = field(default_factory=list)  # what the converter could not convert safely in this cell
     installs: list = field(default_factory=list)  # install commands removed from it
     lines: dict = field(default_factory=dict)  # a line of `code` -> the line of the cell as written it comes from
+    alone: set = field(default_factory=set)  # (cell, index) of this cell's statements that rank 0 runs alone
+    replayed: set = field(default_factory=set)  # (cell, index) of earlier statements it runs on the other ranks
 
 
 class History:
@@ -37,6 +41,7 @@ class History:
         self.cells: list[str] = []
         self.all_ranks = all_ranks
         self._installs: set = set()
+        self.alone: set = set()  # (cell, index) of the statements of the cells run so far that rank 0 ran alone
 
     def convert(self, source: str) -> Converted:
         """The converted text of `source` as the next cell; raises NbddpError for a cell that cannot be converted.
@@ -59,8 +64,40 @@ class History:
         modules = [name for name in MODULES if name in ctx.runtime.reasons and name not in NOT_IN_A_SESSION]
         warnings = [note.text for note in ctx.report.warnings if note.cell == number]
         installs = [command for command in ctx.report.installs if command not in self._installs]
-        return Converted(code, number, modules, warnings, installs, lines)
+        alone, now = _positions(ctx.tree)
+        replayed = {at: now[at] for at in sorted(self.alone - alone) if at in now and at[0] < number}
+        if replayed:  # what this cell shows every rank needs (a library's set-up, then its value read here)
+            block = "".join(cst.Module(body=[stmt]).code for stmt in replayed.values())
+            head = ("# nbddp: this cell reads what an earlier cell's line made on rank 0 alone: the other ranks run "
+                    "it now\nif not NBDDP_IS_MAIN:\n" + "".join(f"    {line}\n" if line else "\n"
+                                                              for line in block.rstrip("\n").split("\n")))
+            lines = {line + head.count("\n"): then for line, then in lines.items()}
+            code = head + code
+        return Converted(code, number, modules, warnings, installs, lines,
+                         {at for at in alone if at[0] == number}, set(replayed))
 
     def accept(self, source: str, converted: Converted):
         self.cells.append(source)
         self._installs.update(converted.installs)
+        self.alone = (self.alone - converted.replayed) | converted.alone
+
+
+def _positions(tree) -> tuple[set, dict]:
+    """(cell, index in the cell) of the notebook's statements that its plan runs on rank 0 alone (nbddp.alone), and of
+    every statement, its converted form (what a later cell replays)."""
+    from ..cells import starts_cell
+    from ..transforms.data_prep import FIRST
+
+    alone, converted, cell, index = set(), {}, None, 0
+    by_origin = {id(tree.names.orig(stmt)): stmt for stmt in tree.module.body}
+    for stmt in tree.first.body:
+        cell, index = (starts_cell(stmt), 0) if starts_cell(stmt) is not None else (cell, index + 1)
+        if id(stmt) in tree.plan.alone:
+            alone.add((cell, index))
+        elif id(stmt) in by_origin:  # (a set-up the data-prep step wrapped: the first rank first; replayed bare)
+            made = by_origin[id(stmt)]
+            first = isinstance(made, cst.With) and any(isinstance(i.item, cst.Call) and isinstance(
+                i.item.func, cst.Name) and i.item.func.value == FIRST for i in made.items)
+            converted[cell, index] = made.body.body[0] if first and len(made.body.body) == 1 else made.with_changes(
+                leading_lines=())
+    return alone, converted
