@@ -220,12 +220,16 @@ def test_after_training_rank_0_runs_the_rest_alone(cells, end):
 def test_a_notebook_that_trains_nothing_and_a_ddp_session_run_what_only_acts_outside_the_process_once():
     """No training's end to plan by (a notebook that does not train; `%ddp`, cell by cell, cannot know what later
     cells need): the vocabulary's rank-0 work, and what only acts outside the process (nbddp.alone), run on rank 0;
-    the files it is given go to machines without rank 0's storage. The rest stays on every rank."""
+    the files it is given go to machines without rank 0's storage. The rest stays on every rank. Where a later cell
+    makes a value of that library on every rank (`rows = mylib.fetch(...)`, after training too), the call was the
+    library's set-up: every rank runs it (a `%ddp` session replays it then: nbddp/cellwise/history.py)."""
     download = "import mylib\n" + once("mylib.download('data')\n", "download") + 'nbddp_share_files("data")\n' + DONE
     untrained = ["import mylib\nmylib.download('data')\n" + DONE, "out = model.generate(x)\n"]
     assert convert(*untrained)[0] == [download, once("out = model.generate(x)\n", "generate")]
-    cells = ["import mylib\nmylib.download('data')\n" + DONE, TRAIN, "rows = mylib.fetch('out')\n"]
-    assert convert(*cells, whole=False)[0] == [download, TRAIN, cells[2]]
+    cells = ["import mylib\nmylib.download('data')\n" + DONE, TRAIN, "print(len(mylib.fetch('out')))\n"]
+    assert convert(*cells, whole=False)[0] == [download, TRAIN, once(cells[2], "print")]
+    cells[2] = "rows = mylib.fetch('out')\n"
+    assert convert(*cells, whole=False)[0] == [cells[0], TRAIN, cells[2]]
 
 
 @pytest.mark.parametrize("loop, names", [
