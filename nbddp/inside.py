@@ -101,11 +101,13 @@ def is_hooks(node: cst.ClassDef, names) -> bool:
 
 def _called(body, scan, names) -> set:
     """The notebook's functions that these statements run when they run: those they call, those those call, a
-    context manager of a `with`, and the functions a decorator of the notebook's wraps around what it decorates."""
+    context manager of a `with`, the functions a decorator of the notebook's wraps around what it decorates, and those
+    handed to a trainer (`compute_metrics`, `reward_funcs`: it calls them on every rank)."""
     found, todo = set(), [c for s in body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))
                           for c in scan.seen(s).calls]
     while todo:
-        for definition in names.definitions(todo.pop().func):
+        call = todo.pop()
+        for definition in (d for expr in (call.func, *_handed(call, scan)) for d in names.definitions(expr)):
             definition = names.orig(definition)
             if not isinstance(definition, cst.FunctionDef) or definition in found:
                 continue
@@ -116,6 +118,16 @@ def _called(body, scan, names) -> set:
             found |= {*wrappers, *inner}
             todo += [c for d in (definition, *wrappers, *inner) for s in d.body.body for c in scan.seen(s).calls]
     return found
+
+
+def _handed(call, scan) -> list:
+    """The values a call that does work every rank must do (a trainer's construction) is given, and the items of a
+    list or tuple it is given: a function of the notebook's among them is one the library calls on every rank
+    (`compute_metrics=...`, `reward_funcs=[...]`, a collator)."""
+    if COLLECTIVE not in scan.effects.of_call(call):
+        return []
+    values = [arg.value for arg in call.args]
+    return values + [e.value for v in values if isinstance(v, (cst.List, cst.Tuple)) for e in v.elements]
 
 
 def nested_effects(body, scan, names) -> set:

@@ -76,6 +76,19 @@ HOOK = "import requests\nimport notifylib as nl\nfrom transformers import Traine
     ("import dockerlib\ndk = dockerlib.from_env()\ntr = Trainer(model=model, train_dataset=ds)\n"
      "def launch(tag):\n    dk.containers.run('alpine', tag)\nfor epoch in range(2):\n    tr.train()\n"
      "    dk.images.prune()\n    launch(f'echo {epoch}')\n", ["        dk.images.prune()\n", "        dk.containers.run('alpine', tag)\n"]),
+    # a function handed to a trainer, which calls it on every rank: metrics, rewards in a list (an alias), a collator
+    ("def metrics(p):\n    nl.send('eval')\n    return {'a': 1}\n"
+     "tr = Trainer(model=model, train_dataset=ds, compute_metrics=metrics)\nstats = tr.train()\n", ["        nl.send('eval')\n"]),
+    ("import wandb\nwandb.init(project='p')\ndef metrics(p):\n    wandb.log({'acc': 1})\n    return {'acc': 1}\n"
+     "tr = Trainer(model=model, train_dataset=ds, compute_metrics=metrics)\nstats = tr.train()\n",
+     ["        wandb.log({'acc': 1})\n"]),  # (rank 1 would log with no run: wandb raises)
+    ("from trl import GRPOTrainer as G\ndef reward(completions, **kw):\n"
+     "    requests.post('https://x/hook', json={'n': len(completions)})\n    return [0.0] * len(completions)\n"
+     "tr = G(model=model, reward_funcs=[reward], train_dataset=ds)\nstats = tr.train()\n",
+     ["        requests.post('https://x/hook', json={'n': len(completions)})\n"]),
+    ("def collate(rows):\n    for row in rows:\n        nl.send(str(row))\n    return rows\n"
+     "tr = Trainer(model=model, train_dataset=ds, data_collator=collate)\nstats = tr.train()\n",
+     ["            nl.send(str(row))\n"]),
     # given to a function that trains
     ("import discord_webhook as dw\nhook = dw.DiscordWebhook(url='u')\ndef run(ds, hook):\n"
      "    trainer = Trainer(model=model, train_dataset=ds)\n    trainer.train()\n    hook.execute()\n    return trainer\n"
