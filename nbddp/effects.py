@@ -22,8 +22,8 @@ import libcst as cst
 from .cst_helpers import LiveVisitor, arguments, keyword, live_calls
 from .entries import CLOCK_BY_VALUE, TRACKER_PACKAGES
 from .rank_conditions import RANK, reads_rank
-from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, OWN_VALUE, PEFT, PRINT, RANK_LOGIC,
-                         SAVE, STEP, is_file_write, is_generation_pipeline)
+from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, NOTEBOOK_LAUNCHERS, OWN_VALUE, PEFT,
+                         PRINT, RANK_LOGIC, SAVE, STEP, is_file_write, is_generation_pipeline)
 from .walk import walk
 
 FUNCTION_MAIN_ONLY = MAIN_ONLY - {PRINT}  # a helper that only prints still runs everywhere (it may compute too)
@@ -57,7 +57,8 @@ class Effects:
             found.add(SAVE)
         if meanings & CLOCK_BY_VALUE and call.args and names.literal(call.args[0].value) in ("now", "today"):
             found.add(OWN_VALUE)  # `np.datetime64("now")`: the clock, by what it is given
-        for node in names.definitions(call.func):
+        for node in names.definitions(call.func) + (names.definitions(call.args[0].value) if call.args and
+                                                     meanings & NOTEBOOK_LAUNCHERS else []):  # the launcher runs it
             found |= self.of_def(node)
         for inner, node in filter(None, map(self._module_def, meanings)):  # a function of a module of its own
             found |= (self._modules.get(inner) or self._modules.setdefault(inner, Effects(inner))).of_def(node)

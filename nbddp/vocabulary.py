@@ -57,6 +57,9 @@ def exchanges(meanings) -> bool:
     return any(is_entry(m, EXCHANGES) for m in meanings)
 
 
+# Launchers that run the function they are given in processes of their own (nbddp.transforms.process_control runs
+# it once on each rank instead): what the function does, the call does (nbddp.effects).
+NOTEBOOK_LAUNCHERS = frozenset({"accelerate.notebook_launcher", "accelerate.launchers.notebook_launcher"})
 MAIN_ONLY = frozenset({SAVE, PUSH, GENERATE, DISPLAY, PRINT, MEMORY, TRACK})
 LIGHT = frozenset({DISPLAY, PRINT, MEMORY, TRACK})
 OPEN = "builtins.open"  # open(path, mode): a write at a known path is a save (is_file_write)

@@ -186,6 +186,11 @@ def test_fit_and_train_of_values_that_are_not_trainers_are_not_training(cells):
      "steps[0]()\n"],
     ["import torch.distributed as D\nclass Meter:\n    def synced(self, t):\n        op = getattr(D, 'all_reduce')\n"
      "        op(t)\n        return t\n", "total = Meter().synced(loss)\n"],
+    # a function accelerate's notebook_launcher runs (the script runs it once on each rank): through an alias
+    ["from accelerate import notebook_launcher as launch\ndef train_fn():\n    loss.backward()\n    opt.step()\n",
+     "launch(train_fn, (), num_processes=2)\n"],
+    ["def train_fn(steps):\n    for _ in range(steps):\n        loss.backward()\n",
+     "import accelerate\naccelerate.notebook_launcher(train_fn, (3,), num_processes=2)\n"],
     # a function of a module of the notebook's own (%%writefile): through an alias, the notebook's function, a loop
     ["%%writefile fit_lib.py\nfrom transformers import Trainer\ndef go(m, d):\n    Trainer(model=m, train_dataset=d).train()\n",
      "import fit_lib\nfit_lib.go(model, data)\n"],

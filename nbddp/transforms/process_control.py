@@ -27,6 +27,7 @@ from ..entries import STARTS_PROGRAMS
 from ..errors import ConversionError
 from ..rank_conditions import is_rank_test
 from ..tree import TreeTransformer
+from ..vocabulary import NOTEBOOK_LAUNCHERS
 from ..walk import walk
 from .base import TreeStep
 from .devices import TidiedMarkers
@@ -36,7 +37,6 @@ from .shell import OWN_PROCESS, is_launch, launch_inside, one_line, program_comm
 # the names a statement must hold for this step to read it, and names bound from them (tree.visit)
 MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel", "notebook_launcher", "spawn",
                       "start_processes", *(m.rsplit(".", 1)[1] for m in STARTS_PROGRAMS)})
-NOTEBOOK_LAUNCHERS = frozenset({"accelerate.notebook_launcher", "accelerate.launchers.notebook_launcher"})
 SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
                     "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.spawn.start_processes"})
 DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
