@@ -20,11 +20,12 @@ import logging
 import libcst as cst
 
 from .changes import base_name
-from .cst_helpers import is_if_false, names_in, statement_blocks
+from .cst_helpers import LiveVisitor, is_if_false, live_calls, names_in, statement_blocks
 from .entries import COMPUTES, REACHES_OUT, STANDARD, TRAINING_HOOKS, is_entry
 from .rank_conditions import is_rank_test
 from .runtime import HELPERS
-from .vocabulary import COLLECTIVE, CONFIG, DEVICE_MOVES, parts
+from .vocabulary import COLLECTIVE, CONFIG, DEVICE_MOVES, OWN_VALUE, parts
+from .walk import walk as walk_tree
 
 
 def effect_only(stmt, scan, handles=frozenset()) -> bool:
@@ -184,3 +185,45 @@ def without_effects(stmt, lines, scan):
         return scan.facts(stmt)
     _, changes, seed, whole = scan.facts(stmt)
     return scan.facts(stmt.visit(_Drop(lines)))[0], changes, seed, whole
+
+
+class _ClockStops(LiveVisitor):
+    """The first test in a piece of code that decides by a value of the process's own (the clock) whether a loop goes
+    on: a `while` test, or an `if` whose block leaves (`break`, `return`, `raise`) or stops a trainer
+    (`control.should_training_stop = True`)."""
+
+    def __init__(self, scan):
+        self.scan, self.found = scan, None
+
+    def _own(self, test):
+        return next((c for c in live_calls(test) if OWN_VALUE in self.scan.effects.of_call(c)), None)
+
+    def visit_While(self, node):
+        self.found = self.found or self._own(node.test)
+
+    def visit_If(self, node):
+        leaves = [n for s in node.body.body if isinstance(s, cst.SimpleStatementLine) for n in s.body if isinstance(n, (
+            cst.Break, cst.Return, cst.Raise)) or isinstance(n, cst.Assign) and any(isinstance(
+                t.target, cst.Attribute) and t.target.attr.value == "should_training_stop" for t in n.targets)]
+        self.found = self.found or (self._own(node.test) if leaves else None)
+
+    def visit_FunctionDef(self, node):  # (a hook's or a training function's body is read where it stands)
+        return True
+
+    def visit_ClassDef(self, node):
+        return True
+
+
+def stops_by_own_value(body, scan, names) -> dict:
+    """{id: the call} of the statements that train (a loop, a function that does work every rank must do, a trainer's
+    callback) and decide when to stop by the clock each rank reads for itself: ranks may stop at different steps."""
+    found = {}
+    for stmt in body:
+        trains = is_hooks(stmt, names) if isinstance(stmt, cst.ClassDef) else COLLECTIVE in (
+            scan.effects.of_def(stmt) if isinstance(stmt, cst.FunctionDef) else scan.kinds(stmt))
+        clock = _ClockStops(scan)
+        if trains and not is_rank_test(stmt, names):
+            walk_tree(stmt, clock)
+        if clock.found is not None:
+            found[id(stmt)] = clock.found
+    return found

@@ -12,6 +12,7 @@
                   compute for itself (the clock, a uuid: nbddp.entries.PER_PROCESS) -> the names they bind that
                   training reads: rank 0 runs the statement, every rank gets its values (nbddp_share_values)
     plan.differs -> such statements that bind no value to give (`random.seed(time.time())`): id -> what it calls
+    plan.stops -> statements that train and decide when to stop by the clock each rank reads: id -> that call
     plan.setup -> statements every rank runs as a library's set-up (`PatchFastRL(...)`: the rule below) -> those
     plan.nested_once -> lines inside the blocks and functions every rank runs that only call a library none of
                   training's, Python's own or a computing one's for its effect (a web hook, a notifier): rank 0 runs
@@ -52,7 +53,7 @@ from .changes import Changes
 from .cst_helpers import is_if_false, live_calls
 from .entries import NOT_LIBRARIES, SENDS, VALUE_HOMES
 from .flows import aliases, carried, declared_global, imported_by_call
-from .inside import nested_effects, without_effects
+from .inside import nested_effects, stops_by_own_value, without_effects
 from .plan import Plan
 from .rank_conditions import is_rank_test
 from .reads_writes import (at_definition, free_reads, imported_names, imported_packages, imported_values,
@@ -287,6 +288,7 @@ def training_needs(body, names, effects, folder=None) -> Plan:
     if plan.nested_once:  # a value only the lines rank 0 runs alone read (`srv.push(loss)` in the loop) is not needed
         _needed(body, plan, scan, names, lambda stmt: without_effects(stmt, plan.nested_once, scan))
         plan.nested_once = _nested(body, plan, scan, names)
+    plan.stops = stops_by_own_value(body[:plan.end + 1], scan, names)
     set_up_by_values(body[plan.end + 1:], scan)  # (a `%ddp` cell's set-up of what a later cell makes: not alone)
     plan.alone = acts_alone(body, scan, names)
     return plan

@@ -25,3 +25,4 @@ class Plan:
     alone: dict = field(default_factory=dict)  # id of a statement that only acts outside the process -> its paths
     results: dict = field(default_factory=dict)  # id of a line that keeps a program's result -> the names it binds
     later: dict = field(default_factory=dict)  # id of a statement in `alone` -> its loops' names read later
+    stops: dict = field(default_factory=dict)  # id of a statement that trains and stops by each rank's clock -> call

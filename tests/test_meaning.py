@@ -425,6 +425,30 @@ def test_rank_0s_value_given_to_a_collective_is_every_ranks_after_it(cell, line)
     assert "\n" + line + "\n" in out and "only rank 0 computed" not in report.format(), (out, report.format())
 
 
+@pytest.mark.parametrize("cell, call", [
+    ("import time\nstart = time.time()\nfor x in loader:\n    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n"
+     "    if time.time() - start > 30:\n        break\n", "time.time"),
+    ("from time import monotonic as now\ndef fit(limit):\n    end = now() + limit\n    while now() < end:\n"
+     "        model(batch).sum().backward()\n        opt.step()\nfit(60)\n", "now"),
+    ("import time\nfrom transformers import Trainer, TrainerCallback\nclass Limit(TrainerCallback):\n"
+     "    def __init__(self, s):\n        self.deadline = time.time() + s\n"
+     "    def on_step_end(self, args, state, control, **kw):\n        if time.time() > self.deadline:\n"
+     "            control.should_training_stop = True\n"
+     "trainer = Trainer(model=model, train_dataset=ds, callbacks=[Limit(60)])\nstats = trainer.train()\n", "time.time"),
+])
+def test_a_stop_each_rank_decides_by_its_own_clock_is_reported(cell, call):
+    """Ranks may stop at different steps, and one then waits for the others at its next collective."""
+    _, report = convert(cell)
+    assert f"`{call}()` decides when training stops, and each rank reads its own" in report.format(), report.format()
+
+
+def test_a_clock_read_in_training_that_stops_nothing_is_not_reported():
+    _, report = convert("import time\nlast = time.time()\nfor x in loader:\n    model(x).sum().backward()\n"
+                        "    opt.step()\n    if time.time() - last > 60:\n        print('still training')\n"
+                        "        last = time.time()\n")
+    assert "decides when training stops" not in report.format()
+
+
 def test_a_clock_read_training_does_not_need_is_left_to_rank_0():
     (out, _), report = convert("import time\nstart = time.time()\nprint('started', start)\n", GIVE_TRAIN)
     assert "nbddp_share_values" not in out and "gives each rank" not in report.format()

@@ -77,6 +77,11 @@ def apply_plan(body, guards, tree, ctx) -> list:
             if bound and not (at + 1 < len(body) and _calls(body[at + 1], SAME)):  # (converted code: there already)
                 kept.append(_line(SAME, cst.Call(cst.Name("globals")), *(cst.SimpleString(f'"{n}"') for n in bound)))
         end = len(kept) - 1 if at == plan.end else end
+        if id(stmt) in plan.stops:
+            ctx.report.warn(cell, f"`{code_of(plan.stops[id(stmt)].func)}()` decides when training stops, and each rank "
+                            "reads its own: ranks may stop at different steps, and one then waits for the others at "
+                            "its next collective (a hang); stop by a step count (max_steps), or by a value rank 0 "
+                            "decides and every rank gets (torch.distributed.broadcast_object_list)", line(stmt))
         if id(stmt) in plan.differs:
             ctx.report.warn(cell, f"`{code_of(plan.differs[id(stmt)].func)}()` gives each rank a value of its own (the "
                             "clock, a uuid, the OS's entropy) and training needs what this line does with it: the "
@@ -157,7 +162,7 @@ def on_body(plan, read, body, names, hoisted) -> Plan:
     for stmt in body:
         if id(names.orig(stmt)) in plan.once:
             new.once.add(id(stmt))
-    for name in ("files", "shares", "differs", "outside"):
+    for name in ("files", "shares", "differs", "outside", "stops"):
         setattr(new, name, {first[key]: value for key, value in getattr(plan, name).items() if key in first})
     ends = [i for i, w in enumerate(where) if w is not None and w <= plan.end and id(body[i].body) not in hoisted]
     new.end = ends[-1] if ends else None
