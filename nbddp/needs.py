@@ -59,7 +59,7 @@ from .rank_conditions import is_rank_test
 from .reads_writes import (at_definition, free_reads, imported_names, imported_packages, imported_values,
                            reads_writes)
 from .training_end import is_own_guard, training_end
-from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, OWN_VALUE, PEFT, PUSH, SAVE, TRACK
+from .vocabulary import COLLECTIVE, CONFIG, GENERATE, LOAD, MAIN_ONLY, OWN_VALUE, PEFT, PUSH, SAVE, TRACK
 from .walk import walk
 from .written import OwnModules
 
@@ -253,7 +253,8 @@ def _needed(body, plan, scan, names, facts):
         plan.files.update({id(stmt): files} if files else {})
         set_up = fed_set_up(stmt, scan) | (set() if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else
                                           scan.seen(stmt).configures & scan.libraries)
-        plan.setup.update({id(stmt): sorted(set_up)} if seed and set_up else {})
+        plan.setup.update({id(stmt): sorted(set_up)} if seed and set_up and not scan.kinds(stmt) & (  # (not what
+            MAIN_ONLY | {COLLECTIVE}) else {})  # trains, nor rank-0 work by the vocabulary: not said to be set-up)
         if seed or changes & needed:
             given = sorted(n for n in changes & needed if not n.startswith("file:"))
             _share(plan, stmt, scan, given)

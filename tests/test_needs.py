@@ -508,3 +508,18 @@ def test_a_cells_last_value_of_no_call_is_shown_by_every_rank_without_a_wait():
     out, report = convert("prompt = 'Think first.'\nprompt\n", TRAIN)
     assert out[0] == "prompt = 'Think first.'\nnbddp_show(prompt)\n", out[0]  # nbddp_show prints on rank 0 alone
     assert not any("training does not need it" in n.text for n in report.changes)
+
+
+@pytest.mark.parametrize("cells", [
+    ["from unsloth import FastLanguageModel as FLM\nmodel, tok = FLM.from_pretrained('m')\n",
+     "FLM.for_inference(model)\ninputs = tok(['hi'], return_tensors='pt')\n_ = model.generate(**inputs)\n",  # a demo
+     "FLM.for_training(model)\n" + TRAIN],
+    ["import torch\nfor epoch in range(2):\n    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n"  # trains
+     "    torch.save(model.state_dict(), f'e{epoch}.pt')\n"],
+])
+def test_what_trains_or_is_rank_0_work_is_not_called_set_up(cells):
+    """The report's set-up line names only a library's set-up: not a loop that trains (and saves), not the vocabulary's
+    rank-0 work (Unsloth's switch to generation, which the rank guards put on rank 0)."""
+    _, report = convert(*cells)
+    said = [n for n in report.changes if "(set-up;" in n.text]
+    assert all("for_training" in cells[-1] and n.cell == len(cells) for n in said), report.format()
