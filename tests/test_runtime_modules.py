@@ -1105,3 +1105,26 @@ def test_rank_0s_values_go_to_every_rank_where_they_can_and_should(tmp_path):
     assert out[0]["both"] == out[1]["both"] == f"r0-{out[0]['pid']}", out  # the rank, and more than the rank
     assert [o["given"] for o in out] == [["lock", "rows"], ["rows"]], out  # a lock cannot be sent: rank 0 says so
     assert "nbddp: rank 0's lock (a lock) cannot be sent to the other ranks: they have none" in texts[0], texts[0]
+
+
+SHARE_UNREADABLE = """
+import os, torch.distributed as dist
+from nbddp.runtime import share
+class Config:  # as a tracker's config: pickles, and reading it back recurses (no _items yet)
+    def __init__(self):
+        self._items = {"lr": 0.1}
+    def __getattr__(self, key):
+        return self._items[key]
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=rank, world_size=2)
+ns = {"cfg": Config(), "plain": [1, 2]} if rank == 0 else {}
+share.nbddp_share_values(ns, "cfg", "plain")
+print("rank", rank, "has", sorted(ns), ns["plain"])
+dist.destroy_process_group()
+"""
+
+
+def test_a_value_that_cannot_be_read_back_is_not_sent_and_rank_0_says_so(tmp_path):
+    first, second = _ranks(SHARE_UNREADABLE, tmp_path)
+    assert "rank 0 has ['cfg', 'plain'] [1, 2]" in first and "rank 1 has ['plain'] [1, 2]" in second, (first, second)
+    assert "rank 0's cfg (a Config) cannot be sent to the other ranks" in first, first

@@ -84,9 +84,11 @@ def nbddp_share_values(namespace, *names):
     if NBDDP_IS_MAIN:
         sent[0], unsent = {}, []
         for name in (name for name in names if name in namespace):
-            try:
+            try:  # (read back here too: a tracker's config pickles, but reading it back recurses)
                 sent[0][name] = pickle.dumps(namespace[name])
-            except Exception:  # pickling fails in many ways (TypeError, PicklingError, AttributeError)
+                pickle.loads(sent[0][name])
+            except Exception:  # pickling fails in many ways (TypeError, PicklingError, AttributeError, RecursionError)
+                sent[0].pop(name, None)
                 unsent.append(f"{name} (a {type(namespace[name]).__name__})")
         if unsent:
             nbddp_say(f"unsent {unsent}", f"rank 0's {', '.join(unsent)} cannot be sent to the other ranks: they have "
