@@ -42,6 +42,7 @@ COLLECTIVES = frozenset({
     "accelerate.utils.pad_across_processes",
     "lightning.Fabric().barrier", "lightning.Fabric().all_reduce", "lightning.Fabric().all_gather",
     "lightning.Fabric().broadcast", "lightning.Fabric().setup", "lightning.Fabric().backward",
+    *(f"{t}().{w}" for t in ("lightning.Trainer", "pytorch_lightning.Trainer") for w in ("validate", "test")),
 })
 TORCH_DISTRIBUTED_FACTS = frozenset({"get_rank", "get_world_size", "is_initialized", "is_available", "get_backend",
                                      "get_node_local_rank", "is_torchelastic_launched"})
@@ -167,9 +168,8 @@ def is_process_config(meaning: str) -> bool:
 
 
 def library_of(meaning: str) -> str | None:
-    """The package of a module function a meaning names (`unsloth` of `unsloth.PatchFastRL`, `transformers` of
-    `transformers.logging.set_verbosity_error`); None for a method of a value (`ds.map`), a builtin, or a name
-    the notebook binds itself."""
+    """The package of a module function a meaning names (`unsloth` of `unsloth.PatchFastRL`); None for a method of a
+    value (`ds.map`), a builtin, or a name the notebook binds itself."""
     if "(" in meaning or "[" in meaning or "." not in meaning:
         return None
     root = meaning.split(".", 1)[0]

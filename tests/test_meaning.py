@@ -186,6 +186,11 @@ def test_fit_and_train_of_values_that_are_not_trainers_are_not_training(cells):
      "steps[0]()\n"],
     ["import torch.distributed as D\nclass Meter:\n    def synced(self, t):\n        op = getattr(D, 'all_reduce')\n"
      "        op(t)\n        return t\n", "total = Meter().synced(loss)\n"],
+    # Lightning's evaluation after fit (its test_step may log with sync_dist: every rank)
+    ["import lightning as L\ntrainer = L.Trainer(max_epochs=1)\ntrainer.fit(model, dl)\n",
+     "scores = trainer.validate(model, dl)\n"],
+    ["import pytorch_lightning as pl\ntr = pl.Trainer()\ntr.fit(model, dl)\n",
+     "def final(t):\n    return t.test(model, dl)\nresults = final(tr)\n"],
     # a function accelerate's notebook_launcher runs (the script runs it once on each rank): through an alias
     ["from accelerate import notebook_launcher as launch\ndef train_fn():\n    loss.backward()\n    opt.step()\n",
      "launch(train_fn, (), num_processes=2)\n"],
