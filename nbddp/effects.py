@@ -23,10 +23,11 @@ from .cst_helpers import LiveVisitor, arguments, keyword, live_calls
 from .entries import CLOCK_BY_VALUE, TRACKER_PACKAGES
 from .rank_conditions import RANK, reads_rank
 from .vocabulary import (BACKWARD, COLLECTIVE, DATA, GENERATE, LOAD, MAIN_ONLY, NOTEBOOK_LAUNCHERS, OWN_VALUE, PEFT,
-                         PRINT, RANK_LOGIC, SAVE, STEP, is_file_write, is_generation_pipeline)
+                         PRINT, RANK_LOGIC, SAVE, STEP, SYNC, TRAINS, is_file_write, is_generation_pipeline)
 from .walk import walk
 
 FUNCTION_MAIN_ONLY = MAIN_ONLY - {PRINT}  # a helper that only prints still runs everywhere (it may compute too)
+TOGETHER_KINDS = frozenset({COLLECTIVE, SYNC, TRAINS, BACKWARD, STEP})  # work every rank does together
 
 
 class Effects:
@@ -60,6 +61,10 @@ class Effects:
         for node in names.definitions(call.func) + (names.definitions(call.args[0].value) if call.args and
                                                      meanings & NOTEBOOK_LAUNCHERS else []):  # the launcher runs it
             found |= self.of_def(node)
+        for arg in call.args if any("()." in m for m in meanings) else ():  # a function of the notebook's that a
+            for node in names.definitions(arg.value):  # method runs now (`study.optimize(objective)`): its training is
+                found |= self.of_def(node) & TOGETHER_KINDS  # the call's (a class it is given, `Thread(target=f)`,
+                # runs it later: when the value's method is called)
         for inner, node in filter(None, map(self._module_def, meanings)):  # a function of a module of its own
             found |= (self._modules.get(inner) or self._modules.setdefault(inner, Effects(inner))).of_def(node)
         for cls in names.classes:  # a class of the notebook's: making one runs its fields' default factories

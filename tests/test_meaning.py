@@ -186,6 +186,13 @@ def test_fit_and_train_of_values_that_are_not_trainers_are_not_training(cells):
      "steps[0]()\n"],
     ["import torch.distributed as D\nclass Meter:\n    def synced(self, t):\n        op = getattr(D, 'all_reduce')\n"
      "        op(t)\n        return t\n", "total = Meter().synced(loss)\n"],
+    # a function of the notebook's that a library's method runs now (a search's objective; a lambda; an executor)
+    ["import optuna\ndef objective(trial):\n    loss.backward()\n    opt.step()\n    return 0.0\n"
+     "study = optuna.create_study()\n", "study.optimize(objective, n_trials=2)\n"],
+    ["import optuna as o\ndef fit(lr):\n    loss.backward()\n    return 0.0\ns = o.create_study()\n",
+     "s.optimize(lambda t: fit(t.suggest_float('lr', 0.1, 1.0)), n_trials=2)\n"],
+    ["from concurrent.futures import ThreadPoolExecutor\ndef step():\n    loss.backward()\n    opt.step()\n",
+     "with ThreadPoolExecutor(1) as ex:\n    done = ex.submit(step).result()\n"],
     # Lightning's evaluation after fit (its test_step may log with sync_dist: every rank)
     ["import lightning as L\ntrainer = L.Trainer(max_epochs=1)\ntrainer.fit(model, dl)\n",
      "scores = trainer.validate(model, dl)\n"],
