@@ -523,3 +523,27 @@ def test_what_trains_or_is_rank_0_work_is_not_called_set_up(cells):
     _, report = convert(*cells)
     said = [n for n in report.changes if "(set-up;" in n.text]
     assert all("for_training" in cells[-1] and n.cell == len(cells) for n in said), report.format()
+
+
+@pytest.mark.parametrize("cell, line", [
+    ("def check(m):\n    acc = float(m(x).mean())\n    with open('val.log', 'a') as fh:\n        fh.write(f'{acc}\\n')\n"
+     "    return acc\nfor epoch in range(3):\n    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n"
+     "    acc = check(model)\n    if acc > 0.9:\n        break\n", "    acc = check(model)\n"),
+    ("def rl_step(batch):\n    out = model.generate(batch)\n    loss = scorer(out).mean()\n    loss.backward()\n"
+     "    opt.step()\nfor b in batches:\n    rl_step(b)\n", "    out = model.generate(batch)\n"),  # in a function
+    ("for step in range(2):\n    samples = model.generate(prompts)\n    loss = scorer(samples).mean()\n"
+     "    loss.backward()\n    opt.step()\n", "    samples = model.generate(prompts)\n"),
+])
+def test_rank_0_work_whose_value_the_block_goes_on_with_runs_on_every_rank(cell, line):
+    """Inside a loop or a function: a line that is rank-0 work but binds what a later line of the block reads on
+    every rank (a test that leaves the loop, training) runs on every rank (before, rank 0 alone had the value: a
+    NameError on the others); the runtime's one writer keeps what it writes once."""
+    out, _ = convert(cell)
+    indent = line[:len(line) - len(line.lstrip())]
+    assert line in out[0] and f"{indent}if NBDDP_IS_MAIN:\n    {line}" not in out[0], out[0]
+
+
+def test_rank_0_work_whose_value_only_rank_0_work_reads_stays_on_rank_0():
+    out, _ = convert("for step in range(2):\n    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n"
+                     "    out = model.generate(x)\n    print(tok.decode(out[0]))\n")
+    assert "    if NBDDP_IS_MAIN:\n        out = model.generate(x)\n        print(tok.decode(out[0]))\n" in out[0], out[0]

@@ -27,6 +27,7 @@ from ..rank_conditions import RANK, is_rank_test, reads_rank
 from ..reads_writes import header_of, reads_writes
 from ..vocabulary import DISPLAY, GENERATE, MEMORY, OPEN, PUSH, SAVE, TRACK, exchanges, is_generation_pipeline, parts
 from .base import TreeStep
+from .block_reads import read_after
 from .callbacks import callback
 from .rank_blocks import is_rank_block
 from .hoist import hoist
@@ -64,29 +65,25 @@ class _Guards:
 
     def __init__(self, tree, ctx):
         self.tree, self.names, self.report, self.options = tree, tree.names, ctx.report, ctx.options
-        self.effects = tree.effects
+        self.effects, self.cell = tree.effects, None
         self.tainted: set[str] = set()  # names bound on rank 0 only, so far in the notebook
-        self.cell = None
+        self.read_after: dict = {}  # id of a line in a block -> what the block's other lines read after it
         self.taken: dict = {}  # id of a taken statement's body (regroup moves its leading lines) -> (kinds, what)
         self.reasons: dict = {}  # cell -> what its guards hold, in order
         self.used: dict = {}  # cell -> rank-0-only names read under its guards
         self.waits: set = set()  # cells with a barrier after a guard
         self.hoisted: set = set()  # ids of the bodies of statements that show a collective's result (hoist.py)
         self.once: set = set()  # ids of top-level statements training does not need (nbddp.needs)
-        self.nested_once: set = set()  # ids of lines in blocks and functions that only call another library for
-        # its effect, and of the statements holding them (nbddp.needs)
+        self.nested_once: set = set()  # ids of effect-only lines in blocks and functions, and their holders (needs)
         self.files: dict = {}  # id of a top-level save whose files training reads later -> paths (nbddp.needs)
-        self.for_machines: dict = {}  # id of the body of such a save, taken -> its paths
-        self.machine_cells: set = set()  # cells with such a save
+        self.for_machines, self.machine_cells = {}, set()  # the body of such a save, taken -> its paths; their cells
         self.rest: set = set()  # ids of the statements after training's end: rank 0 runs them alone
         self.unneeded: dict = {}  # cell -> what its statements training does not need do (the report's words)
         self.calls: dict = {}  # id of a top-level statement -> its live calls (nbddp.needs read them)
-        self.libraries: set = set()  # where training's own objects come from (nbddp.needs), empty without a plan
-        self.packages: set = set()  # what the notebook imports (nbddp.needs)
+        self.libraries, self.packages = set(), set()  # training's own objects' libraries, the imports (nbddp.needs)
         self.shares: dict = {}  # id of a top-level statement rank 0 runs for every rank -> the names it gives them
         self.sharing: dict = {}  # id of the body of such a statement, taken -> those names
-        self.results: dict = {}  # of those, the lines that keep a program's result (no training's end)
-        self.later: dict = {}  # of those, a %ddp cell's loops and `with`s: their own names, for later cells
+        self.results, self.later = {}, {}  # of those, a program's kept result; a %ddp cell's loop's names (alone)
         self.once_why = "training does not need it"  # the report's words for `once` (no training's end: nbddp.alone)
 
     def reason(self, call):
@@ -180,6 +177,9 @@ class _Guards:
             if returned is not None:
                 self.reasons.setdefault(self.cell, []).extend(text for k, text, _ in why if USES not in k)
             return returned or LEAVE
+        if why and nested and writes & self.read_after.get(id(stmt), set()) and all(USES not in k for k, _, _ in why):
+            self.tainted -= writes  # a value the block goes on with: every rank computes it (transforms.block_reads)
+            return LEAVE
         if why:
             if not nested and id(stmt) in self.files:
                 self.for_machines[id(stmt.body)] = self.files[id(stmt)]
@@ -285,7 +285,7 @@ class RankGuards(TreeStep):
     def run(self, tree, ctx):
         guards = _Guards(tree, ctx)
         module = hoist(tree, ctx, guards.effects, guards.hoisted)
-        body = list(module.body)
+        body, guards.read_after = list(module.body), read_after(module, guards.effects, tree.names)
         if ctx.options.whole:
             body = apply_plan(body, guards, tree, ctx)
         else:  # a %ddp session's cell: later cells unknown, what only acts outside the process is rank 0's, and a
