@@ -53,6 +53,20 @@ def test_a_top_level_loop_trains_through_ddp_on_each_ranks_share():
     assert any("model trains through DDP" in n.text and n.cell == 2 for n in report.changes)
 
 
+@pytest.mark.parametrize("outer, made", [
+    ("for lr in (0.1, 0.01):\n", "    net = torch.nn.Linear(4, 1)\n    opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"),
+    ("trial = 0\nwhile trial < 2:\n    trial += 1\n", "    net = make_model()\n    opt = torch.optim.AdamW(net.parameters())\n"),
+    ("def new():\n    return torch.nn.Linear(4, 1)\nfor seed in range(2):\n",  # made by the notebook's function
+     "    net = new()\n    opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"),
+])
+def test_a_loop_that_makes_its_model_anew_each_pass_wraps_it_where_it_is_made(outer, made):
+    """A search over settings that makes a new model each pass: the loop inside it, after the model is made, is the
+    one converted (before, `nbddp_ddp(net)` came before the outer loop: a NameError, or an older model wrapped)."""
+    inner = "    for batch in loader:\n        opt.zero_grad()\n        net(batch).sum().backward()\n        opt.step()\n"
+    (loop,), _ = _converted(outer + made + inner)
+    assert loop == outer + made + "    nbddp_ddp(net)\n" + inner.replace("in loader", "in nbddp_distributed(loader)"), loop
+
+
 def test_a_loop_that_trains_then_validates_each_epoch_with_a_criterion_trains_through_ddp():
     """model.train()/model.eval(), a loss from a criterion object, the validation inside the epoch; the loop's cell
     is named where the notebook has cells after it."""

@@ -2,7 +2,8 @@
 on every rank.
 
 A training loop is a `for`/`while` whose body, through the notebook's functions too, does nbddp.vocabulary's
-BACKWARD and STEP (nbddp.effects). Before the outermost such loop, `nbddp_ddp(model)` routes the model's training
+BACKWARD and STEP (nbddp.effects). Before the outermost such loop (not one that makes its model anew each pass, as a
+search over settings does: the loop inside it, after the model is made), `nbddp_ddp(model)` routes the model's training
 forward through DDP; the model is the one whose `.parameters()` the stepped optimizer was built from, followed
 through the notebook's assignments (nbddp.meanings) and, for a loop inside the notebook's own function whose optimizer
 is a parameter, through the calls of that function (made anywhere, also in another of the notebook's functions,
@@ -19,6 +20,7 @@ from ..cells import starts_cell
 from ..cst_helpers import call_stmt, code_of, dotted, live_calls, name_nodes
 from ..origins import same_statements
 from ..rank_conditions import is_rank_test
+from ..reads_writes import reads_writes
 from ..vocabulary import BACKWARD, OWN_DDP, STEP, parts
 from ..walk import walk
 from .base import TreeStep, TreeTransformer
@@ -79,16 +81,25 @@ class _Rewrite(TreeTransformer):
         return not is_rank_test(node, self.names)
 
     def visit_For(self, node):
-        return not self._trains(node)  # a training loop is rewritten whole, from the block that holds it
+        return not self._converts(node)  # a training loop is rewritten whole, from the block that holds it
 
     def visit_While(self, node):
-        return not self._trains(node)
+        return not self._converts(node)
+
+    def _converts(self, loop) -> bool:
+        """A loop that trains, and the one to convert: not one that makes its model anew each pass (`for lr in
+        lrs: net = Net(); ...`: the loop inside it, after the model is made, is)."""
+        if not self._trains(loop):
+            return False
+        model = self._model(loop)
+        made = set().union(*(reads_writes(s)[1] for s in loop.body.body)) if model else set()
+        return model is None or model.split(".")[0] not in made
 
     def _body(self, body):
         out = []
         for stmt in body:
             self.cell = starts_cell(stmt) or self.cell  # the cell the loop is in (the module's body comes last)
-            if self._trains(stmt) and not (out and _called(out[-1]) in (WRAP, STOP)):  # not converted already
+            if self._converts(stmt) and not (out and _called(out[-1]) in (WRAP, STOP)):  # not converted already
                 out += self._plan(stmt)
             else:
                 out.append(stmt)
