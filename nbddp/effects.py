@@ -66,7 +66,9 @@ class Effects:
                 found |= self.of_def(node) & TOGETHER_KINDS  # the call's (a class it is given, `Thread(target=f)`,
                 # runs it later: when the value's method is called)
         for inner, node in filter(None, map(self._module_def, meanings)):  # a function of a module of its own
-            found |= (self._modules.get(inner) or self._modules.setdefault(inner, Effects(inner))).of_def(node)
+            if inner not in self._modules:
+                self._modules[inner] = Effects(inner)
+            found |= self._modules[inner].of_def(node)
         for cls in names.classes:  # a class of the notebook's: making one runs its fields' default factories
             if f"__main__.{cls.name.value}" in meanings:
                 found |= self._factories(cls)

@@ -87,8 +87,8 @@ class OwnModules:
         self.folder, self.found = folder, {}  # module name -> the packages its code imports (None: not its own)
         self.functions: dict = {}  # module name -> its top-level def -> the packages that def calls into
         self.texts: dict = {}  # path of a .py file the notebook writes with a literal text -> that text
-        self.sources: dict = {}  # module name -> the text the notebook writes it with, or the file beside it
         self.parsed: dict = {}  # module name -> its code, parsed (None: not the notebook's own, or no parse)
+        self.analysed: dict = {}  # module name -> the nbddp.meanings.Names of its code
         for stmt in body:
             written = _written(stmt, names)
             if written:
@@ -97,7 +97,6 @@ class OwnModules:
             if read:
                 name = os.path.basename(written[0])[:-3]
                 self.found[name], self.functions[name] = read[0], read[1]
-                self.sources[name] = written[1]
 
     def _direct(self, name) -> set[str] | None:
         if name not in self.found:
@@ -110,7 +109,7 @@ class OwnModules:
     def code(self, name) -> cst.Module | None:
         """Module `name`'s code: the text the notebook writes it with, else its one file beside the notebook."""
         if name not in self.parsed:
-            text = self.sources.get(name)
+            text = next((t for path, t in self.texts.items() if os.path.basename(path) == f"{name}.py"), None)
             if text is None and self.folder and name.isidentifier():
                 found = _beside(self.folder, name)
                 text = found[0] if found and len(found) == 1 else None
@@ -122,14 +121,14 @@ class OwnModules:
 
     def names(self, name):
         """nbddp.meanings.Names of module `name`'s code (once), or None where it is not the notebook's own."""
-        if ("names", name) not in self.parsed:
+        if name not in self.analysed:
             from .meanings import Names  # (the notebook's Names holds these modules: nbddp.tree)
 
             code = self.code(name)
-            self.parsed["names", name] = Names(code) if code is not None else None
+            self.analysed[name] = Names(code) if code is not None else None
             if code is not None:
-                self.parsed["names", name].own = self
-        return self.parsed["names", name]
+                self.analysed[name].own = self
+        return self.analysed[name]
 
     def definition(self, meaning: str):
         """(the module's Names, its top-level def) that a meaning (`utils.run` of `utils.run(...)`) calls, or None."""
