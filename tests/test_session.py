@@ -225,6 +225,8 @@ def test_a_set_up_a_later_cell_needs_runs_then_on_the_other_ranks(session):
      "    nbddp_show(dsreg.register('mine', [1.0]))\n"),
     ("from dsreg import register as reg\ndef setup(name):\n    reg(name, [1.0])\nsetup('a')\n",  # a function, an alias
      "import dsreg\nrows = dsreg.load('a')\n", "    setup('a')\n"),
+    ("import dsreg\ndsreg.register('txt', \'\'\'one\ntwo\'\'\')\n", "rows = dsreg.load('txt')\n",  # a string of lines:
+     "    nbddp_show(dsreg.register('txt', \'\'\'one\ntwo\'\'\'))\n"),  # kept as it is
     ("import dsreg\nfor name in ('a', 'b'):\n    dsreg.register(name, [2.0])\n",  # a loop
      "import dsreg as d\nrows = d.load('b')\n", "    for name in ('a', 'b'):\n        dsreg.register(name, [2.0])\n"),
 ])

@@ -67,10 +67,11 @@ class History:
         alone, now = _positions(ctx.tree)
         replayed = {at: now[at] for at in sorted(self.alone - alone) if at in now and at[0] < number}
         if replayed:  # what this cell shows every rank needs (a library's set-up, then its value read here)
-            block = "".join(cst.Module(body=[stmt]).code for stmt in replayed.values())
-            head = ("# nbddp: this cell reads what an earlier cell's line made on rank 0 alone: the other ranks run "
-                    "it now\nif not NBDDP_IS_MAIN:\n" + "".join(f"    {line}\n" if line else "\n"
-                                                              for line in block.rstrip("\n").split("\n")))
+            note = cst.EmptyLine(comment=cst.Comment("# nbddp: this cell reads what an earlier cell's line made on rank "
+                                                     "0 alone: the other ranks run it now"))
+            head = cst.Module(body=[cst.If(test=cst.UnaryOperation(cst.Not(), cst.Name("NBDDP_IS_MAIN")),
+                                           body=cst.IndentedBlock(body=list(replayed.values())),
+                                           leading_lines=[note])]).code
             lines = {line + head.count("\n"): then for line, then in lines.items()}
             code = head + code
         return Converted(code, number, modules, warnings, installs, lines,
