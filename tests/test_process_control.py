@@ -81,6 +81,16 @@ def test_reading_module_of_the_dropped_wrapper_is_warned():
      "    sh([sys.executable, '-m', 'torch.distributed.run', 'train.py'])\n", 5),
     ("import os\nn = 2\nos.system(f'accelerate launch --num_processes {n} train.py')\n", 3),
     ("import subprocess\nsubprocess.call('torchrun --nproc_per_node=2 train.py', shell=True)\n", 2),  # one string
+    # processes the notebook starts itself, handed a function that starts a process group of its own
+    ("import torch.distributed as dist\nfrom torch import multiprocessing as tmp\ndef worker(rank):\n"
+     "    dist.init_process_group('gloo', rank=rank, world_size=2)\nfor r in range(2):\n"
+     "    p = tmp.Process(target=worker, args=(r,))\n", 6),
+    ("import multiprocessing as mp\nfrom torch.distributed import init_process_group as up\ndef join(rank):\n"
+     "    up('gloo', rank=rank, world_size=2)\ndef worker(rank):\n    join(rank)\nwith mp.Pool(2) as pool:\n"
+     "    pool.map(worker, [0, 1])\n", 8),  # through another of its functions
+    ("from concurrent.futures import ProcessPoolExecutor\nimport torch.distributed as dist\n"
+     "work = lambda r: dist.init_process_group('gloo', rank=r, world_size=2)\n"
+     "with ProcessPoolExecutor(2) as ex:\n    list(ex.map(work, [0, 1]))\n", 5),  # a lambda
 ])
 def test_a_launcher_that_starts_its_own_processes_stops_the_conversion_naming_its_line(cell, line):
     with pytest.raises(ConversionError) as stop:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst_helpers import arguments, code_of, has_star_kwargs, keyword
+from ..cst_helpers import arguments, code_of, has_star_kwargs, keyword, live_calls
 from ..entries import STARTS_PROGRAMS
 from ..errors import ConversionError
 from ..rank_conditions import is_rank_test
@@ -39,6 +39,8 @@ MENTIONS = frozenset({"os", "kill", "_exit", "getpid", "DataParallel", "notebook
                       "start_processes", *(m.rsplit(".", 1)[1] for m in STARTS_PROGRAMS)})
 SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
                     "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.spawn.start_processes"})
+GROUP_STARTS = frozenset({"torch.distributed.init_process_group",
+                          "torch.distributed.distributed_c10d.init_process_group"})
 DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                            "torch.nn.parallel.data_parallel.DataParallel"})
 
@@ -77,10 +79,12 @@ class _ProcessControl(TreeTransformer):
         meanings = self.names.meanings(original.func)
         if meanings & NOTEBOOK_LAUNCHERS:
             return self._launched(original, updated)
-        if meanings & SPAWNS:
+        grouped = self._groups_in(original)
+        if meanings & SPAWNS or grouped:
             raise self._stop(original, f"`{one_line(code_of(updated), 60)}` starts processes of its own, each with its "
-                                       "own process group; under nbddp every rank is already one of the job's "
-                                       "processes: call the function once instead (torch.distributed is set up for it)")
+                                       f"own process group{f' ({grouped}() starts one)' if grouped else ''}; under "
+                                       "nbddp every rank is already one of the job's processes: call the function once "
+                                       "instead (torch.distributed is set up for it)")
         command = program_command(original, self.names) if meanings & STARTS_PROGRAMS else None
         if command and is_launch(command):  # as `!torchrun ...` (the magics step)
             raise self._stop(original, launch_inside(one_line(code_of(updated), 60)))
@@ -93,6 +97,12 @@ class _ProcessControl(TreeTransformer):
                                       "trains on its own GPU, DataParallel would spread it over the others' GPUs")
         self.dropped.append(self.cell)
         return model
+
+    def _groups_in(self, call) -> str | None:
+        """The notebook's function a call is handed (`Process(target=worker)`, `pool.map(worker, ...)`) that starts a
+        process group of its own (`dist.init_process_group(..., rank=rank)`, also through its functions), by name."""
+        return next((code_of(arg.value) for arg in call.args if any(
+            starts_group(d, self.names) for d in self.names.definitions(arg.value))), None)
 
     def _stop(self, node, text):
         cell, line = self.tree.where(node)
@@ -112,12 +122,28 @@ class _ProcessControl(TreeTransformer):
         return cst.Call(func=function, args=args)
 
 
+def starts_group(definition, names, seen=None) -> bool:
+    """A function of the notebook's that starts a process group, itself or through the functions it calls."""
+    seen = set() if seen is None else seen
+    definition = names.orig(definition)
+    if definition in seen or not isinstance(definition, (cst.FunctionDef, cst.Lambda)):
+        return False
+    seen.add(definition)
+    return any(names.meanings(c.func) & GROUP_STARTS or any(starts_group(d, names, seen) for d in names.definitions(
+        c.func)) for c in live_calls(definition.body))
+
+
 class ProcessControl(TreeStep):
     name = "process-control"
 
     def run(self, tree, ctx) -> cst.Module:
         rewriter = _ProcessControl(tree, ctx)
-        module = tree.visit(rewriter, mentions=MENTIONS)
+        defined = [(s.name.value, s) for s in tree.module.body if isinstance(s, cst.FunctionDef)] + [
+            (t.target.value, small.value) for s in tree.module.body if isinstance(s, cst.SimpleStatementLine)
+            for small in s.body if isinstance(small, cst.Assign) and isinstance(small.value, cst.Lambda)
+            for t in small.targets if isinstance(t.target, cst.Name)]
+        starters = {name for name, d in defined if starts_group(d, tree.names)}  # (a statement handed one is read too)
+        module = tree.visit(rewriter, mentions=MENTIONS | starters)
         if rewriter.dropped and "module" in _attributes(module):
             ctx.report.warn(rewriter.dropped[0], "the notebook reads `.module` of a model it wrapped in DataParallel; "
                                                  "nbddp dropped the wrapper: read the model itself instead")
