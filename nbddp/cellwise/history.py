@@ -87,7 +87,7 @@ def _positions(tree) -> tuple[set, dict]:
     """(cell, index in the cell) of the notebook's statements that its plan runs on rank 0 alone (nbddp.alone), and of
     every statement, its converted form (what a later cell replays)."""
     from ..cells import starts_cell
-    from ..transforms.data_prep import FIRST
+    from ..transforms.data_prep import wraps_first
 
     alone, converted, cell, index = set(), {}, None, 0
     by_origin = {id(tree.names.orig(stmt)): stmt for stmt in tree.module.body}
@@ -97,8 +97,6 @@ def _positions(tree) -> tuple[set, dict]:
             alone.add((cell, index))
         elif id(stmt) in by_origin:  # (a set-up the data-prep step wrapped: the first rank first; replayed bare)
             made = by_origin[id(stmt)]
-            first = isinstance(made, cst.With) and any(isinstance(i.item, cst.Call) and isinstance(
-                i.item.func, cst.Name) and i.item.func.value == FIRST for i in made.items)
-            converted[cell, index] = made.body.body[0] if first and len(made.body.body) == 1 else made.with_changes(
-                leading_lines=())
+            converted[cell, index] = made.body.body[0] if wraps_first(made) and len(made.body.body) == 1 else \
+                made.with_changes(leading_lines=())
     return alone, converted

@@ -37,6 +37,7 @@ class _Rewrite(TreeTransformer):
         self.effects = tree.effects
         self.functions: list[cst.FunctionDef] = []
         self.holds: dict = {}  # a function -> whether it holds a training loop (_holds_loop)
+        self.converts: dict = {}  # a loop -> whether it is the training loop to convert (_converts)
 
     def _trains(self, node) -> bool:
         """A loop that trains: a backward pass and an optimizer step in its body, also through the notebook's
@@ -89,11 +90,12 @@ class _Rewrite(TreeTransformer):
     def _converts(self, loop) -> bool:
         """A loop that trains, and the one to convert: not one that makes its model anew each pass (`for lr in
         lrs: net = Net(); ...`: the loop inside it, after the model is made, is)."""
-        if not self._trains(loop):
-            return False
-        model = self._model(loop)
-        made = set().union(*(reads_writes(s)[1] for s in loop.body.body)) if model else set()
-        return model is None or model.split(".")[0] not in made
+        key = self.names.orig(loop)  # (asked when the loop is visited and again when its block is left)
+        if key not in self.converts:
+            model = self._model(loop) if self._trains(loop) else ""
+            made = set().union(*(reads_writes(s)[1] for s in loop.body.body)) if model else set()
+            self.converts[key] = model != "" and (model is None or model.split(".")[0] not in made)
+        return self.converts[key]
 
     def _body(self, body):
         out = []

@@ -24,12 +24,17 @@ SEEDS = {name: Table([e for e in entries if "()" not in e], [e for e in entries 
          for name, entries in SEED_KEYWORDS.items()}
 
 
+def wraps_first(stmt) -> bool:
+    """nbddp's own `with nbddp_main_process_first():`."""
+    return isinstance(stmt, cst.With) and any(
+        isinstance(item.item, cst.Call) and dotted(item.item.func) == FIRST for item in stmt.items)
+
+
 def _is_ordered_with(stmt, names) -> bool:
     """`with accelerator.main_process_first():` (nbddp's own, or a library's: nbddp.entries.MAIN_FIRST)."""
-    return isinstance(stmt, cst.With) and any(
-        isinstance(item.item, cst.Call) and (dotted(item.item.func) == FIRST or any(
-            ORDERED.match(m, known(m, names.packages)) for m in names.meanings(item.item.func)))
-        for item in stmt.items)
+    return wraps_first(stmt) or isinstance(stmt, cst.With) and any(
+        isinstance(item.item, cst.Call) and any(ORDERED.match(m, known(m, names.packages))
+                                                for m in names.meanings(item.item.func)) for item in stmt.items)
 
 
 def _sets_up_what_training_reads(tree, stmt) -> bool:

@@ -15,6 +15,7 @@ from ..cst_helpers import names_in
 from ..features import Features
 from ..inline import Choice
 from ..runtime import HELPERS
+from ..training_end import is_own_guard
 from ..walk import walk
 from .base import TreeStep
 
@@ -27,7 +28,7 @@ class _RankZero(cst.CSTVisitor):
 
     @staticmethod
     def _guard(node) -> bool:
-        return isinstance(node.test, cst.Name) and node.test.value == "NBDDP_IS_MAIN" and node.orelse is None
+        return is_own_guard(node) and node.orelse is None
 
     def visit_If(self, node):
         self.depth += self._guard(node)
